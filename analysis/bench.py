@@ -1,0 +1,493 @@
+"""``gkd-bench``: the performance benchmark of the patched loss, the spot check, instrumentation and analysis.
+
+    gkd-bench [--device cpu|cuda] [--quick] [--out docs/performance.md] [--only GROUP ...]
+
+Every measurement runs in its own fresh process (this module in ``--one NAME`` worker mode). Each timing worker
+warms up, then times several repetitions; the parent repeats the workers in ``--rounds`` interleaved rounds
+(rotating the order, so drift on a shared machine hits every variant alike) and pools the repetitions. Every
+figure is a ratio against a baseline measured in the same run: the ratio of medians, with the spread
+``[q1(x)/q3(base), q3(x)/q1(base)]``. Peak memory is measured in separate fresh worker processes
+(see :mod:`analysis.bench_measure`). The table goes to stdout and to ``--out`` with the machine and the command.
+
+Groups: ``topk``, ``full``, ``spot_topk``, ``spot_full`` (:mod:`analysis.bench_cases`), ``e2e`` (tiny real
+``gkd-train`` runs, monitoring on vs off, :mod:`analysis.bench_e2e`), ``analysis`` (the sign-off report over a
+synthetic sweep of 200 runs x 2,000 steps).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+RESULT_TAG = "GKD_BENCH_RESULT "
+GROUPS = ("topk", "full", "spot_topk", "spot_full", "e2e", "analysis")
+DEFAULT_GROUPS_QUICK = ("topk", "full", "spot_topk", "spot_full", "analysis")
+MEMORY_GROUPS = ("topk", "full")
+NOTES_MARKER = "<!-- notes below are kept when the benchmark regenerates this file -->"
+
+__all__ = ["main", "run_benchmark", "GOALS"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Goal:
+    """A goal on one measurement: ``metric`` of ``name`` (a ratio vs its baseline, or seconds) <= ``limit``."""
+
+    name: str
+    metric: str  # "time_ratio" | "mem_ratio" | "seconds"
+    limit: float
+    text: str
+
+
+GOALS = (
+    Goal("topk/fp32", "time_ratio", 1.05, "top-k loss time fp32 ÷ upstream ≤ 1.05"),
+    Goal("full/fp32", "mem_ratio", 1.15, "full-vocab peak memory fp32 ÷ upstream ≤ 1.15"),
+    Goal("full/fp32", "time_ratio", 1.30, "full-vocab time fp32 ÷ upstream ≤ 1.3"),
+    Goal("spot_topk/check", "time_ratio", 3.0, "spot check ÷ one loss fwd+bwd (top-k) ≤ 3"),
+    Goal("spot_full/check", "time_ratio", 3.0, "spot check ÷ one loss fwd+bwd (full vocab) ≤ 3"),
+    Goal("e2e/monitor_on", "time_ratio", 1.03, "step time monitoring on ÷ off ≤ 1.03"),
+    Goal("analysis/report", "seconds", 10.0, "sign-off report, 200 runs × 2,000 steps ≤ 10 s"),
+)
+
+# ---------------------------------------------------------------------------
+# Plan
+# ---------------------------------------------------------------------------
+
+
+def group_cases(group: str) -> List[str]:
+    from analysis.bench_cases import LOSS_CASES
+    if group in LOSS_CASES:
+        extra = []
+        if os.environ.get("GKD_BENCH_PROTO") and group in ("topk", "full"):
+            extra = [f"{group}/proto_fp32", f"{group}/proto_continuous"]
+        return [f"{group}/{v}" for v in LOSS_CASES[group]] + extra
+    if group == "e2e":
+        return ["e2e/monitor_off", "e2e/monitor_on"]
+    if group == "analysis":
+        return ["analysis/read", "analysis/report"]
+    raise KeyError(group)
+
+
+def _reps(name: str, quick: bool, device: str) -> tuple[int, int]:
+    """(warmup, reps) per worker."""
+    group = name.split("/")[0]
+    if group == "topk":
+        return (1, 3) if quick else (3, 15)
+    if group in ("full", "spot_full"):
+        return (1, 2) if quick else ((1, 3) if device == "cpu" else (3, 10))
+    if group == "spot_topk":
+        return (1, 3) if quick else (3, 15)
+    if group == "analysis":
+        return (0, 1) if quick else (1, 3)
+    return (0, 1)
+
+
+# ---------------------------------------------------------------------------
+# Worker
+# ---------------------------------------------------------------------------
+
+
+def _sizes(args):
+    from analysis.bench_cases import Sizes, default_spot_max_tokens
+    base = Sizes.quick() if args.quick else Sizes(spot_max_tokens=default_spot_max_tokens())
+    return dataclasses.replace(base, **json.loads(args.sizes)) if args.sizes else base
+
+
+def _worker(args) -> Dict:
+    import torch
+
+    from analysis import bench_measure as bm
+
+    if args.device == "cpu" and args.threads:
+        torch.set_num_threads(args.threads)
+        torch.set_num_interop_threads(1)
+    name, group = args.one, args.one.split("/")[0]
+    out: Dict = {"name": name, "mode": args.mode, "threads": torch.get_num_threads()}
+    if group == "e2e":
+        from analysis.bench_e2e import measure_e2e
+        out.update(measure_e2e(name.split("/")[1] == "monitor_on", quick=args.quick, work_dir=args.work_dir))
+        return out
+    if group == "analysis":
+        from analysis.bench_analysis import measure_analysis
+        out.update(measure_analysis(name.split("/")[1], quick=args.quick, work_dir=args.work_dir,
+                                    warmup=args.warmup, reps=args.reps))
+        return out
+
+    from analysis.bench_cases import build_case
+    case = build_case(name, _sizes(args), args.device)
+    out["note"] = case.note
+    if args.mode == "mem":
+        case.step()  # warm-up: lazy library state is not counted
+        if args.device == "cuda":
+            out["peak_mib"] = bm.cuda_peak_mib(case.step)
+        else:
+            out["peak_mib"] = bm.peak_rss_delta_mib(case.step)
+            out["alloc_peak_mib"] = bm.allocator_peak_mib(case.step)
+        return out
+    out.update(bm.time_calls(case.step, args.device, args.warmup, args.reps))
+    out["loss"] = case.value()
+    if case.reference is not None:
+        out["loss_fp64"] = case.reference()
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Parent
+# ---------------------------------------------------------------------------
+
+
+def _spawn(name: str, mode: str, args, warmup: int, reps: int, log) -> Dict:
+    cmd = [sys.executable, "-m", "analysis.bench", "--one", name, "--mode", mode, "--device", args.device,
+           "--warmup", str(warmup), "--reps", str(reps), "--threads", str(args.threads),
+           "--work-dir", str(args.work_dir)]
+    if args.quick:
+        cmd.append("--quick")
+    if args.sizes:
+        cmd += ["--sizes", args.sizes]
+    from analysis.bench_measure import malloc_env
+    env = malloc_env() if mode == "mem" else dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    dt = time.perf_counter() - t0
+    for line in proc.stdout.splitlines():
+        if line.startswith(RESULT_TAG):
+            res = json.loads(line[len(RESULT_TAG):])
+            log(f"  {name:<22} {mode:<4} done in {dt:5.1f} s")
+            return res
+    tail = (proc.stderr or proc.stdout)[-3000:]
+    log(f"  {name:<22} {mode:<4} FAILED (rc={proc.returncode}) in {dt:5.1f} s\n{tail}")
+    return {"name": name, "mode": mode, "error": f"worker rc={proc.returncode}: {tail.strip().splitlines()[-1:]}"}
+
+
+def run_benchmark(args, log=print) -> Dict[str, Dict]:
+    """Run every selected measurement; returns ``{name: pooled result}``."""
+    names = [n for g in args.only for n in group_cases(g)]
+    if getattr(args, "cases", None):
+        wanted = set(args.cases) | {group_cases(c.split("/")[0])[0] for c in args.cases}
+        names = [n for n in names if n in wanted] + [c for c in args.cases if c not in names]
+    pooled: Dict[str, Dict] = {n: {"name": n, "wall_s": [], "cpu_s": []} for n in names}
+    timed = [n for n in names if n.split("/")[0] not in ("e2e", "analysis")]
+    single = [n for n in names if n not in timed]
+    rounds = args.rounds
+    for r in range(rounds):
+        log(f"round {r + 1}/{rounds}")
+        order = timed[r % len(timed):] + timed[:r % len(timed)] if timed else []
+        for name in order:
+            warmup, reps = _reps(name, args.quick, args.device)
+            res = _spawn(name, "time", args, args.warmup if args.warmup is not None else warmup,
+                         args.reps if args.reps is not None else reps, log)
+            _merge(pooled[name], res)
+    for name in single:  # e2e and analysis: one worker each, repetitions inside
+        warmup, reps = _reps(name, args.quick, args.device)
+        _merge(pooled[name], _spawn(name, "time", args, warmup, reps, log))
+    for name in timed:
+        if name.split("/")[0] in MEMORY_GROUPS:
+            _merge(pooled[name], _spawn(name, "mem", args, 0, 0, log))
+    return pooled
+
+
+def _merge(acc: Dict, res: Dict) -> None:
+    for key, val in res.items():
+        if key in ("wall_s", "cpu_s", "step_s"):
+            acc.setdefault(key, []).extend(val)
+        elif key == "error":
+            acc.setdefault("errors", []).append(val)
+        else:
+            acc[key] = val
+
+
+# ---------------------------------------------------------------------------
+# Table
+# ---------------------------------------------------------------------------
+
+
+def _time_key(args) -> str:
+    return "cpu_s" if args.device == "cpu" else "wall_s"
+
+
+def _stat(res: Dict, key: str):
+    from analysis.bench_measure import quantiles
+    xs = res.get(key) or []
+    return quantiles(xs) if xs else None
+
+
+def _baseline(name: str) -> Optional[str]:
+    group = name.split("/")[0]
+    cases = group_cases(group)
+    return cases[0] if cases[0] != name else None
+
+
+def compute_rows(pooled: Dict[str, Dict], args) -> List[Dict]:
+    """One row per measurement with its figures and ratios (dicts of plain numbers/strings)."""
+    rows = []
+    for name, res in pooled.items():
+        key = "wall_s" if name.split("/")[0] in ("e2e", "analysis") else _time_key(args)
+        base_name = _baseline(name)
+        base = pooled.get(base_name) if base_name else None
+        st, wst = _stat(res, key), _stat(res, "wall_s")
+        row = {"name": name, "errors": res.get("errors", []), "note": res.get("note", ""), "n": st["n"] if st else 0,
+               "median_ms": st["median"] * 1e3 if st else None, "wall_median_ms": wst["median"] * 1e3 if wst else None,
+               "iqr_ms": (st["q1"] * 1e3, st["q3"] * 1e3) if st else None, "baseline": base_name}
+        bst = _stat(base, key) if base else None
+        if st and bst:
+            row["time_ratio"] = st["median"] / bst["median"]
+            row["time_ratio_range"] = (st["q1"] / bst["q3"], st["q3"] / bst["q1"])
+        bw = _stat(base, "wall_s") if base else None
+        if wst and bw:
+            row["wall_ratio"] = wst["median"] / bw["median"]
+        for mkey in ("peak_mib", "alloc_peak_mib"):
+            if res.get(mkey) is not None:
+                row[mkey] = res[mkey]
+                if base and base.get(mkey):
+                    row[mkey.replace("peak_mib", "mem_ratio")] = res[mkey] / base[mkey]
+        if name == "full/fp32" and pooled.get("full/naive_upcast"):
+            nv = pooled["full/naive_upcast"]
+            nst = _stat(nv, key)
+            if st and nst:
+                row["time_ratio_vs_naive"] = st["median"] / nst["median"]
+            if res.get("peak_mib") and nv.get("peak_mib"):
+                row["mem_ratio_vs_naive"] = res["peak_mib"] / nv["peak_mib"]
+        for k in ("loss", "loss_fp64", "seconds", "step_s_note", "extra"):
+            if k in res:
+                row[k] = res[k]
+        ref = pooled.get(base_name or name, {}).get("loss_fp64")
+        if ref is not None and res.get("loss") is not None:
+            row["rel_err_fp64"] = abs(res["loss"] - ref) / abs(ref)
+        rows.append(row)
+    return rows
+
+
+def judge(rows: List[Dict]) -> List[Dict]:
+    by = {r["name"]: r for r in rows}
+    out = []
+    for g in GOALS:
+        r = by.get(g.name)
+        val = None
+        if r is not None:
+            val = {"time_ratio": r.get("time_ratio"), "mem_ratio": r.get("mem_ratio"),
+                   "seconds": r.get("seconds")}[g.metric]
+        status = "not measured" if val is None else ("met" if val <= g.limit else "NOT met")
+        out.append({"goal": g.text, "name": g.name, "metric": g.metric, "value": val, "limit": g.limit,
+                    "status": status})
+    return out
+
+
+def _f(x, fmt="{:.3g}"):
+    return "–" if x is None else fmt.format(x)
+
+
+def format_table(rows: List[Dict], args) -> str:
+    tlabel = "CPU time" if args.device == "cpu" else "time"
+    head = (f"| measurement | {tlabel} median ms [q1–q3] | ÷ baseline [spread] | wall ÷ baseline | "
+            "peak MiB process / allocator | mem ÷ baseline | loss | rel. err vs FP64 |")
+    lines = [head, "|" + "---|" * 8]
+    for r in rows:
+        name = r["name"] + ("" if r.get("baseline") else " (baseline)")
+        if r["errors"]:
+            lines.append(f"| {name} | failed: {'; '.join(map(str, r['errors']))[:200]} |  |  |  |  |  |  |")
+            continue
+        t = "–" if r["median_ms"] is None else f"{r['median_ms']:.1f} [{r['iqr_ms'][0]:.1f}–{r['iqr_ms'][1]:.1f}]"
+        if "seconds" in r:
+            t = f"{r['seconds'] * 1e3:.0f} (wall)"
+        ratio = "–"
+        if r.get("time_ratio") is not None:
+            lo, hi = r["time_ratio_range"]
+            ratio = f"**{r['time_ratio']:.3f}** [{lo:.2f}–{hi:.2f}]"
+        mem = "–"
+        if r.get("peak_mib") is not None:
+            mem = f"{r['peak_mib']:.0f} / {_f(r.get('alloc_peak_mib'), '{:.0f}')}"
+        mr = "–"
+        if r.get("mem_ratio") is not None:
+            mr = f"**{r['mem_ratio']:.3f}** / {_f(r.get('alloc_mem_ratio'), '{:.3f}')}"
+        extra = []
+        if r.get("time_ratio_vs_naive") is not None:
+            extra.append(f"time ÷ naive {r['time_ratio_vs_naive']:.3f}")
+        if r.get("mem_ratio_vs_naive") is not None:
+            extra.append(f"mem ÷ naive {r['mem_ratio_vs_naive']:.3f}")
+        if extra:
+            mr += " (" + ", ".join(extra) + ")"
+        lines.append(f"| {name} | {t} | {ratio} | {_f(r.get('wall_ratio'), '{:.3f}')} | {mem} | {mr} | "
+                     f"{_f(r.get('loss'), '{:.6g}')} | {_f(r.get('rel_err_fp64'), '{:.1e}')} |")
+    return "\n".join(lines)
+
+
+def format_goals(goals: List[Dict]) -> str:
+    lines = ["| goal | measured | status |", "|---|---|---|"]
+    for g in goals:
+        v = "–" if g["value"] is None else (f"{g['value']:.2f} s" if g["metric"] == "seconds" else f"{g['value']:.3f}")
+        lines.append(f"| {g['goal']} | {v} | {g['status']} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# Machine / document
+# ---------------------------------------------------------------------------
+
+
+def machine_info(device: str) -> Dict[str, str]:
+    import torch
+    info = {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform()}
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info["cpu_cores"] = str(os.cpu_count())
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal"):
+                info["ram_gib"] = f"{int(line.split()[1]) / 2**20:.1f}"
+    except OSError:
+        pass
+    if device == "cuda" and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["cuda"] = str(torch.version.cuda)
+    from importlib import metadata
+    for pkg in ("ms-swift", "transformers", "trl"):
+        try:
+            info[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            info[pkg] = "not installed"
+    return info
+
+
+def render_markdown(rows, goals, info, args, command: str, started: str, elapsed_s: float, load: Dict) -> str:
+    from analysis.bench_cases import BETA, TEMPERATURE
+    sizes = dataclasses.asdict(_sizes(args))
+    notes = ""
+    if args.out and Path(args.out).exists():
+        old = Path(args.out).read_text()
+        if NOTES_MARKER in old:
+            notes = old.split(NOTES_MARKER, 1)[1].strip()
+    tkind = "process CPU time" if args.device == "cpu" else "wall time (CUDA synchronised)"
+    parts = [
+        "# Performance of the patched GKD loss and the harness",
+        "",
+        "Generated by `gkd-bench` (`analysis/bench.py`); do not edit the generated part by hand.",
+        "",
+        f"- command: `{command}`",
+        f"- started: {started} UTC, took {elapsed_s / 60:.1f} min; load average at start {load['start']}, "
+        f"at end {load['end']}",
+        f"- machine: " + ", ".join(f"{k} {v}" for k, v in info.items()),
+        f"- device: {args.device}; torch threads per worker: {args.threads if args.device == 'cpu' else 'n/a'}",
+        f"- sizes: {sizes}; β = {BETA}, T = {TEMPERATURE}",
+        f"- method: one fresh process per measurement; per worker warm-up then repetitions; {args.rounds} interleaved "
+        f"round(s) of workers, repetitions pooled. Time = {tkind}; ratio = median ÷ the baseline's median in this "
+        "run, spread = [q1/q3(baseline), q3/q1(baseline)]. Peak memory: fresh process, glibc mmap threshold 64 KiB "
+        "so freed tensors leave the RSS, kernel peak RSS (VmHWM reset via /proc/self/clear_refs) minus RSS before "
+        "the call; cross-checked by the torch profiler's allocator timeline (tensors alive before the call "
+        "excluded); CUDA: max_memory_allocated above the pre-call level.",
+        "",
+        "## Goals",
+        "",
+        format_goals(goals),
+        "",
+        "## All measurements",
+        "",
+        format_table(rows, args),
+        "",
+    ]
+    case_notes = sorted({f"- `{r['name']}`: {r['note']}" for r in rows if r.get("note")})
+    if case_notes:
+        parts += ["Case notes:", ""] + case_notes + [""]
+    parts += [NOTES_MARKER, "", notes, ""]
+    return "\n".join(parts)
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(open("/proc/loadavg").read().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gkd-bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--quick", action="store_true", help="small sizes and few repetitions (for the test)")
+    p.add_argument("--out", default=None, help="write the Markdown table here (e.g. docs/performance.md)")
+    p.add_argument("--only", nargs="+", choices=GROUPS, default=None, help="groups to run (default: all)")
+    p.add_argument("--cases", nargs="+", default=None,
+                   help="only these measurements (GROUP/VARIANT; each group's baseline is added)")
+    p.add_argument("--rounds", type=int, default=None, help="interleaved rounds of timing workers (3; quick 1)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads per CPU worker (default 1: steadiest on a shared machine; 0 = torch's)")
+    p.add_argument("--warmup", type=int, default=None, help="override warm-up calls per worker")
+    p.add_argument("--reps", type=int, default=None, help="override timed repetitions per worker")
+    p.add_argument("--sizes", default=None, help="JSON overriding the problem sizes, e.g. '{\"full_n\": 1024}'")
+    p.add_argument("--work-dir", default=None, help="scratch folder (synthetic sweep, e2e runs); default: temp")
+    p.add_argument("--json", default=None, help="also write all rows and goals as JSON here")
+    p.add_argument("--proto", default=None,
+                   help="a candidate losses.py: adds its fp32 variants as topk/full proto_* measurements")
+    # worker mode
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=("time", "mem"), default="time", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.one:
+        res = _worker(args)
+        print(RESULT_TAG + json.dumps(res), flush=True)
+        return 0
+    if args.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            print("gkd-bench: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)
+            return 2
+    if args.proto:
+        os.environ["GKD_BENCH_PROTO"] = str(Path(args.proto).resolve())
+    if args.only is None and args.cases:
+        args.only = sorted({c.split("/")[0] for c in args.cases}, key=GROUPS.index)
+    if args.only is None:
+        args.only = list(DEFAULT_GROUPS_QUICK if args.quick else GROUPS)
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 3
+    import tempfile
+    tmp = None
+    if args.work_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="gkd-bench-")
+        args.work_dir = tmp.name
+    command = "gkd-bench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    started = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    load = {"start": _loadavg()}
+    t0 = time.perf_counter()
+    try:
+        pooled = run_benchmark(args, log=lambda m: print(m, file=sys.stderr, flush=True))
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    elapsed = time.perf_counter() - t0
+    load["end"] = _loadavg()
+    rows = compute_rows(pooled, args)
+    goals = judge(rows)
+    print(format_table(rows, args))
+    print()
+    print(format_goals(goals))
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(render_markdown(rows, goals, machine_info(args.device), args, command, started, elapsed, load))
+        print(f"\nwrote {out}", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "goals": goals, "pooled": pooled}, indent=1,
+                                              default=str))
+    failed = [r["name"] for r in rows if r["errors"]]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

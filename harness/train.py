@@ -1,0 +1,228 @@
+"""``gkd-train``: one GKD training run through ms-swift's own CLI (thin Hydra entry point).
+
+``main`` only hands the composed config to :func:`train`, which does the work:
+
+validate (before any model loads) -> skip if the run folder already says completed (sweep resume) ->
+prepare the embedded assets if needed -> run folder (config.yaml, summary.json "running") -> plugin settings,
+``WANDB_*`` and torchrun variables -> ``swift rlhf`` / ``megatron rlhf`` as a subprocess (output teed to
+``swift.log``) -> check the world size -> summary.json "completed", or "failed" with the error (then raise).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from harness.swift_args import ResolvedInputs, build_argv
+from harness.tracking import RunFolder, flatten, redact, resolve_wandb_mode, wandb_env
+from harness.validate import EMBEDDED, get, validate_config
+
+log = logging.getLogger("gkd_harness.train")
+PLUGIN_SETTINGS_FILE = "plugin_settings.json"
+#: The repository's config tree (absolute: Hydra would read a relative path as a Python package).
+CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
+
+
+class TrainingFailed(RuntimeError):
+    """ms-swift's process failed, or the run did not meet the harness's own checks."""
+
+
+def _container(cfg: Any) -> Dict[str, Any]:
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True)
+    return dict(cfg)
+
+
+def resolve_inputs(cfg: Any) -> ResolvedInputs:
+    """Concrete student / teacher / dataset; builds (or reuses) the embedded assets when asked for."""
+    student, teacher, dataset = str(get(cfg, "model.student")), str(get(cfg, "model.teacher")), get(cfg, "run.dataset",
+                                                                                                     None)
+    if EMBEDDED in (student, teacher) or dataset is None:
+        from harness.embedded import EmbeddedSpec, prepare_embedded
+
+        assets = prepare_embedded(EmbeddedSpec.from_mapping(get(cfg, "model.embedded", None)))
+        student = str(assets.student_dir) if student == EMBEDDED else student
+        teacher = str(assets.teacher_dir) if teacher == EMBEDDED else teacher
+        dataset = str(assets.dataset_path) if dataset is None else dataset
+    return ResolvedInputs(student=student, teacher=teacher, dataset=str(dataset))
+
+
+def resolve_device(cfg: Any) -> str:
+    device = get(cfg, "run.device", "auto")
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def _run_name(cfg: Any, run_dir: Path) -> str:
+    name = get(cfg, "run.name", None)
+    if name:
+        return str(name)
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        override = HydraConfig.get().job.override_dirname
+        if override:
+            return str(override)
+    except Exception:  # noqa: BLE001 - not inside a Hydra app
+        pass
+    return run_dir.name
+
+
+def plugin_settings(cfg: Any, run_dir: Path, flat_config: Dict[str, Any]) -> Dict[str, Any]:
+    """What the plugin inside ms-swift needs (written to ``run_dir/plugin_settings.json``)."""
+    return {
+        "run_dir": str(run_dir),
+        "precision": get(cfg, "loss.precision"),
+        "beta_form": get(cfg, "loss.beta_form"),
+        "student_dtype": get(cfg, "model.student_dtype", None),
+        "teacher_dtype": get(cfg, "model.teacher_dtype", None),
+        "monitor": {
+            "enabled": bool(get(cfg, "monitor.enabled", True)),
+            "spot_every": int(get(cfg, "monitor.spot_check.every_n_steps", 0) or 0),
+            "spot_max_tokens": int(get(cfg, "monitor.spot_check.max_tokens", 256)),
+            "param_grad": bool(get(cfg, "monitor.spot_check.param_grad", False)),
+            "capture": bool(get(cfg, "monitor.capture", False)),
+        },
+        "backend": get(cfg, "backend.name"),
+        "harness_config": flat_config,
+    }
+
+
+def subprocess_env(cfg: Any, run_dir: Path, run_name: str, wandb_mode: str, settings_path: Path,
+                   base_env: Optional[Dict[str, str]] = None, device: str = "cpu") -> Dict[str, str]:
+    """Environment of the ms-swift process: torchrun variables, WANDB_*, plugin settings, rollout extras."""
+    env = dict(os.environ if base_env is None else base_env)
+    from launch.env import swift_launch_env
+
+    env = swift_launch_env(cfg, env)
+    try:
+        from harness.rollout import rollout_env
+
+        extra = rollout_env(cfg, device=device)
+    except TypeError:  # older signature
+        from harness.rollout import rollout_env
+
+        extra = rollout_env(cfg)
+    env.update(extra)
+    if "NPROC_PER_NODE" in extra and not env.get("MASTER_PORT"):
+        from launch.env import free_port
+
+        env["MASTER_PORT"] = str(free_port())
+    wcfg = _container(get(cfg, "tracking.wandb", {}))
+    env.update(wandb_env(wcfg, wandb_mode, run_dir, run_name))
+    env["GKD_HARNESS_PLUGIN_SETTINGS"] = str(settings_path)
+    if get(cfg, "model.student") == EMBEDDED:
+        env.setdefault("HF_HUB_OFFLINE", "1")  # the embedded models never need a hub
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _expected_world_size(env: Dict[str, str]) -> int:
+    return int(env.get("NPROC_PER_NODE") or 1) * int(env.get("NNODES") or 1)
+
+
+def _last_error_line(log_path: Path) -> str:
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return ""
+    for line in reversed(lines):
+        if re.match(r"^\s*([A-Za-z_][\w.]*(Error|Exception)|AssertionError|KeyboardInterrupt)\b", line):
+            return line.strip()
+    return lines[-1].strip() if lines else ""
+
+
+def _run_subprocess(argv: List[str], env: Dict[str, str], log_path: Path) -> int:
+    """Run ms-swift, teeing its output to the console and ``log_path``; returns the exit code."""
+    with open(log_path, "ab") as logf:
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=False)
+        try:
+            for chunk in iter(lambda: proc.stdout.readline(), b""):
+                logf.write(chunk)
+                logf.flush()
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.flush()
+        except BaseException:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+        return proc.wait()
+
+
+def train(cfg: Any) -> Dict[str, Any]:
+    """Run one GKD training through ms-swift; returns the final ``summary.json`` content."""
+    run_dir = Path(str(get(cfg, "run.output_dir", "") or "outputs/unnamed")).expanduser().resolve()
+    folder = RunFolder(run_dir)
+    try:
+        validate_config(cfg)
+    except ValueError as e:
+        log.error(f"invalid config: {e}")
+        raise
+    if folder.is_completed():
+        log.info(f"{run_dir}: summary.json says completed, skipping (sweep resume)")
+        return folder.read_summary()
+
+    folder.create()
+    container = redact(_container(cfg))
+    folder.write_config(OmegaConf.to_yaml(OmegaConf.create(container)))
+    flat = flatten(container)
+    run_name = _run_name(cfg, run_dir)
+    group = get(cfg, "tracking.wandb.group", None)
+    folder.start_summary(run_name, group, flat)
+    try:
+        wandb_mode = resolve_wandb_mode(get(cfg, "tracking.wandb.mode", "disabled"))
+        folder.update_summary(wandb_mode=wandb_mode)
+        inputs = resolve_inputs(cfg)
+        folder.update_summary(inputs={"student": inputs.student, "teacher": inputs.teacher, "dataset": inputs.dataset})
+        settings_path = run_dir / PLUGIN_SETTINGS_FILE
+        settings_path.write_text(json.dumps(plugin_settings(cfg, run_dir, flat), indent=1, default=str))
+        device = resolve_device(cfg)
+        env = subprocess_env(cfg, run_dir, run_name, wandb_mode, settings_path, device=device)
+        argv = build_argv(cfg, inputs, run_dir, device=device, wandb_mode=wandb_mode, run_name=run_name)
+        (run_dir / "command.json").write_text(json.dumps({"argv": argv, "env": {
+            k: v for k, v in env.items() if k.startswith(("WANDB_", "NPROC", "NNODES", "NODE_RANK", "MASTER_",
+                                                          "GKD_", "VLLM_")) and k != "WANDB_API_KEY"}}, indent=1))
+        log.info("running: " + " ".join(argv))
+        rc = _run_subprocess(argv, env, run_dir / "swift.log")
+        if rc != 0:
+            how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
+            raise TrainingFailed(f"ms-swift ({argv[0]} {argv[1]}) failed with {how}: "
+                                 f"{_last_error_line(run_dir / 'swift.log')}")
+        expected = _expected_world_size(env)
+        seen = (folder.read_summary() or {}).get("world_size")
+        if seen is None:
+            raise TrainingFailed("the harness plugin never reported (was --external_plugins loaded?)")
+        if expected > 1 and int(seen) != expected:
+            raise TrainingFailed(f"expected a process group of {expected} ranks but training saw world size {seen}: "
+                                 "ranks trained alone (on CPU, --use_cpu true is required for gloo DDP)")
+    except BaseException as e:
+        folder.finish_summary("failed", f"{type(e).__name__}: {e}")
+        raise
+    return folder.finish_summary("completed", None)
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
+def main(cfg: DictConfig) -> Optional[float]:
+    """Hydra entry point (``gkd-train``): compose, then :func:`train`."""
+    summary = train(cfg)
+    return summary.get("last_step") if summary else None
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,250 @@
+"""Dry run of a SLURM sweep: the sbatch script, the srun line and the ms-swift command on every node.
+
+Usage (same overrides as ``gkd-train -m``; nothing is submitted, no model loads)::
+
+    python -m launch.slurm experiment=precision_ab hydra/launcher=submitit_slurm \
+        hydra.launcher.nodes=2 hydra.launcher.gpus_per_node=8
+
+What it prints is produced by the real parts:
+
+- the sbatch script from submitit's own ``SlurmExecutor`` (the same parameters the Hydra submitit launcher passes,
+  submitted as one job array over the sweep's points), including the ``srun`` line that starts one task per node;
+- for each point and each node, the environment that ``launch.env.swift_launch_env`` derives from that node's
+  SLURM variables, the ms-swift CLI command the harness runs there (``harness.swift_args``), and the torchrun
+  command ms-swift's CLI turns it into (``swift.cli.main.get_torchrun_args``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from launch.env import DIST_KEYS, swift_launch_env
+from launch.sweep import point_name, sweep_points
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+DRY_JOB_ID = "4242"
+#: configs/hydra/launcher/submitit_*.yaml deliberately share the plugin's names (so `hydra/launcher=submitit_slurm`
+#: picks the harness defaults) and are therefore validated against the plugin's schema, which Hydra announces
+#: with a deprecation warning on every compose.
+SCHEMA_MATCH_WARNING = r"(?s).*'hydra/launcher/submitit_\w+' is validated against ConfigStore schema"
+
+
+def _slurm_executor_cls():
+    from submitit.slurm.slurm import SlurmExecutor
+
+    class DryRunSlurmExecutor(SlurmExecutor):
+        """submitit's SlurmExecutor minus the check that ``srun`` exists; never submits."""
+
+        @classmethod
+        def affinity(cls) -> int:
+            return 1
+
+    return DryRunSlurmExecutor
+
+
+def sbatch_script(launcher: dict[str, Any], num_points: int) -> str:
+    """The sbatch file submitit would submit for a job array of ``num_points`` points.
+
+    Args:
+        launcher: the resolved ``hydra.launcher`` node of a submitit_slurm config.
+        num_points: number of sweep points (array size).
+    """
+    params = {k: v for k, v in launcher.items() if k not in ("_target_", "submitit_folder", "max_num_timeout")}
+    params = {k: v for k, v in params.items() if v is not None}
+    if int(params.get("tasks_per_node", 1)) != 1:
+        raise ValueError(
+            f"hydra.launcher.tasks_per_node must be 1 (one task per node; ms-swift's torchrun starts the GPU "
+            f"processes), got {params['tasks_per_node']}"
+        )
+    executor = _slurm_executor_cls()(folder=launcher["submitit_folder"],
+                                     max_num_timeout=int(launcher.get("max_num_timeout", 0)))
+    # as submitit's AutoExecutor does for the Hydra launcher: generic names -> sbatch names (timeout_min -> time, ...)
+    executor.update_parameters(**executor._convert_parameters(params))
+    if num_points > 1:
+        executor.parameters["map_count"] = num_points
+    return executor._make_submission_file_text(executor._submitit_command_str, uid="dryrun")
+
+
+def node_slurm_env(node_rank: int, nodes: int, gpus_per_node: int | None, base_env: dict[str, str] | None = None,
+                   job_id: str = DRY_JOB_ID) -> dict[str, str]:
+    """The SLURM variables one task of an ``nodes``-node job sees on node ``node_rank`` (hosts node[01-NN])."""
+    env = dict(base_env or {})
+    for key in DIST_KEYS:
+        env.pop(key, None)
+    env.update(
+        SLURM_JOB_ID=job_id,
+        SLURM_JOB_NODELIST=f"node[01-{nodes:02d}]" if nodes > 1 else "node01",
+        SLURM_JOB_NUM_NODES=str(nodes),
+        SLURM_NODEID=str(node_rank),
+        SLURM_PROCID=str(node_rank),
+        SLURM_NTASKS=str(nodes),
+        SLURM_LOCALID="0",
+    )
+    if gpus_per_node:
+        env["SLURM_GPUS_ON_NODE"] = str(gpus_per_node)
+    return env
+
+
+@contextmanager
+def _environ(env: dict[str, str]) -> Iterator[None]:
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def torchrun_command(cli_argv: Sequence[str], env: dict[str, str]) -> list[str]:
+    """What ms-swift's CLI (``swift ...`` / ``megatron ...``) runs for ``cli_argv`` under ``env``.
+
+    Mirrors ``swift.cli.main.cli_main``: with any of NPROC_PER_NODE/NNODES set it starts
+    ``python -m torch.distributed.run <torchrun args> <route file> <args>``; the torchrun arguments come from
+    ms-swift's own ``get_torchrun_args``.
+    """
+    import importlib.util
+
+    from swift.cli import main as swift_main
+
+    program, method, *args = cli_argv
+    if os.path.basename(program) == "megatron":
+        from swift.cli._megatron.main import ROUTE_MAPPING
+    else:
+        ROUTE_MAPPING = swift_main.ROUTE_MAPPING
+    route = importlib.util.find_spec(ROUTE_MAPPING[method.replace("_", "-")]).origin
+    with _environ(env):
+        torchrun_args = swift_main.get_torchrun_args()
+    if torchrun_args is None:
+        return ["python", route, *args]
+    return ["python", "-m", "torch.distributed.run", *torchrun_args, route, *args]
+
+
+def compose(overrides: Sequence[str]) -> DictConfig:
+    """Compose ``configs/train.yaml`` with ``overrides`` (Hydra's compose API, hydra node included)."""
+    import warnings
+
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with warnings.catch_warnings(), initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3",
+                                                          job_name="gkd-train"):
+        warnings.filterwarnings("ignore", message=SCHEMA_MATCH_WARNING)
+        return hydra_compose(config_name="train", overrides=list(overrides), return_hydra_config=True)
+
+
+def data_parallel_size(cfg: DictConfig, env: dict[str, str]) -> int:
+    """Data-parallel size of the whole job: all processes on all nodes over TP × PP × CP."""
+    world = int(env.get("NPROC_PER_NODE", 1)) * int(env.get("NNODES", 1))
+    model_parallel = 1
+    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+        model_parallel *= int(OmegaConf.select(cfg, f"backend.{key}", default=None) or 1)
+    return max(1, world // model_parallel)
+
+
+def swift_cli_argv(cfg: DictConfig, env: dict[str, str], run_dir: Path) -> list[str]:
+    """The ms-swift CLI command the harness runs for ``cfg`` on a CUDA node (``swift rlhf`` / ``megatron rlhf``).
+
+    Built by ``harness.swift_args`` from the config as written (model ids / paths and ``run.dataset`` are not
+    resolved or downloaded: nothing loads in a dry run).
+    """
+    from harness import swift_args
+
+    dataset = OmegaConf.select(cfg, "run.dataset", default=None)
+    inputs = swift_args.ResolvedInputs(student=str(cfg.model.student), teacher=str(cfg.model.teacher),
+                                       dataset=str(dataset) if dataset is not None else "<run.dataset>")
+    wandb_mode = str(OmegaConf.select(cfg, "tracking.wandb.mode", default="offline"))
+    if OmegaConf.select(cfg, "backend.name") == "megatron":
+        return list(swift_args.megatron_argv(cfg, inputs, run_dir, wandb_mode=wandb_mode,
+                                             data_parallel_size=data_parallel_size(cfg, env)))
+    return list(swift_args.hf_argv(cfg, inputs, run_dir, device="cuda", wandb_mode=wandb_mode))
+
+
+def _point_cfg(overrides: Sequence[str], run_dir: Path) -> DictConfig:
+    cfg = OmegaConf.to_container(compose(overrides), resolve=False)
+    cfg.pop("hydra", None)
+    cfg["run"]["output_dir"] = str(run_dir)  # what ${hydra:runtime.output_dir} becomes in the job
+    return OmegaConf.create(cfg)
+
+
+def format_command(argv: Sequence[str], wrap: bool = False, indent: str = "  ") -> str:
+    """A shell-quoted command; ``wrap`` puts every ``--flag [value]`` on its own continuation line."""
+    if not wrap:
+        return indent + shlex.join(argv)
+    head, groups = [], []
+    for tok in argv:
+        if tok.startswith("--") or tok.endswith(".py"):
+            groups.append([tok])
+        elif groups:
+            groups[-1].append(tok)
+        else:
+            head.append(tok)
+    lines = [shlex.join(head)] + [shlex.join(g) for g in groups]
+    return indent + (" \\\n" + indent + "    ").join(lines)
+
+
+def dry_run(overrides: Sequence[str], max_points: int | None = None, base_env: dict[str, str] | None = None,
+            wrap: bool = False) -> str:
+    """Render the dry run for a ``gkd-train -m <overrides>`` sweep on SLURM; returns the text."""
+    master = compose(overrides)
+    launcher_target = str(OmegaConf.select(master, "hydra.launcher._target_", default=""))
+    if not launcher_target.endswith("SlurmLauncher"):
+        raise ValueError(f"hydra/launcher must be submitit_slurm for a SLURM dry run (got {launcher_target!r})")
+    from hydra.core.hydra_config import HydraConfig
+
+    HydraConfig.instance().set_config(master)  # lets ${hydra:...} and hydra.* interpolations resolve
+    launcher = OmegaConf.to_container(master.hydra.launcher, resolve=True)
+    sweep_dir = Path(str(master.hydra.sweep.dir))
+    points = sweep_points(master)
+    nodes = int(launcher.get("nodes") or 1)
+    gpus = launcher.get("gpus_per_node")
+
+    out: list[str] = []
+    out.append(f"# SLURM dry run: {len(points)} point(s), {nodes} node(s) x {gpus} GPU(s), one task per node")
+    out.append(f"# sweep folder: {sweep_dir}")
+    out.append("# ---- sbatch script (submitit) ----")
+    out.append(sbatch_script(launcher, len(points)).rstrip())
+    shown = points if max_points is None else points[:max_points]
+    for job in shown:
+        name = point_name(job, master)
+        cfg = _point_cfg(job, sweep_dir / name)
+        run_dir = sweep_dir / name
+        out.append(f"# ---- point {name or '(no overrides)'}  (run folder {run_dir}) ----")
+        for node in range(nodes):
+            env = swift_launch_env(cfg, node_slurm_env(node, nodes, gpus, base_env))
+            cli = swift_cli_argv(cfg, env, run_dir)
+            dist = " ".join(f"{k}={env[k]}" for k in DIST_KEYS if k in env)
+            out.append(f"# node {node}: {dist}")
+            out.append(format_command(cli, wrap))
+            out.append("  -> ms-swift runs:" if wrap else "  -> " + shlex.join(torchrun_command(cli, env)))
+            if wrap:
+                out.append(format_command(torchrun_command(cli, env), wrap))
+    if len(shown) < len(points):
+        out.append(f"# ... {len(points) - len(shown)} more point(s) not shown")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m launch.slurm", description=__doc__.splitlines()[0])
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for gkd-train -m")
+    parser.add_argument("--max-points", type=int, default=None, help="show the node commands of the first N points")
+    parser.add_argument("--wrap", action="store_true", help="one --flag per line")
+    args = parser.parse_args(argv)
+    overrides = list(args.overrides)
+    if not any(o.startswith("hydra/launcher=") for o in overrides):
+        overrides.append("hydra/launcher=submitit_slurm")
+    sys.stdout.write(dry_run(overrides, max_points=args.max_points, wrap=args.wrap, base_env={"PATH": os.environ.get("PATH", "")}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

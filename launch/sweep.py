@@ -1,0 +1,255 @@
+"""Sweep discipline for ``gkd-train -m``: resume summary, progress, one status line per point.
+
+Registered as a Hydra callback in ``configs/hydra/default.yaml`` (``hydra.callbacks.sweep_status``); works the
+same with every launcher (basic, submitit_local, submitit_slurm) because it only reads run folders:
+
+- ``on_multirun_start`` (launching process): lists the sweep's points exactly as Hydra's basic sweeper expands
+  them, prints how many already completed (harness.train skips those) and how many will (re)run, and starts a
+  progress printer thread (points done / failed, the running point's step out of ``run.max_steps``).
+- ``on_job_end`` (the process that ran the point; a submitit worker for submitit launchers): writes Hydra's
+  own verdict for the point to ``<run folder>/.hydra/job_return.json``, so a point that failed before it wrote
+  ``summary.json`` (e.g. a config error) still reports ``failed`` with its error.
+- ``on_multirun_end``, or at interpreter exit when Hydra re-raises a failed point after the whole batch ran:
+  prints one line per point (status, steps, error), read back from the run folders.
+
+A point's status, in order of trust: ``job_return.json`` says FAILED -> ``failed``; otherwise ``summary.json``'s
+status; otherwise ``missing`` (never ran, or killed before writing anything).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, TextIO
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+STATUS_FILE = "job_return.json"
+
+
+@dataclass
+class PointStatus:
+    """What one sweep point's run folder says.
+
+    Attributes:
+        name: the point's run name (Hydra override_dirname; also its folder name).
+        run_dir: the point's run folder.
+        status: ``completed`` | ``failed`` | ``running`` | ``missing``.
+        step: last logged global step (``metrics.jsonl``), or None.
+        max_steps: ``run.max_steps`` from ``summary.json``'s config, or None.
+        error: first line of the error for failed points.
+        wall_s: ``summary.json``'s wall time, when finished.
+    """
+
+    name: str
+    run_dir: Path
+    status: str = "missing"
+    step: int | None = None
+    max_steps: int | None = None
+    error: str | None = None
+    wall_s: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def sweep_points(config: DictConfig) -> list[list[str]]:
+    """The override lists of every point, in launch order, as Hydra's BasicSweeper expands them.
+
+    Args:
+        config: the multirun config handed to ``on_multirun_start`` (holds ``hydra.sweeper.params`` and
+            ``hydra.overrides.task``).
+    """
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    params = OmegaConf.select(config, "hydra.sweeper.params") or {}
+    lines = [f"{k}={v}" for k, v in params.items()]
+    lines += list(OmegaConf.to_container(config.hydra.overrides.task, resolve=False))
+    overrides = OverridesParser.create().parse_overrides(lines)
+    return [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+
+
+def point_name(job_overrides: Iterable[str], config: DictConfig) -> str:
+    """Hydra's ``override_dirname`` for one point (same exclusions and separators as the config)."""
+    from hydra._internal.config_loader_impl import get_overrides_dirname
+
+    od = config.hydra.job.config.override_dirname
+    parsed = OverridesParser.create().parse_overrides(list(job_overrides))
+    return get_overrides_dirname(parsed, exclude_keys=list(od.exclude_keys), item_sep=od.item_sep,
+                                 kv_sep=od.kv_sep)
+
+
+def _last_step(metrics: Path) -> int | None:
+    """Global step of the last complete line of a metrics.jsonl (reads only its tail)."""
+    try:
+        with metrics.open("rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - 65536))
+            tail = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in reversed(tail.splitlines()):
+        try:
+            return int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def read_point(name: str, run_dir: Path) -> PointStatus:
+    """Status of one point from its run folder (see the module docstring for the order of trust)."""
+    point = PointStatus(name=name, run_dir=run_dir)
+    summary = _read_json(run_dir / "summary.json")
+    verdict = _read_json(run_dir / ".hydra" / STATUS_FILE)
+    if summary:
+        point.status = str(summary.get("status", "missing"))
+        point.error = summary.get("error")
+        point.wall_s = summary.get("wall_s")
+        point.max_steps = (summary.get("config") or {}).get("run.max_steps")
+        point.step = summary.get("last_step")
+    if verdict and verdict.get("status") == "FAILED":
+        point.status = "failed"
+        point.error = point.error or verdict.get("error")
+    step = _last_step(run_dir / "metrics.jsonl")
+    if step is not None:
+        point.step = step
+    if point.error:
+        point.error = str(point.error).strip().splitlines()[-1][:200] if str(point.error).strip() else None
+    return point
+
+
+def format_point(point: PointStatus, resumed: bool = False) -> str:
+    """One summary line: status, steps, wall time, name, error."""
+    steps = f"{point.step if point.step is not None else '-'}/{point.max_steps if point.max_steps else '?'}"
+    wall = f"{point.wall_s:.0f}s" if isinstance(point.wall_s, (int, float)) else "-"
+    status = point.status + (" (skipped: completed earlier)" if resumed and point.status == "completed" else "")
+    line = f"  {status:<38} steps {steps:<9} wall {wall:<7} {point.name or '(no overrides)'}"
+    if point.error and point.status == "failed":
+        line += f"  error: {point.error}"
+    return line
+
+
+class SweepStatusCallback(Callback):
+    """Hydra callback: resume summary, progress printer, final per-point status table.
+
+    Args:
+        progress_interval_s: seconds between progress polls (0 disables the progress printer).
+        stream: where to print (default stdout).
+    """
+
+    def __init__(self, progress_interval_s: float = 30, stream: TextIO | None = None) -> None:
+        self.progress_interval_s = float(progress_interval_s)
+        self.stream = stream
+        self._points: list[tuple[str, Path]] = []
+        self._completed_before: set[str] = set()
+        self._group = ""
+        self._sweep_dir = Path(".")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._reported = False
+
+    # submitit launchers pickle the Hydra context (callbacks included) into every job: ship settings only
+    def __getstate__(self) -> dict:
+        return {"progress_interval_s": self.progress_interval_s}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
+
+    # -- printing
+    def _print(self, text: str) -> None:
+        print(text, file=self.stream or sys.stdout, flush=True)
+
+    def statuses(self) -> list[PointStatus]:
+        return [read_point(name, run_dir) for name, run_dir in self._points]
+
+    # -- Hydra hooks
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._sweep_dir = Path(str(config.hydra.sweep.dir))
+        self._group = str(OmegaConf.select(config, "tracking.wandb.group", default="") or "")
+        names = [point_name(job, config) for job in sweep_points(config)]
+        self._points = [(n, self._sweep_dir / n) for n in names]
+        before = self.statuses()
+        self._completed_before = {p.name for p in before if p.status == "completed"}
+        failed = sum(p.status == "failed" for p in before)
+        todo = len(before) - len(self._completed_before)
+        self._print(
+            f"[sweep {self._group}] {len(before)} points in {self._sweep_dir}: "
+            f"{len(self._completed_before)} completed earlier (skipped), {failed} failed earlier (rerun), "
+            f"{todo} to run"
+        )
+        self._stop.clear()
+        self._reported = False
+        atexit.register(self._report)
+        if self.progress_interval_s > 0:
+            self._thread = threading.Thread(target=self._progress_loop, name="sweep-progress", daemon=True)
+            self._thread.start()
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        """Record Hydra's verdict for this point next to its ``.hydra/`` folder (any process)."""
+        out = Path(str(config.hydra.runtime.output_dir)) / ".hydra"
+        error = None
+        if job_return.status == JobStatus.FAILED:
+            exc = job_return._return_value
+            error = f"{type(exc).__name__}: {exc}"
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / STATUS_FILE).write_text(json.dumps({"status": job_return.status.name, "error": error}))
+        except OSError:
+            pass
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self._report()
+
+    # -- progress and final report
+    def progress_line(self) -> str:
+        points = self.statuses()
+        done = sum(p.status == "completed" for p in points)
+        failed = sum(p.status == "failed" for p in points)
+        line = f"[sweep {self._group}] {done}/{len(points)} done, {failed} failed"
+        running = [p for p in points if p.status == "running"]
+        for p in running:
+            line += f" | running {p.name or '(no overrides)'} step {p.step if p.step is not None else 0}/" \
+                    f"{p.max_steps or '?'}"
+        return line
+
+    def _progress_loop(self) -> None:
+        last = ""
+        while not self._stop.wait(self.progress_interval_s):
+            line = self.progress_line()
+            if line != last:
+                self._print(line)
+                last = line
+
+    def _report(self) -> None:
+        if self._reported:
+            return
+        self._reported = True
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        points = self.statuses()
+        for p in points:  # nothing runs any more: a point still marked running died without a verdict
+            if p.status == "running":
+                p.status = "incomplete"
+        counts = {s: sum(p.status == s for p in points) for s in ("completed", "failed", "incomplete", "missing")}
+        self._print(
+            f"[sweep {self._group}] summary, {len(points)} points: "
+            + ", ".join(f"{v} {k}" for k, v in counts.items() if v or k in ("completed", "failed"))
+            + f"  ({self._sweep_dir})"
+        )
+        for p in points:
+            self._print(format_point(p, resumed=p.name in self._completed_before))

@@ -1,0 +1,94 @@
+"""``gkd-bench`` runs at a small size and produces a complete table (no timing assertions).
+
+The end-to-end test runs real worker processes (real ms-swift loss, real harness loss, real peak-memory
+measurement); it checks that every requested figure exists, that the loss values the workers report agree with
+an FP64 reference computed here independently, and that the Markdown document is written.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from analysis import bench
+from analysis.bench_cases import BETA, TEMPERATURE, Sizes, full_inputs, topk_inputs
+from analysis.bench_measure import peak_rss_delta_mib, quantiles
+
+
+def _fp64_reference(student, teacher_output, labels) -> float:
+    """Independent FP64 generalized JSD (paper form, β=0.5) of the bench inputs, mean over positions."""
+    mask = labels != -100
+    s = student[mask].double() / TEMPERATURE
+    if teacher_output.is_topk_mode:
+        ids = teacher_output.topk_indices[mask]
+        s = torch.gather(s, -1, ids)
+        t = teacher_output.topk_logprobs[mask].double() / TEMPERATURE
+    else:
+        t = teacher_output.full_logits[mask].double() / TEMPERATURE
+    ls, lt = torch.log_softmax(s, -1), torch.log_softmax(t, -1)
+    ps, pt = ls.exp(), lt.exp()
+    m = torch.log((1 - BETA) * ps + BETA * pt)
+    jsd = BETA * (pt * (lt - m)).sum(-1) + (1 - BETA) * (ps * (ls - m)).sum(-1)
+    return float(jsd.mean())
+
+
+def test_quantiles_and_judge():
+    q = quantiles([4.0, 1.0, 3.0, 2.0, 5.0])
+    assert (q["median"], q["q1"], q["q3"], q["min"], q["max"], q["n"]) == (3.0, 2.0, 4.0, 1.0, 5.0, 5)
+    rows = [{"name": "topk/fp32", "time_ratio": 1.04}, {"name": "full/fp32", "time_ratio": 1.31, "mem_ratio": 0.9},
+            {"name": "analysis/report", "seconds": 12.0}]
+    status = {(g["name"], g["metric"]): g["status"] for g in bench.judge(rows)}
+    assert status[("topk/fp32", "time_ratio")] == "met"
+    assert status[("full/fp32", "time_ratio")] == "NOT met"
+    assert status[("full/fp32", "mem_ratio")] == "met"
+    assert status[("analysis/report", "seconds")] == "NOT met"
+    assert status[("e2e/monitor_on", "time_ratio")] == "not measured"
+
+
+def test_peak_rss_sees_a_torch_allocation():
+    """The process-peak measurement sees a 64 MiB tensor that lives only inside the call."""
+    peak = peak_rss_delta_mib(lambda: float(torch.ones(16 * 2**20).sum()))  # 64 MiB of fp32
+    if peak is None:
+        pytest.skip("/proc/self/clear_refs not writable here")
+    assert 60 <= peak < 200
+
+
+@pytest.mark.slow
+def test_bench_quick_runs_and_writes_table(tmp_path):
+    out, js = tmp_path / "performance.md", tmp_path / "bench.json"
+    rc = bench.main(["--quick", "--cases", "topk/fp32", "full/fp32", "spot_topk/check", "--out", str(out),
+                     "--json", str(js), "--work-dir", str(tmp_path / "work")])
+    assert rc == 0
+    res = json.loads(js.read_text())
+    rows = {r["name"]: r for r in res["rows"]}
+    assert set(rows) == {"topk/upstream", "topk/fp32", "full/upstream", "full/fp32", "spot_topk/loss",
+                         "spot_topk/check"}
+    for name in ("topk/fp32", "full/fp32", "spot_topk/check"):
+        assert not rows[name]["errors"], rows[name]["errors"]
+        assert rows[name]["time_ratio"] > 0 and math.isfinite(rows[name]["time_ratio"])
+    for name in ("topk/upstream", "topk/fp32", "full/upstream", "full/fp32"):
+        assert rows[name]["peak_mib"] > 0, name
+    # The workers' losses on their (regenerated) inputs against an independent FP64 computation here.
+    sizes = Sizes.quick()
+    for group, make in (("topk", topk_inputs), ("full", full_inputs)):
+        ref = _fp64_reference(*make(sizes, "cpu"))
+        assert rows[f"{group}/fp32"]["loss"] == pytest.approx(ref, rel=1e-4, abs=2e-6)
+        assert rows[f"{group}/upstream"]["loss_fp64"] == pytest.approx(ref, rel=1e-9)
+    spot = rows["spot_topk/check"]
+    assert spot["loss"] == pytest.approx(_fp64_reference(*_capped_topk(sizes)), rel=1e-4, abs=2e-6)
+    goals = {(g["name"], g["metric"]): g for g in res["goals"]}
+    assert goals[("topk/fp32", "time_ratio")]["status"] in ("met", "NOT met")
+    assert goals[("e2e/monitor_on", "time_ratio")]["status"] == "not measured"
+    text = out.read_text()
+    assert "| measurement |" in text and "full/fp32" in text and "command: `gkd-bench --quick" in text
+
+
+def _capped_topk(sizes):
+    student, to, labels = topk_inputs(sizes, "cpu")
+    n = sizes.spot_max_tokens
+    from swift.rlhf_trainers.gkd_loss import TeacherOutput
+    lab = labels[:, :n]
+    return student[:, :n], TeacherOutput(topk_logprobs=to.topk_logprobs[:, :n], topk_indices=to.topk_indices[:, :n],
+                                         labels=lab), lab

@@ -1,0 +1,130 @@
+"""launch.sweep with real Hydra multiruns of a small task function (fast; no ms-swift).
+
+The task function follows the run-folder contract the way harness.train does (summary.json running ->
+completed | failed, metrics.jsonl one line per step, skip when completed) so the callback's bookkeeping is
+exercised through the repo's own ``configs/hydra`` (callbacks, folders, names, launchers). The end-to-end
+versions with the real ``gkd-train`` live in ``tests/launch/test_sweep_e2e.py``.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+APP = textwrap.dedent(
+    """
+    import json, os, sys
+    from pathlib import Path
+    import hydra
+
+    @hydra.main(version_base="1.3", config_path="configs", config_name="train")
+    def main(cfg):
+        out = Path(cfg.run.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        summary = out / "summary.json"
+        if summary.exists() and json.loads(summary.read_text())["status"] == "completed":
+            with open(out / "skipped", "a") as fh:
+                fh.write("x")
+            return
+        conf = {"run.max_steps": cfg.run.max_steps, "gkd.beta": cfg.gkd.beta}
+        summary.write_text(json.dumps({"status": "running", "error": None, "config": conf}))
+        with open(out / "runs", "a") as fh:
+            fh.write("x")
+        for step in range(1, cfg.run.max_steps + 1):
+            with open(out / "metrics.jsonl", "a") as fh:
+                fh.write(json.dumps({"step": step, "train/loss": 0.1}) + "\\n")
+        if cfg.gkd.beta == cfg.run.fail_beta:
+            summary.write_text(json.dumps({"status": "failed", "error": "RuntimeError: planned failure",
+                                           "config": conf, "last_step": cfg.run.max_steps}))
+            raise RuntimeError("planned failure")
+        summary.write_text(json.dumps({"status": "completed", "error": None, "config": conf,
+                                       "last_step": cfg.run.max_steps, "wall_s": 0.5}))
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+TRAIN = textwrap.dedent(
+    """
+    defaults:
+      - hydra: default
+      - _self_
+    gkd: {beta: 0.5}
+    run: {max_steps: 3, output_dir: "${hydra:runtime.output_dir}", fail_beta: -1}
+    tracking: {wandb: {group: unit, mode: offline}}
+    """
+)
+
+
+@pytest.fixture()
+def app(tmp_path):
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "hydra").symlink_to(REPO / "configs" / "hydra")
+    (tmp_path / "configs" / "train.yaml").write_text(TRAIN)
+    (tmp_path / "app.py").write_text(APP)
+    return tmp_path
+
+
+def _run(app, *overrides):
+    env = {**os.environ, "GKD_OUTPUT_ROOT": str(app / "out"), "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "app.py", "-m", *overrides], cwd=app, env=env, capture_output=True,
+                          text=True, timeout=240)
+    return proc, proc.stdout + proc.stderr
+
+
+def _summary_lines(text):
+    return [l for l in text.splitlines() if l.startswith("  ") and ("gkd.beta=" in l)]
+
+
+@pytest.mark.parametrize("launcher", ["basic", "submitit_local"])
+def test_failing_point_does_not_stop_the_others_and_each_point_gets_a_line(app, launcher):
+    proc, out = _run(app, f"hydra/launcher={launcher}", "gkd.beta=0.1,0.5,0.9,1.0", "run.fail_beta=0.5",
+                     "hydra.callbacks.sweep_status.progress_interval_s=0")
+    assert proc.returncode != 0, out  # Hydra re-raises the failed point after the batch
+    sweep = app / "out" / "multirun" / "unit"
+    status = {d.name: json.loads((d / "summary.json").read_text())["status"]
+              for d in sweep.iterdir() if (d / "summary.json").exists()}
+    assert status == {"gkd.beta=0.1,run.fail_beta=0.5": "completed", "gkd.beta=0.5,run.fail_beta=0.5": "failed",
+                      "gkd.beta=0.9,run.fail_beta=0.5": "completed", "gkd.beta=1.0,run.fail_beta=0.5": "completed"}
+    lines = _summary_lines(out.split("summary, 4 points")[1])
+    assert len(lines) == 4, out
+    assert sum(l.split()[0] == "completed" for l in lines) == 3
+    failed = [l for l in lines if l.split()[0] == "failed"]
+    assert len(failed) == 1 and "gkd.beta=0.5" in failed[0] and "planned failure" in failed[0]
+    assert "[sweep unit] summary, 4 points: 3 completed, 1 failed" in out
+    verdict = json.loads((sweep / "gkd.beta=0.5,run.fail_beta=0.5" / ".hydra" / "job_return.json").read_text())
+    assert verdict["status"] == "FAILED" and "planned failure" in verdict["error"]
+
+
+def test_resume_skips_completed_and_reruns_failed(app):
+    args = ("gkd.beta=0.1,0.5", "hydra.callbacks.sweep_status.progress_interval_s=0")
+    first, out1 = _run(app, *args, "run.fail_beta=0.5")
+    assert first.returncode != 0
+    sweep = app / "out" / "multirun" / "unit"
+    third, out3 = _run(app, *args, "run.fail_beta=0.5")  # the same command again
+    assert "2 points" in out3 and "1 completed earlier (skipped), 1 failed earlier (rerun)" in out3
+    done = sweep / "gkd.beta=0.1,run.fail_beta=0.5"
+    assert (done / "runs").read_text() == "x"  # ran once
+    assert (done / "skipped").read_text() == "x"  # skipped on the rerun
+    assert (sweep / "gkd.beta=0.5,run.fail_beta=0.5" / "runs").read_text() == "xx"  # failed point reran
+    assert "completed (skipped: completed earlier)" in out3
+
+
+def test_progress_line_reports_done_failed_and_current_step(tmp_path):
+    from launch.sweep import SweepStatusCallback
+
+    cb = SweepStatusCallback(progress_interval_s=0)
+    cb._group = "g"
+    cb._points = [("a", tmp_path / "a"), ("b", tmp_path / "b"), ("c", tmp_path / "c")]
+    for name, status in (("a", "completed"), ("b", "running")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps({"status": status, "config": {"run.max_steps": 20}}))
+    (tmp_path / "b" / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 7)))
+    assert cb.progress_line() == "[sweep g] 1/3 done, 0 failed | running b step 7/20"
