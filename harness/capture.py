@@ -48,8 +48,8 @@ def save_capture(path: str | os.PathLike,
         tensors["teacher_full_logits"] = teacher_output.full_logits.detach().contiguous().cpu()
     else:
         raise CaptureError("teacher_output has neither full_logits nor top-k tensors")
-    if teacher_output.labels is not None:
-        tensors["teacher_labels"] = teacher_output.labels.detach().contiguous().cpu()
+    if teacher_output.labels is not None and teacher_output.labels is not labels:
+        tensors["teacher_labels"] = teacher_output.labels.detach().contiguous().cpu().clone()
     metadata = {k: str(v) for k, v in (meta or {}).items()}
     metadata.update(beta=repr(float(beta)), temperature=repr(float(temperature)))
     path = Path(path)

@@ -182,7 +182,7 @@ def format_command(argv: Sequence[str], wrap: bool = False, indent: str = "  ") 
         return indent + shlex.join(argv)
     head, groups = [], []
     for tok in argv:
-        if tok.startswith("--") or tok.endswith(".py"):
+        if tok.startswith("--") or (tok.endswith(".py") and groups and len(groups[-1]) >= 2):
             groups.append([tok])
         elif groups:
             groups[-1].append(tok)

@@ -95,3 +95,14 @@ def test_cli_prints(capsys):
     out = capsys.readouterr().out
     assert out.startswith("# SLURM dry run: 6 point(s), 2 node(s) x 8 GPU(s), one task per node")
     assert "# ... 6 more point(s) not shown" in out
+
+
+def test_wrapped_command_is_the_same_command():
+    from launch.slurm import format_command
+
+    argv = ["python", "-m", "torch.distributed.run", "--nproc_per_node", "8", "--master_addr", "node01",
+            "/x/rlhf.py", "--model", "Qwen/Qwen3.5-0.8B", "--external_plugins", "/x/plugin.py", "--flag",
+            "--output_dir", "/runs/a=1,b=2/swift"]
+    text = format_command(argv, wrap=True)
+    assert shlex.split(text.replace("\\\n", " ")) == argv
+    assert "\n      /x/rlhf.py \\" in text and "--external_plugins /x/plugin.py \\" in text
