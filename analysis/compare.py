@@ -187,6 +187,7 @@ def step_agreement(sweep: Sweep, vary: str, a: str, b: str, runs: Optional[pd.Da
             row = {"run_a": ra, "run_b": rb, "gkd.beta": mr.get("gkd.beta"), "loss.beta_form": mr.get("loss.beta_form"),
                    "loss.precision": mr.get("loss.precision"), "run.seed": mr.get("run.seed"), "metric": m,
                    "common_steps": 0, "only_in_one": int(only.get(i, 0))}
+            row[vary] = f"{a} vs {b}"  # the key that differs between the two runs
             if i in stats.index:
                 st = stats.loc[i]
                 row.update(common_steps=int(st["common_steps"]), max_abs_diff=float(st["max_abs_diff"]),

@@ -27,6 +27,7 @@ def main(argv=None) -> int:
     p.add_argument("--root", type=Path, default=None, help="sweep folder (default: a temporary folder)")
     p.add_argument("--seeds", type=int, default=5, help="5 seeds -> 200 runs (5 β x 2 forms x 2 precisions x 2 T)")
     p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--spot-every", type=int, default=50, help="steps between synthetic FP64 spot checks")
     p.add_argument("--repeat", type=int, default=1)
     a = p.parse_args(argv)
 
@@ -40,7 +41,7 @@ def main(argv=None) -> int:
     sweep_dir, report_dir = root / "runs", root / "report"
     if not (sweep_dir.exists() and any(sweep_dir.iterdir())):
         t0 = time.perf_counter()
-        runs = write_sweep(sweep_dir, steps=a.steps, seeds=range(a.seeds))
+        runs = write_sweep(sweep_dir, steps=a.steps, seeds=range(a.seeds), spot_every=a.spot_every)
         print(f"wrote {len(runs)} synthetic runs x {a.steps} steps in {time.perf_counter() - t0:.1f} s (not timed)")
 
     from analysis.criteria import load_criteria

@@ -173,11 +173,16 @@ def _cap_active(student_logits: torch.Tensor, teacher_output: TeacherOutput, lab
     return cut(s_act), teacher, lab
 
 
-def _mean_loss_and_grad(terms_fn: Callable, s: torch.Tensor, teacher: TeacherOutput, labels, beta, temperature):
-    """``(loss = total / num_valid as float, d loss / d s in FP64)`` on a detached leaf copy of ``s``."""
+def _mean_loss_and_grad(terms_fn: Callable, s: torch.Tensor, teacher: TeacherOutput, labels, beta, temperature,
+                        *args, **kwargs):
+    """``(loss = total / num_valid as float, d loss / d s in FP64)`` on a detached leaf copy of ``s``.
+
+    ``args`` / ``kwargs``: the call's extra arguments (gather / log-softmax / KL functions, TP-aware under
+    Megatron), passed through so a spot check computes exactly what the run computes.
+    """
     x = s.detach().clone().requires_grad_(True)
     with torch.enable_grad():
-        out = terms_fn(x, teacher, labels, beta, temperature)
+        out = terms_fn(x, teacher, labels, beta, temperature, *args, **kwargs)
         n = int(out.num_valid)
         loss = out.total / n if n else out.total * 0
         (grad, ) = torch.autograd.grad(loss, x, allow_unused=True)
@@ -186,7 +191,7 @@ def _mean_loss_and_grad(terms_fn: Callable, s: torch.Tensor, teacher: TeacherOut
 
 
 def spot_check(run_terms: Callable, ref_terms: Callable, student_logits, teacher_output, labels, beta, temperature,
-               max_tokens: int) -> Optional[Dict[str, float]]:
+               max_tokens: int, *args, **kwargs) -> Optional[Dict[str, float]]:
     """FP64 spot check of one loss call (``None`` if the call has no active position).
 
     Returns the DESIGN ``spot/*`` values: ``loss`` (run's variant, per-position mean on the capped inputs),
@@ -196,8 +201,8 @@ def spot_check(run_terms: Callable, ref_terms: Callable, student_logits, teacher
     s, teacher, lab = _cap_active(student_logits, teacher_output, labels, max_tokens)
     if s.shape[1] == 0:
         return None
-    loss, grad = _mean_loss_and_grad(run_terms, s, teacher, lab, beta, temperature)
-    ref, grad64 = _mean_loss_and_grad(ref_terms, s, teacher, lab, beta, temperature)
+    loss, grad = _mean_loss_and_grad(run_terms, s, teacher, lab, beta, temperature, *args, **kwargs)
+    ref, grad64 = _mean_loss_and_grad(ref_terms, s, teacher, lab, beta, temperature, *args, **kwargs)
     abs_err = abs(loss - ref)
     gnorm = float(grad64.norm())
     return {
@@ -295,7 +300,7 @@ class LossInstrument:
 
     def _spot(self, out, student_logits, teacher_output, labels, beta, temperature, *args, **kwargs) -> None:
         vals = spot_check(self.terms_fn, self.ref_terms_fn, student_logits, teacher_output, labels, beta,
-                          temperature, self.spot_max_tokens)
+                          temperature, self.spot_max_tokens, *args, **kwargs)
         if vals is not None:
             for k, v in vals.items():
                 self.metrics[k].update(v)

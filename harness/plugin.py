@@ -96,6 +96,7 @@ class PluginState:
     boundary: DtypeBoundary
     instrument: Any  # LossInstrument or None
     rebound: Dict[str, str]
+    dtypes_sent: bool = False  # dtypes already added to the wandb run
 
 
 def load_settings(path: Optional[str] = None) -> Optional[Dict[str, Any]]:
@@ -107,7 +108,7 @@ def load_settings(path: Optional[str] = None) -> Optional[Dict[str, Any]]:
 
 
 def build_loss(settings: Dict[str, Any]):
-    """``(drop-in gkd_loss, DtypeBoundary, LossInstrument or None)`` for the settings."""
+    """``(DtypeBoundary, LossInstrument or None)``: the boundary is the drop-in ``gkd_loss`` to install."""
     from harness.losses import make_gkd_loss, make_gkd_loss_terms
 
     precision, beta_form = settings["precision"], settings["beta_form"]
@@ -127,7 +128,7 @@ def build_loss(settings: Dict[str, Any]):
         inner = make_gkd_loss(precision, beta_form)
     boundary = DtypeBoundary(inner, _DTYPES.get(settings.get("student_dtype")),
                              _DTYPES.get(settings.get("teacher_dtype")))
-    return boundary, boundary, instrument
+    return boundary, instrument
 
 
 def rebind_gkd_loss(loss: Callable, modules=TRAINER_MODULES) -> Dict[str, str]:
@@ -219,8 +220,8 @@ def _record_log(logs: Dict[str, Any], step: int) -> None:
     fields: Dict[str, Any] = {"last_step": int(step)}
     if STATE.boundary.seen:
         fields.update(dtypes_seen=STATE.boundary.seen, dtypes_arrived=STATE.boundary.arrived)
-        if not getattr(STATE, "_dtypes_sent", False):
-            STATE._dtypes_sent = True
+        if not STATE.dtypes_sent:
+            STATE.dtypes_sent = True
             try:
                 update_wandb_config({"dtypes_seen": STATE.boundary.seen, "dtypes_arrived": STATE.boundary.arrived})
             except Exception as e:  # noqa: BLE001
@@ -302,8 +303,8 @@ def register_callbacks() -> Dict[str, str]:
 def install(settings: Dict[str, Any]) -> PluginState:
     """Build the loss, rebind it everywhere, register callbacks and wandb naming; idempotent per process."""
     global STATE
-    loss, boundary, instrument = build_loss(settings)
-    rebound = rebind_gkd_loss(loss)
+    boundary, instrument = build_loss(settings)
+    rebound = rebind_gkd_loss(boundary)
     STATE = PluginState(settings=settings, boundary=boundary, instrument=instrument, rebound=rebound)
     register_callbacks()
     _keep_harness_names_in_wandb()

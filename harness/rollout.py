@@ -287,6 +287,22 @@ def _vllm_device(cfg: Any, device: str | None) -> str:
         return "cpu"
 
 
+def _colocate_nproc(cfg: Any, on_cpu: bool) -> int:
+    """Processes per node for colocate mode: ``backend.nproc_per_node``, or when null (as ``launch.env``) one
+    per visible GPU, 1 on a CPU. Always >= 1 and always emitted, so ms-swift takes its torchrun path."""
+    nproc = _get(cfg, "backend.nproc_per_node", None)
+    if nproc is not None:
+        return max(1, int(nproc))
+    if on_cpu:
+        return 1
+    try:
+        import torch
+
+        return max(1, torch.cuda.device_count())
+    except ImportError:  # pragma: no cover
+        return 1
+
+
 def rollout_env(cfg: Any, device: str | None = None) -> dict[str, str]:
     """Environment variables for the ms-swift subprocess that the rollout engine needs.
 
@@ -298,8 +314,9 @@ def rollout_env(cfg: Any, device: str | None = None) -> dict[str, str]:
       originals, so ms-swift's per-step ``load_weights`` sync fails; vLLM has no switch for it, so the harness
       plugin calls :func:`install_rollout_patches`, which turns the prepack off (:func:`disable_vllm_cpu_prepack`).
     - ``VLLM_CPU_KVCACHE_SPACE``: KV cache in GiB (vLLM's CPU default of 4 GiB is larger than a tiny run needs).
-    - ``NPROC_PER_NODE`` (>= 1): colocate mode uses ``distributed_executor_backend='external_launcher'`` and
-      needs torch.distributed even for one process, so ms-swift must launch through its torchrun path.
+    - ``NPROC_PER_NODE`` (>= 1, colocate on any device): vLLM is built with
+      ``distributed_executor_backend='external_launcher'``, which needs torch.distributed even for one process, so
+      ms-swift must launch through its torchrun path (``launch.env`` sets nothing for a single process).
 
     Every on-policy engine also gets ``GKD_ROLLOUT_ENGINE`` (:func:`rollout_engine_name`), which switches on the
     rollout instrumentation in the ms-swift process (:func:`install_rollout_patches`).
@@ -313,9 +330,10 @@ def rollout_env(cfg: Any, device: str | None = None) -> dict[str, str]:
     if engine != "vllm":
         return env
     mode = str(_get(cfg, "rollout.vllm.mode", "colocate"))
+    on_cpu = _vllm_device(cfg, device) == "cpu"
     if mode == "colocate":
-        env["NPROC_PER_NODE"] = str(max(1, int(_get(cfg, "backend.nproc_per_node", 1) or 1)))
-    if _vllm_device(cfg, device) == "cpu":
+        env["NPROC_PER_NODE"] = str(_colocate_nproc(cfg, on_cpu))
+    if on_cpu:
         env["VLLM_PLUGINS"] = "none"
         env["GKD_VLLM_CPU_NO_PREPACK"] = "1"
         env["VLLM_CPU_KVCACHE_SPACE"] = str(_get(cfg, "rollout.vllm.cpu_kvcache_space_gb", 1))

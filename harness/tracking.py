@@ -22,7 +22,6 @@ import json
 import os
 import re
 import socket
-import time
 import warnings
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
@@ -141,6 +140,27 @@ class RunFolder:
     def write_config(self, yaml_text: str) -> None:
         self.config_path.write_text(yaml_text)
 
+    def archive_previous_attempt(self) -> Optional[Path]:
+        """Move an unfinished attempt's files to ``previous_attempts/<n>/`` so a restart starts clean.
+
+        Training restarts from step 0, so appending to the old metrics stream (or a second wandb run in the same
+        folder) would mix two attempts. Returns the archive folder, or None when there was nothing to move.
+        """
+        names = ("metrics.jsonl", "summary.json", "config.yaml", "captures", "wandb", "swift", "swift.log",
+                 "command.json", "plugin_settings.json")
+        present = [n for n in names if (self.path / n).exists()]
+        if not present:
+            return None
+        root = self.path / "previous_attempts"
+        n = 1
+        while (root / str(n)).exists():
+            n += 1
+        target = root / str(n)
+        target.mkdir(parents=True)
+        for name in present:
+            os.replace(self.path / name, target / name)
+        return target
+
     def read_summary(self) -> Optional[Dict[str, Any]]:
         try:
             return json.loads(self.summary_path.read_text())
@@ -158,7 +178,6 @@ class RunFolder:
             "last_step": 0, "started_at": now_iso(), "ended_at": None, "wall_s": None,
         }
         _atomic_write_json(self.summary_path, summary)
-        self._t0 = time.time()
         return summary
 
     def update_summary(self, **fields: Any) -> Dict[str, Any]:

@@ -107,14 +107,9 @@ def subprocess_env(cfg: Any, run_dir: Path, run_name: str, wandb_mode: str, sett
     from launch.env import swift_launch_env
 
     env = swift_launch_env(cfg, env)
-    try:
-        from harness.rollout import rollout_env
+    from harness.rollout import rollout_env
 
-        extra = rollout_env(cfg, device=device)
-    except TypeError:  # older signature
-        from harness.rollout import rollout_env
-
-        extra = rollout_env(cfg)
+    extra = rollout_env(cfg, device=device)
     env.update(extra)
     if "NPROC_PER_NODE" in extra and not env.get("MASTER_PORT"):
         from launch.env import free_port
@@ -147,8 +142,7 @@ def _last_error_line(log_path: Path) -> str:
 def _run_subprocess(argv: List[str], env: Dict[str, str], log_path: Path) -> int:
     """Run ms-swift, teeing its output to the console and ``log_path``; returns the exit code."""
     with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=False)
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:
             for chunk in iter(lambda: proc.stdout.readline(), b""):
                 logf.write(chunk)
@@ -178,6 +172,9 @@ def train(cfg: Any) -> Dict[str, Any]:
         log.info(f"{run_dir}: summary.json says completed, skipping (sweep resume)")
         return folder.read_summary()
 
+    previous = folder.archive_previous_attempt()
+    if previous is not None:
+        log.info(f"{run_dir}: an earlier attempt did not complete; its files moved to {previous}")
     folder.create()
     container = redact(_container(cfg))
     folder.write_config(OmegaConf.to_yaml(OmegaConf.create(container)))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 from harness.losses import BETA_FORMS, PRECISIONS
 
@@ -197,13 +197,16 @@ def validate_config(cfg: Any) -> None:
         raise ConfigError("run.dataset", "must be set when model.student is not the embedded model")
 
     # monitor
-    _bool(cfg, "monitor.enabled", default=True)
-    if _number(cfg, "monitor.spot_check.every_n_steps", int, default=0) < 0:
+    enabled = _bool(cfg, "monitor.enabled", default=True)
+    every = _number(cfg, "monitor.spot_check.every_n_steps", int, default=0)
+    if every < 0:
         raise ConfigError("monitor.spot_check.every_n_steps", "must be >= 0 (0 = never)")
     if _number(cfg, "monitor.spot_check.max_tokens", int, default=256) < 1:
         raise ConfigError("monitor.spot_check.max_tokens", "must be >= 1")
-    _bool(cfg, "monitor.spot_check.param_grad", default=False)
-    _bool(cfg, "monitor.capture", default=False)
+    # param-grad checks and captures happen on spot-check steps of the instrumented loss
+    for key in ("monitor.spot_check.param_grad", "monitor.capture"):
+        if _bool(cfg, key, default=False) and (not enabled or every == 0):
+            raise ConfigError(key, "needs monitor.enabled=true and monitor.spot_check.every_n_steps > 0")
 
     # tracking
     from harness.tracking import WANDB_MODES

@@ -108,7 +108,8 @@ def judge_run(rec: dict[str, Any]) -> tuple[str, str]:
         pass
     status = summary.get("status", "missing")
     last = _last_metrics(run_dir)
-    dtypes = summary.get("dtypes_seen") or {}
+    # what reached ms-swift's loss call before any harness cast (falls back to what the loss saw)
+    dtypes = summary.get("dtypes_arrived") or summary.get("dtypes_seen") or {}
     neg = last.get("gkd/neg_loss_calls_total")
     calls = last.get("gkd/loss_calls_total")
     rel = _max_metric(run_dir, "spot/loss_rel_err")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU validation for gkd-harness, for whoever has one CUDA machine (H100/H200). Budget: < 8 minutes
-# (per-check timeouts 45+180+75+100+60 s = 7.7 min worst case, plus start-up of the table).
+# (per-check timeouts 45+180+60+90+90 s = 7.75 min worst case). Not yet run on a GPU: tune the timeouts and
+# GKD_CHECK_STEPS (default 8) on the first real run.
 #
 #   bash launch/gpu_check.sh                 # run everything, print the table, exit 1 if a check FAILs
 #   bash launch/gpu_check.sh --dry-run       # print the commands only
@@ -8,11 +9,13 @@
 #
 # Checks (each bounded by `timeout`; a failing check never stops the next one):
 #   repro         the seed report's synthetic repro on CUDA: upstream jsd_loss negative, fp32 == FP64
-#   megatron_*    tiny Megatron-backend GKD, TP1, loss=original and loss=fp32 (one 2-point sweep): the dtypes
-#                 at the loss boundary are FP32 student / BF16 teacher; fp32 has zero negative calls
+#   megatron/*    tiny Megatron-backend GKD in BF16, TP1, loss=original and loss=fp32 (one 2-point sweep, no cast
+#                 by the harness): the dtypes that arrive at the loss are FP32 student (Float16Module) / BF16
+#                 teacher; fp32 has zero negative calls, original is expected to have some
 #   hf_bf16       tiny HF-backend GKD with both models in BF16 on CUDA (loss=fp32)
 #   vllm_colocate tiny on-policy GKD with a colocated vLLM engine (rollout=vllm_colocate, lmbda=1)
-#   bench         gkd-bench --device cuda (loss forward+backward time and peak memory, upstream vs patched)
+#   bench         gkd-bench --device cuda (loss time and peak memory, upstream vs patched; the loss groups only,
+#                 set GKD_CHECK_BENCH_ARGS to change) -> performance.md
 # Output: $GKD_CHECK_DIR (default outputs/gpu_check/<timestamp>): checks.jsonl, one log per check, run folders.
 set -u -o pipefail
 
@@ -81,20 +84,21 @@ COMMON=("run.max_steps=$STEPS" tracking.wandb.mode=offline monitor.spot_check.ev
 check megatron 180 '{"student_dtype": "float32", "teacher_dtype": "bfloat16", "neg_calls": "by_precision"}' \
   "$GKD_OUTPUT_ROOT/multirun/gpu_check_megatron" -- \
   gkd-train -m hydra/launcher=submitit_local "${COMMON[@]}" model=tiny backend=megatron backend.tensor_model_parallel_size=1 backend.nproc_per_node=1 \
+  model.torch_dtype=bfloat16 model.student_dtype=null model.teacher_dtype=null \
   gkd.beta=0.5 gkd.temperature=0.9 gkd.topk=64 tracking.wandb.group=gpu_check_megatron loss=original,fp32
 
 # 3. tiny HF backend under BF16 (both models BF16 on CUDA), patched loss
-check hf_bf16 75 '{"teacher_dtype": "bfloat16", "neg_calls": "zero"}' "$GKD_OUTPUT_ROOT/runs/gpu_check_hf_bf16" -- \
+check hf_bf16 60 '{"teacher_dtype": "bfloat16", "neg_calls": "zero"}' "$GKD_OUTPUT_ROOT/runs/gpu_check_hf_bf16" -- \
   gkd-train "${COMMON[@]}" model=tiny backend=hf loss=fp32 model.torch_dtype=bfloat16 model.student_dtype=bfloat16 model.teacher_dtype=bfloat16 \
   tracking.wandb.group=gpu_check_hf_bf16
 
 # 4. on-policy GKD with a colocated vLLM engine
-check vllm_colocate 100 '{"neg_calls": "zero"}' "$GKD_OUTPUT_ROOT/runs/gpu_check_vllm" -- \
+check vllm_colocate 90 '{"neg_calls": "zero"}' "$GKD_OUTPUT_ROOT/runs/gpu_check_vllm" -- \
   gkd-train "${COMMON[@]}" model=tiny_vllm backend=hf loss=fp32 rollout=vllm_colocate gkd.lmbda=1.0 \
   tracking.wandb.group=gpu_check_vllm
 
 # 5. performance benchmark on CUDA
-check bench 60 '{}' - -- gkd-bench --device cuda
+check bench 90 '{}' - -- gkd-bench --device cuda ${GKD_CHECK_BENCH_ARGS:---only topk full spot_topk spot_full} --out "$OUT/performance.md"
 
 [[ $DRY == 1 ]] && exit 0
 echo

@@ -10,7 +10,8 @@
 #
 # Usage: bash launch/setup_vllm_cpu.sh            (env at <repo>/.venv-vllm)
 #        GKD_VLLM_VENV=/path bash launch/setup_vllm_cpu.sh
-# A stamp file records the package set; a second run with the same set only re-links the project.
+# Versions are pinned by launch/vllm_cpu_constraints.txt (pip freeze of a working env). A stamp file records the
+# package set; a second run with the same set only re-installs the project (editable) and re-checks (~20 s).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,8 +27,9 @@ PKGS=(
   safetensors pandas matplotlib "pytest>=8" pytest-timeout
 )
 CUDA_ONLY=(torchvision torchaudio torchcodec)
+CONSTRAINTS="$ROOT/launch/vllm_cpu_constraints.txt"   # the resolved set (pip freeze), for reproducible installs
 STAMP="$VENV/.gkd-vllm-cpu-stamp"
-WANT="$(printf '%s\n' "${PKGS[@]}" | sha256sum | cut -c1-16)"
+WANT="$( { printf '%s\n' "${PKGS[@]}"; cat "$CONSTRAINTS"; } | sha256sum | cut -c1-16)"
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
   echo "[setup_vllm_cpu] $VENV is up to date ($WANT)"
@@ -35,7 +37,7 @@ else
   t0=$(date +%s)
   [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip "torch==2.13.0"
-  "$VENV/bin/python" -m pip install -q "${PKGS[@]}"
+  "$VENV/bin/python" -m pip install -q -c "$CONSTRAINTS" "${PKGS[@]}"
   "$VENV/bin/python" -m pip uninstall -y -q "${CUDA_ONLY[@]}" 2>/dev/null || true
   echo "$WANT" > "$STAMP"
   echo "[setup_vllm_cpu] installed in $(( $(date +%s) - t0 )) s"

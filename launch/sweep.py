@@ -23,7 +23,7 @@ import json
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, TextIO
 
@@ -56,7 +56,6 @@ class PointStatus:
     max_steps: int | None = None
     error: str | None = None
     wall_s: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def sweep_points(config: DictConfig) -> list[list[str]]:
@@ -180,7 +179,12 @@ class SweepStatusCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._sweep_dir = Path(str(config.hydra.sweep.dir))
         self._group = str(OmegaConf.select(config, "tracking.wandb.group", default="") or "")
-        names = [point_name(job, config) for job in sweep_points(config)]
+        try:
+            names = [point_name(job, config) for job in sweep_points(config)]
+        except Exception as e:  # noqa: BLE001 - a sweeper/override the basic expansion does not know
+            self._print(f"[sweep {self._group}] cannot list the points ({type(e).__name__}: {e}); "
+                        "no resume summary, progress or final table")
+            return
         self._points = [(n, self._sweep_dir / n) for n in names]
         before = self.statuses()
         self._completed_before = {p.name for p in before if p.status == "completed"}
@@ -197,6 +201,11 @@ class SweepStatusCallback(Callback):
         if self.progress_interval_s > 0:
             self._thread = threading.Thread(target=self._progress_loop, name="sweep-progress", daemon=True)
             self._thread.start()
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Drop the verdict of an earlier attempt of this point (a rerun starts clean)."""
+        stale = Path(str(config.hydra.runtime.output_dir)) / ".hydra" / STATUS_FILE
+        stale.unlink(missing_ok=True)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         """Record Hydra's verdict for this point next to its ``.hydra/`` folder (any process)."""
@@ -235,7 +244,7 @@ class SweepStatusCallback(Callback):
                 last = line
 
     def _report(self) -> None:
-        if self._reported:
+        if self._reported or not self._points:
             return
         self._reported = True
         self._stop.set()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import warnings
 from pathlib import Path
 
 import pytest
@@ -23,9 +22,9 @@ from omegaconf import OmegaConf
 
 from harness.swift_args import ResolvedInputs, build_argv
 from harness.validate import EMBEDDED, validate_config
-from launch.slurm import SCHEMA_MATCH_WARNING
 from launch.sweep import point_name, sweep_points
-from tests.launch.helpers import harness_env, read_metrics, read_summary, run_gkd_train, tail, wandb_offline_run
+from tests.launch.helpers import (compose, harness_env, read_metrics, read_summary, run_gkd_train, tail, task_config,
+                                  wandb_offline_run)
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -41,24 +40,6 @@ def committed_yaml() -> list[str]:
     files = {p for p in out if p.endswith(".yaml")}
     files |= {str(p.relative_to(REPO)) for p in CONFIGS.glob("local/*.example.yaml")}  # examples are docs
     return sorted(files)
-
-
-def compose(overrides, config_name="train"):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    with warnings.catch_warnings(), initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        warnings.filterwarnings("ignore", message=SCHEMA_MATCH_WARNING)
-        return hydra_compose(config_name=config_name, overrides=list(overrides),
-                             return_hydra_config=config_name == "train")
-
-
-def task_config(cfg, run_dir="/tmp/run"):
-    """The job's view of a composed config: hydra node dropped, run.output_dir as Hydra would set it."""
-    data = OmegaConf.to_container(cfg, resolve=False)
-    data.pop("hydra", None)
-    data["run"]["output_dir"] = str(run_dir)
-    return OmegaConf.create(data)
 
 
 def argv_of(cfg, run_dir="/tmp/run"):

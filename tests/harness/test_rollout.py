@@ -185,6 +185,10 @@ def test_gpu_vllm_env_has_no_cpu_workarounds():
                       "rollout.vllm.tensor_parallel_size=2", "rollout.vllm.device=cuda")
     env = rollout_env(cfg, device="cuda")
     assert env == {"GKD_ROLLOUT_ENGINE": "vllm-colocate", "NPROC_PER_NODE": "4"}
+    # nproc_per_node null: one per visible GPU as in launch.env, but always emitted (torchrun path)
+    auto = compose_cfg("rollout=vllm_colocate", "gkd.lmbda=1", "backend.nproc_per_node=null", "rollout.vllm.device=cpu",
+                       "model=tiny_vllm")
+    assert rollout_env(auto, device="cpu")["NPROC_PER_NODE"] == "1"
     server = compose_cfg("rollout=vllm_server", "gkd.lmbda=1", "rollout.vllm.server.host=h")
     assert rollout_env(server, device="cuda") == {"GKD_ROLLOUT_ENGINE": "vllm-server"}
     assert rollout_engine_name(server) == "vllm-server"

@@ -3,7 +3,6 @@ import dataclasses
 import re
 from pathlib import Path
 
-import pytest
 from hydra import compose, initialize_config_dir
 
 from harness.swift_args import PLUGIN_PATH, ResolvedInputs, build_argv, hf_argv, megatron_argv

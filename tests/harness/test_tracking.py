@@ -76,3 +76,14 @@ def test_wandb_env_mapping_never_carries_a_key(tmp_path, monkeypatch):
     assert env["WANDB_TAGS"] == "a,b" and env["WANDB_NAME"] == "run-1" and env["WANDB_MODE"] == "offline"
     assert env["WANDB_DIR"] == str(tmp_path / "wandb") and env["WANDB_JOB_TYPE"] == "gkd-train"
     assert "WANDB_API_KEY" not in env and "secret-key-123" not in json.dumps(env)
+
+
+def test_unfinished_attempt_is_archived(tmp_path):
+    folder = RunFolder(tmp_path / "run").create()
+    folder.start_summary("r", None, {})
+    MetricsWriter(folder.metrics_path).write({"step": 1})
+    archived = folder.archive_previous_attempt()
+    assert archived == tmp_path / "run" / "previous_attempts" / "1"
+    assert (archived / "metrics.jsonl").is_file() and (archived / "summary.json").is_file()
+    assert not folder.metrics_path.exists() and folder.read_summary() is None
+    assert folder.archive_previous_attempt() is None  # nothing left to move

@@ -26,11 +26,11 @@ pytestmark = pytest.mark.slow
 STEPS = 3
 RUNS = {
     # name: (overrides, world size)
-    "original": (["loss=original", "monitor.capture=true"], 1),
-    "fp32": (["loss=fp32", "monitor.capture=true"], 1),
+    "original": (["loss=original", "monitor.capture=true", "monitor.spot_check.param_grad=true"], 1),
+    "fp32": (["loss=fp32", "monitor.capture=true", "monitor.spot_check.param_grad=true"], 1),
     "fp32_off": (["loss=fp32", "monitor=off"], 1),
     "beta0_topk_sft": (["loss=continuous", "gkd.beta=0", "gkd.topk=8", "gkd.sft_alpha=0.5", "monitor.capture=true",
-                        f"run.max_steps=2"], 1),
+                        "run.max_steps=2"], 1),
     "beta1_ddp": (["loss=fp32", "gkd.beta=1", "backend.nproc_per_node=2", "run.max_steps=2"], 2),
 }
 
@@ -123,9 +123,11 @@ def test_original_is_negative_fp32_is_not(run):
         assert r["spot/loss_abs_err"] <= 1e-4 * abs(r["spot/loss_fp64"]) + 2e-6
         assert r["spot/grad_rel_l2"] <= 1e-3 and r["spot/sign_mismatch"] == 0
         assert r["gkd/min_token_jsd"] >= 0
+        assert r["spot/param_grad_rel_l2"] <= 1e-3  # model parameter gradient vs the FP64 loss's
     for r in metrics(orig):
         assert r["spot/loss_abs_err"] > 1e-4 * abs(r["spot/loss_fp64"]) + 2e-6
         assert r["spot/grad_rel_l2"] > 0.05 and r["spot/sign_mismatch"] == 1
+        assert r["spot/param_grad_rel_l2"] > 1e-3
 
 
 @pytest.mark.parametrize("name", ["original", "fp32", "beta0_topk_sft"])

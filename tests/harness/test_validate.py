@@ -51,6 +51,15 @@ def test_invalid_value_names_its_key(key, value):
     assert key in str(err.value)
 
 
+@pytest.mark.parametrize("key", ["monitor.capture", "monitor.spot_check.param_grad"])
+def test_capture_and_param_grad_need_spot_checks(key):
+    for extra in (["monitor.spot_check.every_n_steps=0"], ["monitor=off"]):
+        cfg = base_cfg(*extra)
+        OmegaConf.update(cfg, key, True)
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            validate_config(cfg)
+
+
 def test_unknown_embedded_setting_names_its_key():
     cfg = base_cfg()
     with open_dict(cfg):

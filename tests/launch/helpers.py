@@ -6,17 +6,42 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Sequence
 
+from omegaconf import OmegaConf
+
+from launch.slurm import SCHEMA_MATCH_WARNING
+
 REPO = Path(__file__).resolve().parents[2]
+CONFIGS = REPO / "configs"
+
+
+def compose(overrides, config_name="train"):
+    """Hydra's compose API on the repo's config tree (``train`` with its hydra node, or any other config)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with warnings.catch_warnings(), initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        warnings.filterwarnings("ignore", message=SCHEMA_MATCH_WARNING)
+        return hydra_compose(config_name=config_name, overrides=list(overrides),
+                             return_hydra_config=config_name == "train")
+
+
+def task_config(cfg, run_dir="/tmp/run"):
+    """The job's view of a composed config: hydra node dropped, run.output_dir as Hydra would set it."""
+    data = OmegaConf.to_container(cfg, resolve=False)
+    data.pop("hydra", None)
+    data["run"]["output_dir"] = str(run_dir)
+    return OmegaConf.create(data)
 
 
 def harness_env(output_root: Path, **extra: str) -> dict[str, str]:
-    """Environment for a gkd-train subprocess: outputs under ``output_root``, no hub, offline wandb.
+    """Environment for a gkd-train subprocess: outputs under ``output_root``, no hub, no stale rendezvous.
 
-    The embedded models are cached where harness.embedded puts them (``$GKD_HARNESS_CACHE`` or
-    ``~/.cache/gkd-harness``), so every test shares one build.
+    The embedded models are cached where harness.embedded puts them (``$GKD_HARNESS_CACHE``, set by the
+    session fixture ``embedded_cache`` in tests/conftest.py), so every test shares one build.
     """
     env = dict(os.environ)
     for key in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE", "WANDB_API_KEY"):

@@ -6,8 +6,6 @@ exercised directly on a tiny Qwen3 (head_dim 32) so a failure points at the swit
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -25,18 +23,20 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def llm(tiny_model_dir):
     """An in-process vLLM CPU engine with the harness's prepack switch installed before it is built."""
-    for k, v in {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_PLUGINS": "none", "VLLM_CPU_KVCACHE_SPACE": "1",
-                 "GKD_VLLM_CPU_NO_PREPACK": "1", "HF_HUB_OFFLINE": "1"}.items():
-        os.environ[k] = v
-    from harness.rollout import install_rollout_patches
+    with pytest.MonkeyPatch.context() as mp:
+        # in-process engine core (as ms-swift's colocate mode), and the CPU-lane settings of rollout_env
+        for k, v in {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_PLUGINS": "none", "VLLM_CPU_KVCACHE_SPACE": "1",
+                     "GKD_VLLM_CPU_NO_PREPACK": "1", "HF_HUB_OFFLINE": "1"}.items():
+            mp.setenv(k, v)
+        from harness.rollout import install_rollout_patches
 
-    assert "vllm_cpu_no_prepack" in install_rollout_patches()
-    from vllm import LLM
+        assert "vllm_cpu_no_prepack" in install_rollout_patches()
+        from vllm import LLM
 
-    engine = LLM(model=str(tiny_model_dir), dtype="float32", max_model_len=128, enforce_eager=True, seed=0,
-                 gpu_memory_utilization=0.3)
-    yield engine
-    del engine
+        engine = LLM(model=str(tiny_model_dir), dtype="float32", max_model_len=128, enforce_eager=True, seed=0,
+                     gpu_memory_utilization=0.3)
+        yield engine
+        del engine
 
 
 def inner_model(llm):
