@@ -231,7 +231,7 @@ def compute_rows(pooled: Dict[str, Dict], args) -> List[Dict]:
     """One row per measurement with its figures and ratios (dicts of plain numbers/strings)."""
     rows = []
     for name, res in pooled.items():
-        key = "wall_s" if name.split("/")[0] in ("e2e", "analysis") else _time_key(args)
+        key = "wall_s" if name.split("/")[0] == "analysis" else _time_key(args)
         base_name = _baseline(name)
         base = pooled.get(base_name) if base_name else None
         st, wst = _stat(res, key), _stat(res, "wall_s")
@@ -242,9 +242,14 @@ def compute_rows(pooled: Dict[str, Dict], args) -> List[Dict]:
         if st and bst:
             row["time_ratio"] = st["median"] / bst["median"]
             row["time_ratio_range"] = (st["q1"] / bst["q3"], st["q3"] / bst["q1"])
+            if res.get("mean_step_s") and base.get("mean_step_s"):  # e2e: ratio of mean step times
+                row["time_ratio"] = res["mean_step_s"] / base["mean_step_s"]
+                row["median_step_ratio"] = st["median"] / bst["median"]
         bw = _stat(base, "wall_s") if base else None
         if wst and bw:
             row["wall_ratio"] = wst["median"] / bw["median"]
+            if res.get("mean_step_wall_s") and base.get("mean_step_wall_s"):
+                row["wall_ratio"] = res["mean_step_wall_s"] / base["mean_step_wall_s"]
         for mkey in ("peak_mib", "alloc_peak_mib"):
             if res.get(mkey) is not None:
                 row[mkey] = res[mkey]
@@ -461,6 +466,7 @@ def main(argv=None) -> int:
     if args.work_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="gkd-bench-")
         args.work_dir = tmp.name
+    Path(args.work_dir).mkdir(parents=True, exist_ok=True)
     command = "gkd-bench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     started = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
     load = {"start": _loadavg()}

@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -101,12 +102,10 @@ def plugin_settings(cfg: Any, run_dir: Path, flat_config: Dict[str, Any]) -> Dic
 
 
 def subprocess_env(cfg: Any, run_dir: Path, run_name: str, wandb_mode: str, settings_path: Path,
-                   base_env: Optional[Dict[str, str]] = None, device: str = "cpu") -> Dict[str, str]:
-    """Environment of the ms-swift process: torchrun variables, WANDB_*, plugin settings, rollout extras."""
-    env = dict(os.environ if base_env is None else base_env)
-    from launch.env import swift_launch_env
-
-    env = swift_launch_env(cfg, env)
+                   launch_env: Dict[str, str], device: str = "cpu") -> Dict[str, str]:
+    """Environment of the ms-swift process: ``launch_env`` (torchrun variables, from
+    ``launch.env.swift_launch_env``) plus rollout extras, WANDB_* and the plugin settings path."""
+    env = dict(launch_env)
     from harness.rollout import rollout_env
 
     extra = rollout_env(cfg, device=device)
@@ -159,48 +158,78 @@ def _run_subprocess(argv: List[str], env: Dict[str, str], log_path: Path) -> int
         return proc.wait()
 
 
+def _failure(argv: List[str], rc: int, log_path: Path) -> TrainingFailed:
+    how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
+    return TrainingFailed(f"ms-swift ({argv[0]} {argv[1]}) failed with {how}: {_last_error_line(log_path)}")
+
+
+def _launch(cfg: Any, run_dir: Path, run_name: str, wandb_mode: str, settings_path: Path, launch_env: Dict[str, str],
+            log_path: Path, folder: Optional[RunFolder] = None) -> Dict[str, str]:
+    """Build argv / env, start ms-swift, raise :class:`TrainingFailed` on a non-zero exit; returns the env used.
+
+    ``folder`` (main node only): record the resolved inputs in summary.json and the command in command.json.
+    """
+    inputs = resolve_inputs(cfg)
+    device = resolve_device(cfg)
+    env = subprocess_env(cfg, run_dir, run_name, wandb_mode, settings_path, launch_env, device=device)
+    argv = build_argv(cfg, inputs, run_dir, device=device, wandb_mode=wandb_mode, run_name=run_name)
+    if folder is not None:
+        folder.update_summary(inputs={"student": inputs.student, "teacher": inputs.teacher, "dataset": inputs.dataset})
+        shown = {k: v for k, v in env.items() if k.startswith(("WANDB_", "NPROC", "NNODES", "NODE_RANK", "MASTER_",
+                                                                "GKD_", "VLLM_")) and k != "WANDB_API_KEY"}
+        (run_dir / "command.json").write_text(json.dumps({"argv": argv, "env": shown}, indent=1))
+    log.info("running: " + " ".join(argv))
+    rc = _run_subprocess(argv, env, log_path)
+    if rc != 0:
+        raise _failure(argv, rc, log_path)
+    return env
+
+
 def train(cfg: Any) -> Dict[str, Any]:
-    """Run one GKD training through ms-swift; returns the final ``summary.json`` content."""
+    """Run one GKD training through ms-swift; returns the final ``summary.json`` content.
+
+    Multi-node: every node runs this; only the main node (``launch.env.is_main_node``) owns the run folder's
+    config.yaml / summary.json (global rank 0 writes metrics.jsonl from inside ms-swift). Other nodes start their
+    ms-swift process with node-local plugin settings and raise if it fails.
+    """
+    from launch.env import is_main_node, swift_launch_env
+
     run_dir = Path(str(get(cfg, "run.output_dir", "") or "outputs/unnamed")).expanduser().resolve()
     folder = RunFolder(run_dir)
     try:
         validate_config(cfg)
+        launch_env = swift_launch_env(cfg, dict(os.environ))
     except ValueError as e:
         log.error(f"invalid config: {e}")
         raise
     if folder.is_completed():
         log.info(f"{run_dir}: summary.json says completed, skipping (sweep resume)")
         return folder.read_summary()
+    container = redact(_container(cfg))
+    flat = flatten(container)
+    run_name = _run_name(cfg, run_dir)
+    wandb_mode = resolve_wandb_mode(get(cfg, "tracking.wandb.mode", "disabled"))
+
+    if not is_main_node(launch_env):
+        node = launch_env.get("NODE_RANK", "?")
+        node_dir = Path(tempfile.mkdtemp(prefix=f"gkd-node{node}-"))
+        settings_path = node_dir / PLUGIN_SETTINGS_FILE
+        settings_path.write_text(json.dumps(plugin_settings(cfg, run_dir, flat), indent=1, default=str))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _launch(cfg, run_dir, run_name, wandb_mode, settings_path, launch_env, run_dir / f"swift.node{node}.log")
+        return folder.read_summary() or {}
 
     previous = folder.archive_previous_attempt()
     if previous is not None:
         log.info(f"{run_dir}: an earlier attempt did not complete; its files moved to {previous}")
     folder.create()
-    container = redact(_container(cfg))
     folder.write_config(OmegaConf.to_yaml(OmegaConf.create(container)))
-    flat = flatten(container)
-    run_name = _run_name(cfg, run_dir)
-    group = get(cfg, "tracking.wandb.group", None)
-    folder.start_summary(run_name, group, flat)
+    folder.start_summary(run_name, get(cfg, "tracking.wandb.group", None), flat)
     try:
-        wandb_mode = resolve_wandb_mode(get(cfg, "tracking.wandb.mode", "disabled"))
         folder.update_summary(wandb_mode=wandb_mode)
-        inputs = resolve_inputs(cfg)
-        folder.update_summary(inputs={"student": inputs.student, "teacher": inputs.teacher, "dataset": inputs.dataset})
         settings_path = run_dir / PLUGIN_SETTINGS_FILE
         settings_path.write_text(json.dumps(plugin_settings(cfg, run_dir, flat), indent=1, default=str))
-        device = resolve_device(cfg)
-        env = subprocess_env(cfg, run_dir, run_name, wandb_mode, settings_path, device=device)
-        argv = build_argv(cfg, inputs, run_dir, device=device, wandb_mode=wandb_mode, run_name=run_name)
-        (run_dir / "command.json").write_text(json.dumps({"argv": argv, "env": {
-            k: v for k, v in env.items() if k.startswith(("WANDB_", "NPROC", "NNODES", "NODE_RANK", "MASTER_",
-                                                          "GKD_", "VLLM_")) and k != "WANDB_API_KEY"}}, indent=1))
-        log.info("running: " + " ".join(argv))
-        rc = _run_subprocess(argv, env, run_dir / "swift.log")
-        if rc != 0:
-            how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
-            raise TrainingFailed(f"ms-swift ({argv[0]} {argv[1]}) failed with {how}: "
-                                 f"{_last_error_line(run_dir / 'swift.log')}")
+        env = _launch(cfg, run_dir, run_name, wandb_mode, settings_path, launch_env, run_dir / "swift.log", folder)
         expected = _expected_world_size(env)
         seen = (folder.read_summary() or {}).get("world_size")
         if seen is None:

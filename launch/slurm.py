@@ -199,9 +199,6 @@ def dry_run(overrides: Sequence[str], max_points: int | None = None, base_env: d
     launcher_target = str(OmegaConf.select(master, "hydra.launcher._target_", default=""))
     if not launcher_target.endswith("SlurmLauncher"):
         raise ValueError(f"hydra/launcher must be submitit_slurm for a SLURM dry run (got {launcher_target!r})")
-    from hydra.core.hydra_config import HydraConfig
-
-    HydraConfig.instance().set_config(master)  # lets ${hydra:...} and hydra.* interpolations resolve
     launcher = OmegaConf.to_container(master.hydra.launcher, resolve=True)
     sweep_dir = Path(str(master.hydra.sweep.dir))
     points = sweep_points(master)

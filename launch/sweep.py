@@ -22,7 +22,6 @@ import atexit
 import json
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, TextIO

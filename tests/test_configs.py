@@ -75,11 +75,9 @@ def test_every_config_composes(rel):
         assert OmegaConf.to_container(cfg, resolve=True)
         return
     if overrides and overrides[0].startswith("hydra/launcher="):
-        from hydra.core.hydra_config import HydraConfig
         from hydra.utils import instantiate
 
-        HydraConfig.instance().set_config(cfg)
-        launcher = instantiate(cfg.hydra.launcher)
+        launcher = instantiate(OmegaConf.to_container(cfg.hydra.launcher, resolve=True))
         assert type(launcher).__name__ in ("BasicLauncher", "LocalLauncher", "SlurmLauncher")
     task = task_config(cfg)
     if str(task.model.student) != EMBEDDED and OmegaConf.select(task, "run.dataset") is None:
