@@ -82,7 +82,7 @@ def _reps(name: str, quick: bool, device: str) -> tuple[int, int]:
     if group == "topk":
         return (1, 3) if quick else (3, 15)
     if group in ("full", "spot_full"):
-        return (1, 2) if quick else ((1, 3) if device == "cpu" else (3, 10))
+        return (1, 2) if quick else ((1, 2) if device == "cpu" else (3, 10))
     if group == "spot_topk":
         return (1, 3) if quick else (3, 15)
     if group == "analysis":
@@ -130,7 +130,8 @@ def _worker(args) -> Dict:
             out["peak_mib"] = bm.cuda_peak_mib(case.step)
         else:
             out["peak_mib"] = bm.peak_rss_delta_mib(case.step)
-            out["alloc_peak_mib"] = bm.allocator_peak_mib(case.step)
+            if group == "topk" or args.alloc_profile:  # one more full call under the profiler: opt-in for big cases
+                out["alloc_peak_mib"] = bm.allocator_peak_mib(case.step)
         return out
     out.update(bm.time_calls(case.step, args.device, args.warmup, args.reps))
     out["loss"] = case.value()
@@ -150,6 +151,8 @@ def _spawn(name: str, mode: str, args, warmup: int, reps: int, log) -> Dict:
            "--work-dir", str(args.work_dir)]
     if args.quick:
         cmd.append("--quick")
+    if args.alloc_profile:
+        cmd.append("--alloc-profile")
     if args.sizes:
         cmd += ["--sizes", args.sizes]
     from analysis.bench_measure import malloc_env
@@ -350,6 +353,13 @@ def machine_info(device: str) -> Dict[str, str]:
     except OSError:
         pass
     info["cpu_cores"] = str(os.cpu_count())
+    import hashlib
+    losses = Path(__file__).resolve().parents[1] / "harness" / "losses.py"
+    if losses.exists():
+        info["harness/losses.py md5"] = hashlib.md5(losses.read_bytes()).hexdigest()[:12]
+    if os.environ.get("GKD_BENCH_PROTO"):
+        proto = Path(os.environ["GKD_BENCH_PROTO"])
+        info["proto"] = f"{proto} md5 {hashlib.md5(proto.read_bytes()).hexdigest()[:12]}"
     try:
         for line in open("/proc/meminfo"):
             if line.startswith("MemTotal"):
@@ -434,6 +444,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", default=None, help="JSON overriding the problem sizes, e.g. '{\"full_n\": 1024}'")
     p.add_argument("--work-dir", default=None, help="scratch folder (synthetic sweep, e2e runs); default: temp")
     p.add_argument("--json", default=None, help="also write all rows and goals as JSON here")
+    p.add_argument("--alloc-profile", action="store_true",
+                   help="also measure the allocator peak (torch profiler) for full-vocabulary cases (one more call)")
     p.add_argument("--proto", default=None,
                    help="a candidate losses.py: adds its fp32 variants as topk/full proto_* measurements")
     # worker mode
