@@ -123,6 +123,9 @@ def build_loss(settings: Dict[str, Any]):
             build_metrics(param_grad=bool(mon.get("param_grad"))), spot_every=int(mon.get("spot_every") or 0),
             spot_max_tokens=int(mon.get("spot_max_tokens") or 256), param_grad=bool(mon.get("param_grad")),
             capture_dir=capture_dir, meta={"precision": precision, "beta_form": beta_form}, rank=_global_rank())
+        # a resumed run continues its cumulative counts from the checkpoint's step
+        for key, value in (settings.get("resume_totals") or {}).items():
+            instrument.metrics[key].total = float(value)
         inner = instrument
     else:
         inner = make_gkd_loss(precision, beta_form)

@@ -69,6 +69,14 @@ def _model_args(cfg: Any, inputs: ResolvedInputs) -> List[str]:
     return args
 
 
+def _save_args(cfg: Any) -> List[str]:
+    """``run.save_steps`` null: no checkpoints; N: a full checkpoint (with optimizer state) every N steps."""
+    save_steps = get(cfg, "run.save_steps", None)
+    if not save_steps:
+        return ["--save_strategy", "no"]
+    return ["--save_strategy", "steps", "--save_steps", str(int(save_steps)), "--save_only_model", "false"]
+
+
 def _report_to(cfg: Any, wandb_mode: Optional[str]) -> str:
     mode = wandb_mode or get(cfg, "tracking.wandb.mode", "disabled")
     return "none" if mode == "disabled" else "wandb"
@@ -96,7 +104,7 @@ def hf_argv(cfg: Any, inputs: ResolvedInputs, run_dir: str | Path, device: str =
             "--learning_rate", _fmt(float(get(cfg, "run.learning_rate", 1e-4))),
             "--max_length", str(int(get(cfg, "run.max_length", 512))),
             "--logging_steps", str(int(get(cfg, "run.logging_steps", 1))),
-            "--save_strategy", "no",
+            *_save_args(cfg),
             "--output_dir", str(Path(run_dir) / "swift"), "--add_version", "false",
             "--seed", str(seed), "--data_seed", str(seed),
             "--dataloader_num_workers", "0",

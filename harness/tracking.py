@@ -161,6 +161,18 @@ class RunFolder:
             os.replace(self.path / name, target / name)
         return target
 
+    def truncate_metrics(self, last_step: int) -> int:
+        """Keep only the metrics lines up to ``last_step`` (a run resumed from that checkpoint); returns lines kept."""
+        rows = [r for r in read_metrics(self.metrics_path) if int(r.get("step", 0)) <= last_step]
+        tmp = self.metrics_path.with_name(".metrics.jsonl.tmp")
+        with open(tmp, "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.metrics_path)
+        return len(rows)
+
     def read_summary(self) -> Optional[Dict[str, Any]]:
         try:
             return json.loads(self.summary_path.read_text())

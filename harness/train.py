@@ -164,7 +164,7 @@ def _failure(argv: List[str], rc: int, log_path: Path) -> TrainingFailed:
 
 
 def _launch(cfg: Any, run_dir: Path, run_name: str, wandb_mode: str, settings_path: Path, launch_env: Dict[str, str],
-            log_path: Path, folder: Optional[RunFolder] = None) -> Dict[str, str]:
+            log_path: Path, folder: Optional[RunFolder] = None, extra_args: Optional[List[str]] = None) -> Dict[str, str]:
     """Build argv / env, start ms-swift, raise :class:`TrainingFailed` on a non-zero exit; returns the env used.
 
     ``folder`` (main node only): record the resolved inputs in summary.json and the command in command.json.
@@ -173,6 +173,7 @@ def _launch(cfg: Any, run_dir: Path, run_name: str, wandb_mode: str, settings_pa
     device = resolve_device(cfg)
     env = subprocess_env(cfg, run_dir, run_name, wandb_mode, settings_path, launch_env, device=device)
     argv = build_argv(cfg, inputs, run_dir, device=device, wandb_mode=wandb_mode, run_name=run_name)
+    argv += list(extra_args or [])
     if folder is not None:
         folder.update_summary(inputs={"student": inputs.student, "teacher": inputs.teacher, "dataset": inputs.dataset})
         shown = {k: v for k, v in env.items() if k.startswith(("WANDB_", "NPROC", "NNODES", "NODE_RANK", "MASTER_",
@@ -193,6 +194,7 @@ def train(cfg: Any) -> Dict[str, Any]:
     ms-swift process with node-local plugin settings and raise if it fails.
     """
     from launch.env import is_main_node, swift_launch_env
+    from launch.resume import resume_args
 
     run_dir = Path(str(get(cfg, "run.output_dir", "") or "outputs/unnamed")).expanduser().resolve()
     folder = RunFolder(run_dir)
@@ -209,6 +211,8 @@ def train(cfg: Any) -> Dict[str, Any]:
     flat = flatten(container)
     run_name = _run_name(cfg, run_dir)
     wandb_mode = resolve_wandb_mode(get(cfg, "tracking.wandb.mode", "disabled"))
+    # run.resume: continue an unfinished run from its newest complete ms-swift checkpoint (launch.resume)
+    resume = resume_args(bool(get(cfg, "run.resume", False)), run_dir) if folder.read_summary() else []
 
     if not is_main_node(launch_env):
         node = launch_env.get("NODE_RANK", "?")
@@ -216,20 +220,35 @@ def train(cfg: Any) -> Dict[str, Any]:
         settings_path = node_dir / PLUGIN_SETTINGS_FILE
         settings_path.write_text(json.dumps(plugin_settings(cfg, run_dir, flat), indent=1, default=str))
         run_dir.mkdir(parents=True, exist_ok=True)
-        _launch(cfg, run_dir, run_name, wandb_mode, settings_path, launch_env, run_dir / f"swift.node{node}.log")
+        _launch(cfg, run_dir, run_name, wandb_mode, settings_path, launch_env, run_dir / f"swift.node{node}.log",
+                extra_args=resume)
         return folder.read_summary() or {}
 
-    previous = folder.archive_previous_attempt()
-    if previous is not None:
-        log.info(f"{run_dir}: an earlier attempt did not complete; its files moved to {previous}")
-    folder.create()
-    folder.write_config(OmegaConf.to_yaml(OmegaConf.create(container)))
-    folder.start_summary(run_name, get(cfg, "tracking.wandb.group", None), flat)
+    if resume:
+        ckpt_step = int(Path(resume[1]).name.split("-")[-1])
+        kept = folder.truncate_metrics(ckpt_step)
+        log.info(f"{run_dir}: resuming from {resume[1]} (metrics kept up to step {ckpt_step}: {kept} lines)")
+        folder.update_summary(status="running", error=None, ended_at=None, resumed_from=resume[1])
+    else:
+        previous = folder.archive_previous_attempt()
+        if previous is not None:
+            log.info(f"{run_dir}: an earlier attempt did not complete; its files moved to {previous}")
+        folder.create()
+        folder.write_config(OmegaConf.to_yaml(OmegaConf.create(container)))
+        folder.start_summary(run_name, get(cfg, "tracking.wandb.group", None), flat)
     try:
         folder.update_summary(wandb_mode=wandb_mode)
+        settings = plugin_settings(cfg, run_dir, flat)
+        if resume:
+            from harness.instrument import CUMULATIVE_METRICS
+            from harness.tracking import read_metrics
+
+            rows = read_metrics(folder.metrics_path)
+            settings["resume_totals"] = {k: rows[-1][k] for k in CUMULATIVE_METRICS if rows and k in rows[-1]}
         settings_path = run_dir / PLUGIN_SETTINGS_FILE
-        settings_path.write_text(json.dumps(plugin_settings(cfg, run_dir, flat), indent=1, default=str))
-        env = _launch(cfg, run_dir, run_name, wandb_mode, settings_path, launch_env, run_dir / "swift.log", folder)
+        settings_path.write_text(json.dumps(settings, indent=1, default=str))
+        env = _launch(cfg, run_dir, run_name, wandb_mode, settings_path, launch_env, run_dir / "swift.log", folder,
+                      extra_args=resume)
         expected = _expected_world_size(env)
         seen = (folder.read_summary() or {}).get("world_size")
         if seen is None:

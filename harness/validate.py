@@ -190,6 +190,10 @@ def validate_config(cfg: Any) -> None:
     if not str(get(cfg, "run.output_dir", "") or ""):
         raise ConfigError("run.output_dir", "must be set")
     _choice(cfg, "run.device", DEVICES, default="auto")
+    save_steps = get(cfg, "run.save_steps", None)
+    if save_steps is not None and _number(cfg, "run.save_steps", int) < 1:
+        raise ConfigError("run.save_steps", f"must be null or an integer >= 1, got {save_steps}")
+    _bool(cfg, "run.resume", default=False)
     dataset = get(cfg, "run.dataset", None)
     if dataset is not None and is_local_path(str(dataset)) and not Path(str(dataset)).expanduser().exists():
         raise ConfigError("run.dataset", f"{dataset} does not exist")

@@ -117,3 +117,12 @@ def test_settings_from_env_file(tmp_path, monkeypatch, restore_swift):
     state = plugin.ensure_installed()
     assert state is not None and state.settings["precision"] == "fp32"
     assert plugin.ensure_installed() is state  # once per process
+
+
+def test_resumed_run_continues_cumulative_counts(tmp_path, restore_swift):
+    state = plugin.install(settings(tmp_path, resume_totals={"gkd/loss_calls_total": 6.0,
+                                                             "gkd/neg_loss_calls_total": 4.0}))
+    s, t, labels = inputs()
+    state.boundary(s, TeacherOutput(full_logits=t, labels=labels), labels, 0.5, 0.9)
+    assert state.instrument.metrics["gkd/loss_calls_total"].compute() == 7.0
+    assert state.instrument.metrics["gkd/neg_loss_calls_total"].compute() == 4.0

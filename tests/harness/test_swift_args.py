@@ -102,3 +102,9 @@ def test_megatron_colocated_rollout_args():
     a = as_dict(megatron_argv(cfg, INPUTS, "/runs/m"))
     assert a["use_vllm"] == "true" and a["vllm_mode"] == "colocate" and a["lmbda"] == "0.5"
     assert set(a) - megatron_fields() == set()
+
+
+def test_checkpoints_only_when_asked():
+    assert as_dict(hf_argv(cfg_with(), INPUTS, "/r"))["save_strategy"] == "no"
+    a = as_dict(hf_argv(cfg_with("run.save_steps=5"), INPUTS, "/r"))
+    assert (a["save_strategy"], a["save_steps"], a["save_only_model"]) == ("steps", "5", "false")

@@ -87,3 +87,11 @@ def test_unfinished_attempt_is_archived(tmp_path):
     assert (archived / "metrics.jsonl").is_file() and (archived / "summary.json").is_file()
     assert not folder.metrics_path.exists() and folder.read_summary() is None
     assert folder.archive_previous_attempt() is None  # nothing left to move
+
+
+def test_truncate_metrics_for_a_resumed_run(tmp_path):
+    folder = RunFolder(tmp_path).create()
+    for step in (1, 2, 3, 4):
+        MetricsWriter(folder.metrics_path).write({"step": step, "gkd/loss_calls_total": float(step)})
+    assert folder.truncate_metrics(2) == 2
+    assert [r["step"] for r in read_metrics(folder.metrics_path)] == [1, 2]

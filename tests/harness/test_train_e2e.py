@@ -198,17 +198,17 @@ def test_cli_rejects_bad_config_naming_the_key(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-def test_sigkill_mid_training_keeps_metrics_and_marks_failed(embedded_cache, tmp_path):
+def test_sigkill_mid_training_keeps_metrics_and_marks_failed_then_resumes(embedded_cache, tmp_path):
     out = tmp_path / "killed"
     env = {**os.environ, "GKD_HARNESS_CACHE": str(embedded_cache)}
-    proc = subprocess.Popen([sys.executable, "-m", "harness.train", f"run.output_dir={out}", "run.max_steps=2000",
-                             "loss=original", "tracking.wandb.mode=offline"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    args = [sys.executable, "-m", "harness.train", f"run.output_dir={out}", "run.max_steps=60", "run.save_steps=2",
+            "loss=original", "tracking.wandb.mode=offline"]
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 600
-        while time.time() < deadline and len(read_metrics(out / "metrics.jsonl")) < 2:
-            assert proc.poll() is None, "gkd-train ended before training started"
-            time.sleep(1)
+        while time.time() < deadline and len(read_metrics(out / "metrics.jsonl")) < 3:
+            assert proc.poll() is None, "gkd-train ended before it could be killed"
+            time.sleep(0.2)
         pid = json.loads((out / "summary.json").read_text())["train_pid"]
         os.kill(pid, signal.SIGKILL)
         assert proc.wait(timeout=300) != 0
@@ -218,6 +218,15 @@ def test_sigkill_mid_training_keeps_metrics_and_marks_failed(embedded_cache, tmp
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "failed" and "failed with" in summary["error"]
     rows = read_metrics(out / "metrics.jsonl")
-    assert len(rows) >= 2 and [r["step"] for r in rows] == list(range(1, len(rows) + 1))
-    assert summary["last_step"] >= 2
+    assert len(rows) >= 3 and [r["step"] for r in rows] == list(range(1, len(rows) + 1))
+    assert summary["last_step"] >= 3
     assert list((out / "wandb").rglob("run-*.wandb"))
+
+    # run.resume=true continues from the newest complete checkpoint; the metrics stream stays one per step
+    done = subprocess.run([*args, "run.resume=true"], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and "checkpoint-" in summary["resumed_from"]
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 61))
+    assert rows[-1]["gkd/loss_calls_total"] == 60  # cumulative counts continue across the restart

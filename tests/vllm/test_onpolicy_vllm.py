@@ -76,7 +76,9 @@ def test_run_completed_all_steps_with_harness_metrics(runs, loss):
 @pytest.mark.parametrize("loss", ["original", "fp32"])
 def test_rollout_engine_reported_is_vllm(runs, loss):
     run_dir = runs[loss]
-    rollout = summary(run_dir)["rollout"]
+    s = summary(run_dir)
+    assert "rollout" in s, "no rollout counters: harness/plugin.py must call harness.rollout.install_rollout_patches()"
+    rollout = s["rollout"]
     assert rollout["engine"] == "vllm-colocate"
     # the object that generated is vLLM's own engine (inside ms-swift's GRPOVllmEngine), not HF generate
     assert rollout["engine_impl"].startswith("vllm."), rollout["engine_impl"]

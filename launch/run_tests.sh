@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The test command (README, CI): the main suite in .venv, then the vLLM CPU lane in .venv-vllm.
+#   bash launch/run_tests.sh [pytest args for the main suite]
+# The lane runs when .venv-vllm exists (bash launch/setup_vllm_cpu.sh builds it); with GKD_REQUIRE_VLLM_LANE=1
+# (set by CI) a missing lane is an error instead of a note.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export HF_HUB_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
+py=.venv/bin/python
+[ -x "$py" ] || py=python
+"$py" -m pytest "$@"
+rc=$?
+if [ -x .venv-vllm/bin/python ]; then
+    .venv-vllm/bin/python -m pytest -m vllm tests/vllm -p no:cacheprovider
+    lane=$?
+    [ "$lane" -ne 0 ] && rc=$lane
+elif [ "${GKD_REQUIRE_VLLM_LANE:-0}" = "1" ]; then
+    echo "run_tests: .venv-vllm is missing; run bash launch/setup_vllm_cpu.sh" >&2
+    rc=1
+else
+    echo "run_tests: vLLM CPU lane not run (no .venv-vllm; bash launch/setup_vllm_cpu.sh builds it)"
+fi
+exit "$rc"
