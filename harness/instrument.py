@@ -22,6 +22,7 @@ extremes), so rank 0 logs values of the whole job.
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Optional
 
@@ -54,6 +55,22 @@ def _all_reduce(values: Iterable[float], op) -> list[float]:
     return values
 
 
+def _loss_replicas() -> int:
+    """How many ranks compute the *same* loss call: the tensor-parallel size under Megatron, else 1.
+
+    Under Megatron every TP rank of the last pipeline stage runs the loss on the same positions (the
+    vocab-parallel primitives reduce over TP), and other stages run none, so a world-wide SUM counts each call
+    TP times. Dividing by it keeps the world-wide collective (every rank takes part, whatever its stage).
+    """
+    mpu = sys.modules.get("megatron.core.parallel_state")
+    try:
+        if mpu is not None and mpu.model_parallel_is_initialized():
+            return int(mpu.get_tensor_model_parallel_world_size())
+    except Exception:  # noqa: BLE001 - no Megatron state: one replica
+        pass
+    return 1
+
+
 class SumMetric(Metric):
     """Sum over the logging window and over ranks (``None`` when nothing was recorded anywhere)."""
 
@@ -68,7 +85,8 @@ class SumMetric(Metric):
 
     def _window(self):
         value, count = _all_reduce([self.value, self.count], dist.ReduceOp.SUM)
-        return value, count
+        replicas = _loss_replicas()
+        return value / replicas, count / replicas
 
     def compute(self):
         value, count = self._window()

@@ -315,13 +315,12 @@ def install(settings: Dict[str, Any]) -> PluginState:
         _record_sft_term()
     except Exception as e:  # noqa: BLE001
         logger.info(f"SFT term not recorded: {e}")
-    if os.environ.get("GKD_VLLM_CPU_NO_PREPACK") == "1":
-        try:
-            from harness.rollout import disable_vllm_cpu_prepack
+    try:  # vLLM CPU-lane switches and rollout counters; a no-op unless harness.rollout.rollout_env set them
+        from harness.rollout import install_rollout_patches
 
-            disable_vllm_cpu_prepack()
-        except Exception as e:  # noqa: BLE001
-            logger.info(f"vLLM CPU prepack switch not applied: {e}")
+        logger.info(f"rollout patches: {install_rollout_patches()}")
+    except Exception as e:  # noqa: BLE001
+        logger.info(f"rollout patches not applied: {e}")
     logger.info(f"installed loss precision={settings['precision']} beta_form={settings['beta_form']} "
                 f"monitor={'on' if instrument is not None else 'off'} rank={_global_rank()}")
     return STATE

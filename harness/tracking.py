@@ -34,7 +34,7 @@ REDACTED = "<redacted>"
 
 #: HF ``logs`` keys -> DESIGN names (the rest of the harness keys already carry their DESIGN names).
 HF_KEY_MAP = {"loss": "train/loss", "grad_norm": "train/grad_norm", "learning_rate": "train/learning_rate"}
-HARNESS_PREFIXES = ("gkd/", "spot/")
+HARNESS_PREFIXES = ("gkd/", "spot/", "rollout/")
 
 #: wandb summaries: worst values of the counts and the spot-check errors.
 WANDB_SUMMARIES = {

@@ -132,14 +132,25 @@ def _last_error_line(log_path: Path) -> str:
         lines = log_path.read_text(errors="replace").splitlines()
     except FileNotFoundError:
         return ""
-    for line in reversed(lines):
-        if re.match(r"^\s*([A-Za-z_][\w.]*(Error|Exception)|AssertionError|KeyboardInterrupt)\b", line):
-            return line.strip()
+    # Wrappers' errors (torchrun's ChildFailedError, ms-swift's CalledProcessError) only say that a rank died;
+    # the rank's own error, printed before them, is the one worth reporting.
+    wrappers = ("ChildFailedError", "CalledProcessError")
+    errors = [line.strip() for line in lines
+              if re.match(r"^\s*([A-Za-z_][\w.]*(Error|Exception)|AssertionError|KeyboardInterrupt)\b", line)]
+    for line in reversed(errors):
+        if not any(w in line for w in wrappers):
+            return line
+    if errors:
+        return errors[-1]
     return lines[-1].strip() if lines else ""
 
 
 def _run_subprocess(argv: List[str], env: Dict[str, str], log_path: Path) -> int:
     """Run ms-swift, teeing its output to the console and ``log_path``; returns the exit code."""
+    # The CLI of the interpreter's own environment (e.g. .venv-vllm/bin/swift), even when that bin is not on PATH.
+    local = Path(sys.executable).parent / argv[0]
+    if local.is_file() and os.access(local, os.X_OK):
+        argv = [str(local), *argv[1:]]
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:
