@@ -23,6 +23,7 @@ import importlib
 import json
 import logging
 import os
+import sys
 from typing import Any, Callable, Dict, Optional
 
 import torch
@@ -232,6 +233,21 @@ def _record_log(logs: Dict[str, Any], step: int) -> None:
     _run_folder().update_summary(**fields)
 
 
+def _finish_wandb_run() -> None:
+    """Close this process's wandb run synchronously, so its files are complete when ms-swift exits.
+
+    Without it the run is closed by wandb's own service only after it notices the process is gone (measured:
+    over a minute later), so a reader right after ``gkd-train`` returns can find a file with a header only.
+    """
+    wandb = sys.modules.get("wandb")
+    if wandb is None or getattr(wandb, "run", None) is None:
+        return
+    try:
+        wandb.finish()
+    except Exception as e:  # noqa: BLE001 - tracking never kills training
+        logger.warning(f"wandb.finish() failed: {e}")
+
+
 def _make_hf_callback():
     from swift.callbacks import TrainerCallback
 
@@ -258,6 +274,10 @@ def _make_hf_callback():
             if logs and "train_runtime" not in logs:
                 _record_log(logs, state.global_step)
 
+        def on_train_end(self, args, state, control, **kwargs):
+            # Reporting callbacks (wandb's among them) come first in the trainer's list, so they are done here.
+            _finish_wandb_run()
+
     return HarnessCallback
 
 
@@ -283,6 +303,9 @@ def _make_megatron_callback():
 
                 logs.update(SwiftMixin.compute_custom_metrics(STATE.instrument.metrics))
             _record_log(logs, int(self.state.iteration))
+
+        def on_train_end(self):
+            _finish_wandb_run()
 
     return HarnessMegatronCallback
 

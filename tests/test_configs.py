@@ -171,7 +171,7 @@ STEPS = 2
 
 @pytest.fixture(scope="module")
 def smoke_sweep(tmp_path_factory, embedded_cache):
-    """``gkd-train -m experiment=smoke`` (2 points, basic launcher), then the same command again (resume)."""
+    """``gkd-train -m experiment=smoke`` (3 points, basic launcher), then the same command again (resume)."""
     root = tmp_path_factory.mktemp("smoke")
     env = harness_env(root / "out")
     overrides = ["experiment=smoke", f"run.max_steps={STEPS}", "hydra.callbacks.sweep_status.progress_interval_s=5"]
@@ -186,17 +186,18 @@ def test_smoke_experiment_runs_and_groups(smoke_sweep):
     out = first.stdout + first.stderr
     assert first.returncode == 0, tail(out)
     runs = {d.name: d for d in sweep.iterdir() if (d / "summary.json").exists()}
-    assert sorted(runs) == [f"loss=fp32,run.max_steps={STEPS}", f"loss=original,run.max_steps={STEPS}"]
+    assert sorted(runs) == [f"loss={v},run.max_steps={STEPS}" for v in ("continuous", "fp32", "original")]
     for name, run_dir in runs.items():
         summary = read_summary(run_dir)
         assert summary["status"] == "completed" and summary["group"] == "smoke" and summary["run_name"] == name
         assert summary["config"]["loss.precision"] == ("native" if "original" in name else "fp32")
+        assert summary["config"]["loss.beta_form"] == ("continuous" if "continuous" in name else "paper")
         assert read_metrics(run_dir)[-1]["step"] == STEPS
         run, history = wandb_offline_run(run_dir)
         assert run.run_group == "smoke"
         assert history and "gkd/neg_loss_calls_total" in history[-1]
-    assert "[sweep smoke] summary, 2 points: 2 completed, 0 failed" in out
-    assert len(re.findall(r"^  completed .*loss=(original|fp32)", out, flags=re.M)) == 2
+    assert "[sweep smoke] summary, 3 points: 3 completed, 0 failed" in out
+    assert len(re.findall(r"^  completed .*loss=(original|fp32|continuous)", out, flags=re.M)) == 3
 
 
 @pytest.mark.slow
@@ -213,8 +214,8 @@ def test_resume_skips_completed_points(smoke_sweep):
     sweep, first, second = smoke_sweep
     out = second.stdout + second.stderr
     assert second.returncode == 0, tail(out)
-    assert "2 completed earlier (skipped), 0 failed earlier (rerun), 0 to run" in out
-    assert len(re.findall(r"^  completed \(skipped: completed earlier\)", out, flags=re.M)) == 2
+    assert "3 completed earlier (skipped), 0 failed earlier (rerun), 0 to run" in out
+    assert len(re.findall(r"^  completed \(skipped: completed earlier\)", out, flags=re.M)) == 3
     for run_dir in (p for p in sweep.iterdir() if (p / "summary.json").exists()):
         log = (run_dir / "swift.log").read_text()
         assert log.count("run sh: `") == 1  # ms-swift was started once, by the first command only
