@@ -278,7 +278,12 @@ def compute_rows(pooled: Dict[str, Dict], args) -> List[Dict]:
 def judge(rows: List[Dict]) -> List[Dict]:
     by = {r["name"]: r for r in rows}
     out = []
-    for g in GOALS:
+    goals = list(GOALS)
+    for g in GOALS:  # a candidate losses.py (--proto) is judged by the same loss goals
+        proto = g.name.replace("/fp32", "/proto_fp32")
+        if proto != g.name and proto in by:
+            goals.append(Goal(proto, g.metric, g.limit, g.text.replace("fp32", "candidate fp32 (--proto)")))
+    for g in goals:
         r = by.get(g.name)
         val = None
         if r is not None:

@@ -8,9 +8,11 @@ Two independent axes select a variant:
       near-identical distributions (report 000).
     - ``"fp32"``: BF16/FP16 logits are promoted to FP32 *before* temperature scaling; FP64 stays FP64; mixed
       inputs compute in the widest dtype. Top-k: the student is gathered at the teacher's ids first, then
-      upcast. Full vocabulary: promotion happens per chunk inside a recompute-in-backward chunk loop, so no
-      FP32 copy of a whole ``[N, V]`` BF16 tensor (nor the per-chunk activations of every chunk) is ever
-      alive at once.
+      upcast. With the default primitives it computes the cancellation-free form (``_jsd_stable``) and its
+      closed-form gradient chunk by chunk (``_FusedChunkedJSD``): promotion per chunk, the gradient kept in
+      the student's dtype, no activation graph, so no FP32 copy of a whole ``[N, V]`` BF16 tensor is ever
+      alive. With injected primitives (Megatron's vocab-parallel ones) the textbook formula runs per chunk
+      with recompute-in-backward.
     - ``"fp64"``: everything in FP64; the reference.
 * ``beta_form``
     - ``"paper"``: ``β·KL(T‖M) + (1−β)·KL(S‖M)``, ``M = (1−β)·S + β·T`` (GKD paper, upstream).
@@ -264,6 +266,140 @@ class _RecomputedChunkedJSD(torch.autograd.Function):
         return grad_s, grad_t, None, None, None
 
 
+def _scaled(x: torch.Tensor, cd: torch.dtype, temperature: Optional[float]) -> torch.Tensor:
+    """``x`` in ``cd`` divided by ``temperature`` as a new tensor (never aliases ``x``), in as few passes as possible.
+
+    Same arithmetic as :func:`_prepare_chunk` (cast, then divide), so both paths see identical scaled logits.
+    """
+    y = x.to(cd)
+    if y is x:
+        return x / temperature if temperature is not None else x.clone()
+    return y.div_(temperature) if temperature is not None else y
+
+
+def _jsd_stable_and_grad(zs: torch.Tensor, zt: torch.Tensor, beta: float, beta_form: str, need_grad: bool,
+                         cut: float = 30.0):
+    """Per-position JSD of :func:`_jsd_stable`'s cancellation-free form and its closed-form gradient.
+
+    Everything is a function of ``d = log T − log S`` (computed from the logit difference, as in
+    :func:`_jsd_stable`), ``p = softmax(zs)`` and ``q = p·e^d``. With ``ℓ = log(M/S) = log((1−β) + β·e^d)``:
+
+    * ``|d| ≤ cut``: ``KL(T‖M)_i = q·ψ((1−β)·expm1(−d))``, ``KL(S‖M)_i = p·ψ(β·expm1(d))``, ``ℓ = log1p(β·expm1(d))``;
+    * ``|d| > cut`` (computed on those elements only): ``KL(T‖M)_i = q·(d − ℓ) + (1−β)(p − q)`` with ``d − ℓ = −logaddexp(log β, log(1−β) − d)``,
+      ``KL(S‖M)_i = −p·ℓ + β(q − p)``, ``ℓ = logaddexp(log(1−β), log β + d)``.
+
+    Gradient: ``∂L/∂zs = p·h − p·Σ p·h`` with ``p·h`` = ``−(1−β)·p·ℓ`` (paper),
+    ``p·[(1−β)(2β−1)·x/(1+βx) − β·ℓ]`` (continuous, ``x = expm1(d)``), ``−p·x`` (β = 0), ``−p·d`` (β = 1).
+
+    Args:
+        zs, zt: ``[C, D]`` temperature-scaled logits in the compute dtype; consumed (modified in place).
+    Returns:
+        ``(loss [C], grad [C, D] w.r.t. zs, or None)``.
+    """
+    s_log = torch.log_softmax(zs, -1)
+    delta = zt.sub_(zs)
+    del zs, zt
+    tmp = s_log + delta
+    d = delta.sub_(torch.logsumexp(tmp, -1, keepdim=True))
+    s_p = s_log.exp()
+    t_p = torch.add(s_log, d, out=tmp).exp_()
+    del s_log, tmp
+    big = d.abs() > cut
+    any_big = bool(big.any())
+    ds = d.masked_fill(big, 0.0) if any_big else d  # keeps expm1 finite where the direct form is used
+    ph = None
+    if beta == 0.0:
+        em = torch.expm1(-ds)
+        term = t_p * em.add_(ds)
+        if need_grad:
+            ph = torch.expm1(ds).mul_(s_p).neg_()
+        if any_big:
+            db, pb, qb = d[big], s_p[big], t_p[big]
+            term[big] = (pb - qb) + qb * db
+            if need_grad:
+                ph[big] = pb - qb
+        loss = term.sum(-1)
+    elif beta == 1.0:
+        ep = torch.expm1(ds)
+        term = s_p * ep.sub_(ds)
+        if any_big:
+            db, pb, qb = d[big], s_p[big], t_p[big]
+            term[big] = (qb - pb) - pb * db
+        loss = term.sum(-1)
+        if need_grad:
+            ph = (s_p * d).neg_()
+    else:
+        w_t, w_s = _weights(beta, beta_form)
+        xs = torch.expm1(ds)                  # x = expm1(d)
+        bx = xs * beta                        # β·x
+        ell = torch.log1p(bx)                 # ℓ (small elements)
+        term_s = s_p * bx.sub_(ell)           # p·ψ(β·x)
+        del bx
+        xt = torch.expm1(-ds).mul_(1.0 - beta)
+        term_t = t_p * _psi(xt)               # q·ψ((1−β)·expm1(−d))
+        del xt
+        if any_big:
+            db, pb, qb = d[big], s_p[big], t_p[big]
+            ellb = torch.logaddexp(torch.full_like(db, math.log1p(-beta)), db + math.log(beta))
+            dmlb = torch.logaddexp(torch.full_like(db, math.log(beta)), math.log1p(-beta) - db).neg_()  # d − ℓ
+            term_t[big] = qb * dmlb + (1.0 - beta) * (pb - qb)
+            term_s[big] = beta * (qb - pb) - pb * ellb
+            ell[big] = ellb
+        loss = w_t * term_t.sum(-1) + w_s * term_s.sum(-1)
+        del term_t, term_s
+        if need_grad:
+            if beta_form == "paper":
+                ph = ell.mul_(s_p).mul_(-(1.0 - beta))
+            else:
+                y = xs.div_(xs * beta + 1.0)  # x/(1+βx)
+                if any_big:
+                    y[big] = torch.exp(dmlb) - torch.exp(-ellb)
+                ph = y.mul_((1.0 - beta) * (2.0 * beta - 1.0)).sub_(ell, alpha=beta).mul_(s_p)
+    if ph is not None:
+        ph.sub_(s_p * ph.sum(-1, keepdim=True))
+    return loss, ph
+
+
+class _FusedChunkedJSD(torch.autograd.Function):
+    """Per-position JSD (:func:`_jsd_stable`) and its closed-form gradient in one pass per row chunk.
+
+    Only for ``fp32`` with the default primitives, equal vocabularies and a teacher without gradient. Forward
+    keeps ``∂JSD_i/∂z_s`` ``[N, D]`` in the student's dtype (no activation graph, nothing recomputed, no FP32
+    copy of BF16 inputs); backward scales it by the incoming per-position gradient (in the compute dtype).
+    """
+
+    @staticmethod
+    def forward(ctx, s, t, cd, temperature, beta, beta_form, rows):
+        n = s.shape[0]
+        need = ctx.needs_input_grad[0]
+        out = torch.empty(n, dtype=cd, device=s.device)
+        # ∂JSD_i/∂z_s in the student's dtype: never a full-width FP32 copy for BF16 inputs (DESIGN contract).
+        dz = torch.empty(s.shape, dtype=s.dtype, device=s.device) if need else None
+        for start in range(0, n, rows):
+            sl = slice(start, start + rows)
+            loss, g = _jsd_stable_and_grad(_scaled(s[sl], cd, temperature), _scaled(t[sl], cd, temperature), beta,
+                                           beta_form, need)
+            out[sl] = loss
+            if need:
+                dz[sl] = g if temperature is None else g.div_(temperature)
+                del g
+        ctx.save_for_backward(dz)
+        ctx.rows, ctx.cd = rows, cd
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (dz, ) = ctx.saved_tensors
+        grad_s = None
+        if dz is not None and ctx.needs_input_grad[0]:
+            grad_s = torch.empty_like(dz)
+            go = grad_out.to(ctx.cd)
+            for start in range(0, dz.shape[0], ctx.rows):
+                sl = slice(start, start + ctx.rows)
+                grad_s[sl] = dz[sl].to(ctx.cd) * go[sl, None]
+        return grad_s, None, None, None, None, None, None
+
+
 def _rows_per_chunk(n: int, chunk_size: int, in_itemsize: int, compute_itemsize: int) -> int:
     """Rows per chunk so a chunk's compute-dtype working set is no larger than upstream's would be.
 
@@ -334,8 +470,17 @@ def jsd_per_position(
         return torch.cat(parts), total
 
     cd = compute_dtype(precision, s_logits.dtype, t_logits.dtype)
-    fn = _chunk_fn(precision, cd, temperature, align_vocab, beta, beta_form, log_softmax_fn, kl_div_fn)
     width = max(s_logits.shape[-1], t_logits.shape[-1])
+    if (recompute is None and precision == "fp32" and log_softmax_fn is default_log_softmax
+            and kl_div_fn is default_kl_div and s_logits.shape[-1] == t_logits.shape[-1]
+            and not t_logits.requires_grad):
+        # Fused closed-form gradient: no activation graph, no recompute. Narrow (top-k) inputs in one chunk.
+        in_itemsize = min(s_logits.element_size(), t_logits.element_size())
+        rows = n if width <= 1024 else _rows_per_chunk(n, chunk_size, in_itemsize,
+                                                       torch.empty((), dtype=cd).element_size())
+        per_position = _FusedChunkedJSD.apply(s_logits, t_logits, cd, temperature, beta, beta_form, rows)
+        return per_position, per_position.sum()
+    fn = _chunk_fn(precision, cd, temperature, align_vocab, beta, beta_form, log_softmax_fn, kl_div_fn)
     if recompute is None:
         recompute = width > 1024
     in_itemsize = min(s_logits.element_size(), t_logits.element_size())
