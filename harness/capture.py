@@ -49,7 +49,8 @@ def save_capture(path: str | os.PathLike,
     else:
         raise CaptureError("teacher_output has neither full_logits nor top-k tensors")
     if teacher_output.labels is not None and teacher_output.labels is not labels:
-        tensors["teacher_labels"] = teacher_output.labels.detach().contiguous().cpu().clone()
+        # a copy of its own: safetensors refuses two names for one storage (e.g. a view of ``labels``)
+        tensors["teacher_labels"] = teacher_output.labels.detach().cpu().clone()
     metadata = {k: str(v) for k, v in (meta or {}).items()}
     metadata.update(beta=repr(float(beta)), temperature=repr(float(temperature)))
     path = Path(path)

@@ -294,11 +294,23 @@ class LossInstrument:
 
     @torch.no_grad()
     def _record(self, out) -> None:
+        """Update the per-call metrics with a single device→host transfer (this runs on every loss call)."""
         m = self.metrics
-        n = int(out.num_valid)
+        per = out.per_position.detach()
         total = out.total.detach()
-        loss = float((total / n).to(torch.float64)) if n else 0.0
-        finite = bool(torch.isfinite(total))
+        num_valid = out.num_valid.to(total.device)
+        # the loss as the trainer sees it: total / num_valid in the loss's own dtype
+        loss_t = torch.where(num_valid > 0, total / num_valid.to(total.dtype), total.new_zeros(()))  # no grad here
+        stats = torch.stack([
+            total.to(torch.float64),
+            loss_t.to(torch.float64),
+            num_valid.to(torch.float64),
+            (per < 0).sum().to(torch.float64),
+            per.min().to(torch.float64) if per.numel() else per.new_zeros((), dtype=torch.float64),
+        ])
+        total, loss, n, neg_tokens, min_token = stats.tolist()
+        n = int(n)
+        finite = math.isfinite(total)
         m["gkd/loss_calls_total"].update(1)
         m["gkd/nonfinite_calls_total"].update(0 if finite else 1)
         neg = 1 if (finite and loss < 0) else 0
@@ -306,10 +318,9 @@ class LossInstrument:
         m["gkd/neg_loss_calls_total"].update(neg)
         if finite and n:
             m["gkd/jsd_loss"].update(loss)
-        per = out.per_position.detach()
         if per.numel():
-            m["gkd/neg_token_frac"].update(int((per < 0).sum()), per.numel())
-            m["gkd/min_token_jsd"].update(float(per.min()))
+            m["gkd/neg_token_frac"].update(int(neg_tokens), per.numel())
+            m["gkd/min_token_jsd"].update(min_token)
 
     def record_sft(self, value) -> None:
         """Record the SFT (cross-entropy) term of one call (``gkd.sft_alpha > 0``)."""
@@ -334,6 +345,4 @@ class LossInstrument:
 
             meta = {**self.meta, "step": self.step, "rank": self.rank}
             path = Path(self.capture_dir) / f"step{self.step}_rank{self.rank}.safetensors"
-            if teacher_output.labels is not None and teacher_output.labels.data_ptr() == labels.data_ptr():
-                labels = labels.clone()  # safetensors refuses two names for one storage
             save_capture(path, student_logits, teacher_output, labels, beta, temperature, meta)

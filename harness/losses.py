@@ -44,10 +44,14 @@ from swift.rlhf_trainers.gkd_loss import (TeacherOutput, default_gather, default
 
 PRECISIONS = ("native", "fp32", "fp64")
 BETA_FORMS = ("paper", "continuous")
+#: Config / CLI dtype names (``model.student_dtype``, ``gkd-replay --student-dtype``) and their torch dtypes.
+DTYPES_BY_NAME = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+                  "float64": torch.float64}
 
 __all__ = [
     "PRECISIONS",
     "BETA_FORMS",
+    "DTYPES_BY_NAME",
     "GKDTerms",
     "compute_dtype",
     "make_gkd_loss",

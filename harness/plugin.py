@@ -36,7 +36,6 @@ TRAINER_MODULES = (
     "swift.megatron.trainers.gkd_trainer",
     "swift.ray.megatron.loss.gkd",
 )
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 logger = logging.getLogger("gkd_harness.plugin")
 if not logger.handlers:
@@ -110,7 +109,7 @@ def load_settings(path: Optional[str] = None) -> Optional[Dict[str, Any]]:
 
 def build_loss(settings: Dict[str, Any]):
     """``(DtypeBoundary, LossInstrument or None)``: the boundary is the drop-in ``gkd_loss`` to install."""
-    from harness.losses import make_gkd_loss, make_gkd_loss_terms
+    from harness.losses import DTYPES_BY_NAME, make_gkd_loss, make_gkd_loss_terms
 
     precision, beta_form = settings["precision"], settings["beta_form"]
     mon = settings.get("monitor") or {}
@@ -130,8 +129,8 @@ def build_loss(settings: Dict[str, Any]):
         inner = instrument
     else:
         inner = make_gkd_loss(precision, beta_form)
-    boundary = DtypeBoundary(inner, _DTYPES.get(settings.get("student_dtype")),
-                             _DTYPES.get(settings.get("teacher_dtype")))
+    boundary = DtypeBoundary(inner, DTYPES_BY_NAME.get(settings.get("student_dtype")),
+                             DTYPES_BY_NAME.get(settings.get("teacher_dtype")))
     return boundary, instrument
 
 

@@ -23,11 +23,10 @@ from typing import Dict, Iterable, List, Optional
 import torch
 
 from harness.capture import CaptureError, load_capture
-from harness.losses import BETA_FORMS, make_gkd_loss_terms
+from harness.losses import BETA_FORMS, DTYPES_BY_NAME as DTYPES, make_gkd_loss_terms
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
 VARIANTS = ("native", "fp32", "fp64")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
 def evaluate_variants(student_logits: torch.Tensor, teacher_output: TeacherOutput, labels: torch.Tensor, beta: float,

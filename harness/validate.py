@@ -12,10 +12,10 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
-from harness.losses import BETA_FORMS, PRECISIONS
+from harness.losses import BETA_FORMS, DTYPES_BY_NAME, PRECISIONS
 
 EMBEDDED = "embedded"
-DTYPES = ("float32", "bfloat16", "float16", "float64")
+DTYPES = tuple(DTYPES_BY_NAME)
 BACKENDS = ("hf", "megatron")
 DEVICES = ("auto", "cpu", "cuda")
 _MISSING = object()

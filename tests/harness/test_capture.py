@@ -71,3 +71,10 @@ def test_inconsistent_shapes_and_ids(tmp_path):
     save_file(tensors, str(tmp_path / "d.safetensors"), metadata={"beta": "0.5", "temperature": "0.9"})
     with pytest.raises(CaptureError, match="does not match labels"):
         load_capture(tmp_path / "d.safetensors")
+
+
+def test_teacher_labels_sharing_storage_with_labels(tmp_path):
+    case = make_case("fp32", "bf16", "full", True, 2)
+    teacher = type(case.teacher)(full_logits=case.teacher.full_logits, labels=case.labels.view_as(case.labels))
+    cap = load_capture(save_capture(tmp_path / "c.safetensors", case.student, teacher, case.labels, 0.5, 0.9))
+    assert torch.equal(cap["teacher_output"].labels, case.labels)
