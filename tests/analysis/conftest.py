@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.synthetic import write_sweep
+from bench.synthetic import write_sweep
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import pytest
 
 from analysis.load import (CONFIG_COLUMNS, UnusableInput, _read_metrics_fast, _read_metrics_strict, load_run_folder,
                            load_sweep)
-from analysis.synthetic import write_run
+from bench.synthetic import write_run
 
 
 def test_runs_table_has_config_columns_and_one_row_per_run(synthetic_sweep_dir):

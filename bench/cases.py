@@ -215,7 +215,7 @@ def resolve_spot_check(precision: str = "fp32", beta_form: str = "paper") -> tup
     try:
         from harness.instrument import spot_check
     except ImportError:
-        return spot_check_fp64, "analysis.bench_cases.spot_check_fp64 (harness.instrument.spot_check not available)"
+        return spot_check_fp64, "bench.cases.spot_check_fp64 (harness.instrument.spot_check not available)"
     from harness.losses import make_gkd_loss_terms
 
     run_terms, ref_terms = make_gkd_loss_terms(precision, beta_form), make_gkd_loss_terms("fp64", beta_form)

@@ -1,6 +1,6 @@
 """Time the sign-off report over a synthetic sweep of 200 runs x 2,000 steps.
 
-    python -m analysis.time_report [--root DIR] [--runs-seeds 5] [--steps 2000] [--repeat 1]
+    python -m bench.time_report [--root DIR] [--runs-seeds 5] [--steps 2000] [--repeat 1]
 
 Writes the sweep once (not timed; reused when ``--root`` already holds it), then times, in this process,
 loading + criteria + tables + plots + Markdown/HTML/verdict (``load_sweep`` + ``build_report``), and separately
@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=1)
     a = p.parse_args(argv)
 
-    from analysis.synthetic import write_sweep
+    from bench.synthetic import write_sweep
 
     tmp = None
     root = a.root

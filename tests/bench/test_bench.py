@@ -12,9 +12,9 @@ import math
 import pytest
 import torch
 
-from analysis import bench
-from analysis.bench_cases import BETA, TEMPERATURE, Sizes, full_inputs, topk_inputs
-from analysis.bench_measure import peak_rss_delta_mib, quantiles
+from bench import cli as bench
+from bench.cases import BETA, TEMPERATURE, Sizes, full_inputs, topk_inputs
+from bench.measure import peak_rss_delta_mib, quantiles
 
 
 def _fp64_reference(student, teacher_output, labels) -> float:

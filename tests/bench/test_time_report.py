@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from analysis.time_report import main
+from bench.time_report import main
 
 
 def test_time_report_runs(tmp_path, capsys):
