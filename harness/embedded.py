@@ -1,11 +1,17 @@
-"""The embedded default: tiny Qwen3 student + near-copy teacher, a local tokenizer and a chat dataset.
+"""The embedded default: tiny Qwen3 student + near-copy teacher, a local or real Qwen tokenizer, a chat dataset.
 
 Everything is built locally with random weights (no hub access) and cached on disk, keyed by the settings,
 so every harness path runs on a CPU:
 
 * ``student/`` and ``teacher/``: ``Qwen3ForCausalLM`` checkpoints written with ``save_pretrained`` (FP32
-  weights), each with the same locally trained byte-level BPE tokenizer carrying the Qwen chat tokens and a
-  Qwen-style chat template, so ms-swift loads them through its normal ``--model_type qwen3`` path.
+  weights), each with the same tokenizer and a Qwen-style chat template, so ms-swift loads them through its
+  normal ``--model_type qwen3`` path. The tokenizer (``tokenizer``) is either
+
+  - ``"bytes"``: a byte-level BPE trained locally on the dataset, carrying the Qwen chat tokens (``vocab_size``
+    is then the BPE target size, e.g. 512), untied embeddings; or
+  - ``"qwen3"`` / ``"qwen35"``: Qwen's real vocabulary (:mod:`harness.qwen_tokenizer`, 151,669 / 248,077
+    tokens with the chat tokens at their real ids); ``vocab_size`` is the embedding width (151,936 / 248,320
+    as in the real checkpoints) and the input and output embeddings are tied to keep the model small.
 * The teacher is a **near-copy** of the student: every weight ``w`` becomes ``w + noise * std(w) * eps``
   with ``eps ~ N(0, 1)``. Student and teacher distributions are then nearly identical, which is the regime
   where BF16 rounding of the teacher logits makes upstream's JSD negative.
@@ -31,6 +37,9 @@ from typing import Any, Mapping
 #: Bump when the on-disk layout or the generation procedure changes (invalidates old cache entries).
 FORMAT_VERSION = 2
 
+#: ``model.embedded.tokenizer`` values: the locally trained BPE, or one of Qwen's real vocabularies.
+TOKENIZERS = ("bytes", "qwen3", "qwen35")
+
 #: Special tokens of the Qwen chat format (ms-swift's ``qwen3`` template emits these as text).
 QWEN_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 QWEN_EXTRA_TOKENS = ("<think>", "</think>")
@@ -48,13 +57,16 @@ class EmbeddedSpec:
     """Settings of the embedded models and data; the cache key is derived from all of them.
 
     Attributes:
-        vocab_size: target size of the BPE vocabulary and the model's embedding rows (the trained
-            tokenizer may end up smaller on the tiny corpus; the rows are then padded as in Qwen checkpoints).
+        vocab_size: the model's embedding rows; with ``tokenizer="bytes"`` also the target size of the trained
+            BPE (which may end up smaller on the tiny corpus; the rows are then padded as in Qwen checkpoints);
+            with a Qwen vocabulary it must be >= the tokenizer's length (151,669 / 248,077).
         hidden_size / num_layers / num_heads / num_kv_heads / head_dim / intermediate_size: Qwen3 shape.
         init_std: ``initializer_range`` of the random init (larger -> sharper next-token distributions).
         teacher_noise: relative std of the Gaussian noise added to each student weight to make the teacher.
         seed: seed for weights, noise and dataset.
         num_samples: rows in the generated dataset.
+        tokenizer: ``"bytes"`` (locally trained BPE), ``"qwen3"`` or ``"qwen35"`` (real Qwen vocabulary,
+            tied embeddings).
     """
 
     vocab_size: int = 512
@@ -68,6 +80,23 @@ class EmbeddedSpec:
     teacher_noise: float = 0.01
     seed: int = 0
     num_samples: int = 64
+    tokenizer: str = "bytes"
+
+    def __post_init__(self) -> None:
+        if self.tokenizer not in TOKENIZERS:
+            raise ValueError(f"model.embedded.tokenizer: must be one of {list(TOKENIZERS)}, got {self.tokenizer!r}")
+        if self.tokenizer != "bytes":
+            from harness.qwen_tokenizer import get_vocab
+
+            need = get_vocab(self.tokenizer).tokenizer_size
+            if self.vocab_size < need:
+                raise ValueError(f"model.embedded.vocab_size: must be >= {need} (length of the {self.tokenizer} "
+                                 f"tokenizer), got {self.vocab_size}")
+
+    @property
+    def tie_word_embeddings(self) -> bool:
+        """Input and output embeddings are tied for the real Qwen vocabularies (as in Qwen3-0.6B)."""
+        return self.tokenizer != "bytes"
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None) -> "EmbeddedSpec":
@@ -81,7 +110,10 @@ class EmbeddedSpec:
 
     def key(self) -> str:
         """Short stable hash of the settings and the format version."""
-        blob = json.dumps({"format": FORMAT_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
+        settings = dataclasses.asdict(self)
+        if settings["tokenizer"] == "bytes":  # the default keeps the keys it had before the field existed
+            del settings["tokenizer"]
+        blob = json.dumps({"format": FORMAT_VERSION, **settings}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -185,7 +217,7 @@ def _qwen3_config(spec: EmbeddedSpec, vocab_size: int, tokenizer):
         head_dim=spec.head_dim,
         max_position_embeddings=512,
         initializer_range=spec.init_std,
-        tie_word_embeddings=False,
+        tie_word_embeddings=spec.tie_word_embeddings,
         bos_token_id=None,
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
@@ -215,9 +247,14 @@ def build_models(spec: EmbeddedSpec, vocab_size: int, tokenizer):
 
 def _build_into(target: Path, spec: EmbeddedSpec) -> None:
     rows = generate_messages(spec.num_samples, spec.seed)
-    corpus = [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for r in rows for m in r["messages"]]
-    corpus += ["<think>\n\n</think>\n\n"]
-    tokenizer = build_tokenizer(corpus, spec.vocab_size - len(QWEN_EXTRA_TOKENS))
+    if spec.tokenizer == "bytes":
+        corpus = [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for r in rows for m in r["messages"]]
+        corpus += ["<think>\n\n</think>\n\n"]
+        tokenizer = build_tokenizer(corpus, spec.vocab_size - len(QWEN_EXTRA_TOKENS))
+    else:
+        from harness.qwen_tokenizer import build_qwen_tokenizer
+
+        tokenizer = build_qwen_tokenizer(spec.tokenizer, chat_template=QWEN_CHAT_TEMPLATE)
     # As in Qwen checkpoints, the embedding rows may outnumber the tokenizer's tokens (padded vocab).
     vocab_size = spec.vocab_size
     assert len(tokenizer) <= vocab_size, (len(tokenizer), vocab_size)
@@ -260,3 +297,10 @@ def prepare_embedded(spec: EmbeddedSpec | None = None, root: Path | None = None)
     meta = json.loads((final / "spec.json").read_text())
     return EmbeddedAssets(root=final, student_dir=final / "student", teacher_dir=final / "teacher",
                           dataset_path=final / "train.jsonl", vocab_size=int(meta["model_vocab_size"]))
+
+
+def asset_paths(spec: EmbeddedSpec, root: Path | None = None) -> tuple[Path, Path, Path]:
+    """(student_dir, teacher_dir, dataset_path) that :func:`prepare_embedded` builds for ``spec``, without building
+    anything (the dry run shows them)."""
+    final = (Path(root) if root is not None else cache_root()) / f"embedded-{spec.key()}"
+    return final / "student", final / "teacher", final / "train.jsonl"
