@@ -4,7 +4,8 @@
 a drop-in for ms-swift's ``gkd_loss`` (returns ``(total, num_valid)``). Per call it records, from detached
 values only (so the loss and its gradient are untouched):
 
-* the JSD of the call (``total / num_valid``), whether it is negative or non-finite;
+* the JSD of the call (``total / num_valid``), whether it is negative or non-finite; NaN and Inf are recorded as
+  themselves (a non-finite call makes the window's ``gkd/jsd_loss`` non-finite, never 0);
 * the per-position JSD: how many positions are negative and the minimum;
 
 and every ``spot_every`` optimizer steps (first loss call of that step) a **FP64 spot check**: the same inputs,
@@ -13,11 +14,21 @@ variant; loss and ``d loss / d student logits`` are compared. Optionally the **p
 full call is compared with the one of the FP64 loss (``param_grad``), and the loss inputs are **captured** as
 safetensors (``harness.capture.save_capture``).
 
-Values go into metric objects (:class:`SumMetric`, :class:`CumulativeSumMetric`, :class:`MinMetric`,
-:class:`MaxMetric`, :class:`RatioMetric`, ms-swift's ``MeanMetric``) that follow ms-swift's ``Metric``
-protocol. The plugin puts them into the trainer's ``custom_metrics``; ms-swift computes them at each logging
-step on every rank, and ``compute`` all-reduces over the data-parallel ranks (sums for counts, min/max for
-extremes), so rank 0 logs values of the whole job.
+Cost per call: one device-to-host transfer (a stacked vector of five numbers), no other synchronisation.
+
+**Context parallelism.** Under Megatron CP each CP rank holds a slice of the sequence and calls the loss on it.
+The instrument gathers the slices' statistics over the CP group (one collective, no extra host transfer), so
+one call of the CP group is one loss call, judged on the CP-reduced total ``sum(total) / sum(num_valid)`` (what
+ms-swift's ``cp_reduce`` computes), on every CP rank alike.
+
+**Metric reductions.** Values go into metric objects (:class:`SumMetric`, :class:`CumulativeSumMetric`,
+:class:`MinMetric`, :class:`MaxMetric`, :class:`RatioMetric`, :class:`MeanMetric`) that follow ms-swift's
+``Metric`` protocol. The plugin puts them into the trainer's ``custom_metrics``; ms-swift computes them at each
+logging step on every rank, and ``compute`` all-reduces over all ranks (sums for counts, min/max for extremes;
+NaN survives min/max), dividing counts by the ranks that replicate one call (TP × CP), so every rank logs
+values of the whole job. The collectives run on :class:`MetricDevice`: the device of the loss inputs (bound on
+the first loss call) or the rank's device bound by the trainer callback at train begin; nothing queries a device
+when the module is imported or the metrics are built.
 """
 from __future__ import annotations
 
@@ -28,7 +39,7 @@ from typing import Callable, Dict, Iterable, Optional
 
 import torch
 import torch.distributed as dist
-from swift.metrics.utils import MeanMetric, Metric
+from swift.metrics.utils import Metric
 from swift.rlhf_trainers.gkd_loss import TeacherOutput, extract_active
 
 #: DESIGN metric names produced by the instrument (all but ``spot/param_grad_rel_l2`` always registered).
@@ -39,43 +50,97 @@ SPOT_METRICS = ("spot/loss", "spot/loss_fp64", "spot/loss_abs_err", "spot/loss_r
 PARAM_GRAD_METRIC = "spot/param_grad_rel_l2"
 
 
-def _device():
-    from swift.utils import get_current_device
-
-    return get_current_device()
+class NonFiniteError(RuntimeError):
+    """A non-finite GKD loss or grad_norm with ``monitor.fail_on_nonfinite`` on (the message names the step)."""
 
 
-def _all_reduce(values: Iterable[float], op) -> list[float]:
-    """All-reduce a few floats (FP64 on the wire) when a process group exists; identity otherwise."""
+def _megatron_state():
+    """``megatron.core.parallel_state`` when Megatron's model parallelism is initialised in this process, else None."""
+    mpu = sys.modules.get("megatron.core.parallel_state")
+    try:
+        if mpu is not None and mpu.model_parallel_is_initialized():
+            return mpu
+    except Exception:  # noqa: BLE001 - no Megatron state
+        pass
+    return None
+
+
+def _cp_group():
+    """``(context-parallel group, its size)`` under Megatron with CP > 1, else ``(None, 1)``."""
+    mpu = _megatron_state()
+    if mpu is None:
+        return None, 1
+    size = int(mpu.get_context_parallel_world_size())
+    return (mpu.get_context_parallel_group(), size) if size > 1 else (None, 1)
+
+
+def _loss_replicas() -> int:
+    """How many ranks record the *same* loss call: TP size × CP size under Megatron, else 1.
+
+    Under Megatron every TP rank of the last pipeline stage runs the loss on the same positions (the
+    vocab-parallel primitives reduce over TP), the CP ranks of a group record the CP-reduced statistics of one
+    call (:meth:`LossInstrument._record`), and other stages run none, so a world-wide SUM counts each call
+    TP × CP times. Dividing by it keeps the world-wide collective (every rank takes part, whatever its stage).
+    """
+    mpu = _megatron_state()
+    if mpu is None:
+        return 1
+    return int(mpu.get_tensor_model_parallel_world_size()) * int(mpu.get_context_parallel_world_size())
+
+
+class MetricDevice:
+    """The device the metrics' collectives run on; unresolved until training touches it.
+
+    ``bind_loss_inputs`` (first loss call) always wins: the metrics live where the loss inputs are.
+    ``bind_rank_device`` (trainer callback at train begin, for ranks that never call the loss, e.g. first
+    pipeline stages) only fills an unset device. ``resolve`` is called at logging time, inside the training loop.
+    """
+
+    def __init__(self):
+        self.device: Optional[torch.device] = None
+        self.source: Optional[str] = None
+
+    def bind_loss_inputs(self, device) -> None:
+        if self.source != "loss inputs":
+            self.device, self.source = torch.device(device), "loss inputs"
+
+    def bind_rank_device(self, device) -> None:
+        if self.device is None:
+            self.device, self.source = torch.device(device), "rank device"
+
+    def resolve(self) -> torch.device:
+        if self.device is not None:
+            return self.device
+        if dist.is_initialized() and dist.get_backend() == "gloo":
+            return torch.device("cpu")
+        from swift.utils import get_current_device  # at logging time: the rank's device is set by then
+
+        return torch.device(get_current_device())
+
+
+def _all_reduce(values: Iterable[float], op, where: Optional[MetricDevice]) -> list[float]:
+    """All-reduce a few floats (FP64 on the wire, on ``where``'s device) when a process group exists."""
     values = list(values)
     if dist.is_available() and dist.is_initialized():
-        t = torch.tensor(values, dtype=torch.float64, device=_device())
+        t = torch.tensor(values, dtype=torch.float64, device=(where or MetricDevice()).resolve())
         dist.all_reduce(t, op=op)
         values = t.tolist()
     return values
 
 
-def _loss_replicas() -> int:
-    """How many ranks compute the *same* loss call: the tensor-parallel size under Megatron, else 1.
+class _HarnessMetric(Metric):
+    """ms-swift ``Metric`` whose collectives run on a shared :class:`MetricDevice`."""
 
-    Under Megatron every TP rank of the last pipeline stage runs the loss on the same positions (the
-    vocab-parallel primitives reduce over TP), and other stages run none, so a world-wide SUM counts each call
-    TP times. Dividing by it keeps the world-wide collective (every rank takes part, whatever its stage).
-    """
-    mpu = sys.modules.get("megatron.core.parallel_state")
-    try:
-        if mpu is not None and mpu.model_parallel_is_initialized():
-            return int(mpu.get_tensor_model_parallel_world_size())
-    except Exception:  # noqa: BLE001 - no Megatron state: one replica
-        pass
-    return 1
+    def __init__(self, where: Optional[MetricDevice] = None):
+        super().__init__()
+        self.where = where if where is not None else MetricDevice()
 
 
-class SumMetric(Metric):
+class SumMetric(_HarnessMetric):
     """Sum over the logging window and over ranks (``None`` when nothing was recorded anywhere)."""
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, where: Optional[MetricDevice] = None):
+        super().__init__(where)
         self.add_state("value", default=0.0)
         self.add_state("count", default=0)
 
@@ -84,7 +149,7 @@ class SumMetric(Metric):
         self.count += 1
 
     def _window(self):
-        value, count = _all_reduce([self.value, self.count], dist.ReduceOp.SUM)
+        value, count = _all_reduce([self.value, self.count], dist.ReduceOp.SUM, self.where)
         replicas = _loss_replicas()
         return value / replicas, count / replicas
 
@@ -96,8 +161,8 @@ class SumMetric(Metric):
 class CumulativeSumMetric(SumMetric):
     """Running total since the start of training, summed over ranks (reset() only clears the window)."""
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, where: Optional[MetricDevice] = None):
+        super().__init__(where)
         self.total = 0.0
 
     def compute(self):
@@ -106,35 +171,60 @@ class CumulativeSumMetric(SumMetric):
         return self.total
 
 
-class MinMetric(Metric):
-    """Minimum over the window and over ranks (``None`` when empty)."""
+class MeanMetric(_HarnessMetric):
+    """Mean over the window and over ranks (``None`` when empty; NaN/Inf propagate as themselves)."""
+
+    def __init__(self, where: Optional[MetricDevice] = None):
+        super().__init__(where)
+        self.add_state("state", default=0.0)
+        self.add_state("count", default=0)
+
+    def update(self, value) -> None:
+        self.state += float(value)
+        self.count += 1
+
+    def compute(self):
+        state, count = _all_reduce([self.state, self.count], dist.ReduceOp.SUM, self.where)
+        return state / count if count else None
+
+
+class MinMetric(_HarnessMetric):
+    """Minimum over the window and over ranks (``None`` when empty, NaN when any recorded value was NaN)."""
 
     _op_name, _init = "MIN", math.inf
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, where: Optional[MetricDevice] = None):
+        super().__init__(where)
         self.add_state("value", default=self._init)
+        self.add_state("nan", default=0.0)
 
     def update(self, value) -> None:
         value = float(value)
-        self.value = min(self.value, value) if self._op_name == "MIN" else max(self.value, value)
+        if math.isnan(value):
+            self.nan = 1.0
+        else:
+            self.value = min(self.value, value) if self._op_name == "MIN" else max(self.value, value)
 
     def compute(self):
-        (value, ) = _all_reduce([self.value], getattr(dist.ReduceOp, self._op_name))
+        # one collective: the NaN flag travels with the same op (negated for MIN so that any NaN wins)
+        sign = -1.0 if self._op_name == "MIN" else 1.0
+        value, nan = _all_reduce([self.value, sign * self.nan], getattr(dist.ReduceOp, self._op_name), self.where)
+        if nan != 0:
+            return math.nan
         return None if math.isinf(value) and value == self._init else value
 
 
 class MaxMetric(MinMetric):
-    """Maximum over the window and over ranks (``None`` when empty)."""
+    """Maximum over the window and over ranks (``None`` when empty, NaN when any recorded value was NaN)."""
 
     _op_name, _init = "MAX", -math.inf
 
 
-class RatioMetric(Metric):
+class RatioMetric(_HarnessMetric):
     """``sum(numerator) / sum(denominator)`` over the window and over ranks (``None`` when the denominator is 0)."""
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, where: Optional[MetricDevice] = None):
+        super().__init__(where)
         self.add_state("num", default=0.0)
         self.add_state("den", default=0.0)
 
@@ -143,31 +233,27 @@ class RatioMetric(Metric):
         self.den += float(den)
 
     def compute(self):
-        num, den = _all_reduce([self.num, self.den], dist.ReduceOp.SUM)
+        num, den = _all_reduce([self.num, self.den], dist.ReduceOp.SUM, self.where)
         return num / den if den else None
 
 
-def build_metrics(param_grad: bool = False) -> Dict[str, Metric]:
-    """One metric object per DESIGN name (all ranks must register the same set)."""
-    metrics: Dict[str, Metric] = {
-        "gkd/jsd_loss": MeanMetric(nan_value=None, device=_device()),
-        "gkd/sft_loss": MeanMetric(nan_value=None, device=_device()),
-        "gkd/neg_loss_calls": SumMetric(),
-        "gkd/neg_token_frac": RatioMetric(),
-        "gkd/min_token_jsd": MinMetric(),
-        "gkd/neg_loss_calls_total": CumulativeSumMetric(),
-        "gkd/loss_calls_total": CumulativeSumMetric(),
-        "gkd/nonfinite_calls_total": CumulativeSumMetric(),
-        "spot/loss": MeanMetric(nan_value=None, device=_device()),
-        "spot/loss_fp64": MeanMetric(nan_value=None, device=_device()),
-        "spot/loss_abs_err": MaxMetric(),
-        "spot/loss_rel_err": MaxMetric(),
-        "spot/grad_rel_l2": MaxMetric(),
-        "spot/sign_mismatch": MaxMetric(),
+def build_metrics(param_grad: bool = False, where: Optional[MetricDevice] = None) -> Dict[str, Metric]:
+    """One metric object per DESIGN name (all ranks must register the same set), sharing one :class:`MetricDevice`.
+
+    Queries no device: the collectives' device is bound when training begins or on the first loss call.
+    """
+    where = where if where is not None else MetricDevice()
+    kinds = {
+        "gkd/jsd_loss": MeanMetric, "gkd/sft_loss": MeanMetric, "gkd/neg_loss_calls": SumMetric,
+        "gkd/neg_token_frac": RatioMetric, "gkd/min_token_jsd": MinMetric,
+        "gkd/neg_loss_calls_total": CumulativeSumMetric, "gkd/loss_calls_total": CumulativeSumMetric,
+        "gkd/nonfinite_calls_total": CumulativeSumMetric,
+        "spot/loss": MeanMetric, "spot/loss_fp64": MeanMetric, "spot/loss_abs_err": MaxMetric,
+        "spot/loss_rel_err": MaxMetric, "spot/grad_rel_l2": MaxMetric, "spot/sign_mismatch": MaxMetric,
     }
     if param_grad:
-        metrics[PARAM_GRAD_METRIC] = MaxMetric()
-    return metrics
+        kinds[PARAM_GRAD_METRIC] = MaxMetric
+    return {name: kind(where) for name, kind in kinds.items()}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -215,21 +301,28 @@ def spot_check(run_terms: Callable, ref_terms: Callable, student_logits, teacher
     Returns the DESIGN ``spot/*`` values: ``loss`` (run's variant, per-position mean on the capped inputs),
     ``loss_fp64``, ``loss_abs_err``, ``loss_rel_err`` (abs / |fp64|), ``grad_rel_l2``
     (``‖g − g64‖ / ‖g64‖`` of d loss / d student logits), ``sign_mismatch`` (1.0 when signs differ).
+    A non-finite loss or gradient on either side makes the comparisons NaN (a failed check, logged as NaN).
     """
     s, teacher, lab = _cap_active(student_logits, teacher_output, labels, max_tokens)
     if s.shape[1] == 0:
         return None
     loss, grad = _mean_loss_and_grad(run_terms, s, teacher, lab, beta, temperature, *args, **kwargs)
     ref, grad64 = _mean_loss_and_grad(ref_terms, s, teacher, lab, beta, temperature, *args, **kwargs)
-    abs_err = abs(loss - ref)
-    gnorm = float(grad64.norm())
+    finite = math.isfinite(loss) and math.isfinite(ref)
+    abs_err = abs(loss - ref) if finite else math.nan
+    gnorm, dnorm = float(grad64.norm()), float((grad - grad64).norm())
+    if not (finite and math.isfinite(gnorm) and math.isfinite(dnorm)):
+        grad_rel = math.nan
+    else:
+        grad_rel = dnorm / gnorm if gnorm > 0 else dnorm
     return {
         "spot/loss": loss,
         "spot/loss_fp64": ref,
         "spot/loss_abs_err": abs_err,
-        "spot/loss_rel_err": abs_err / abs(ref) if ref != 0 else (0.0 if abs_err == 0 else math.inf),
-        "spot/grad_rel_l2": float((grad - grad64).norm()) / gnorm if gnorm > 0 else float((grad - grad64).norm()),
-        "spot/sign_mismatch": float((loss < 0) != (ref < 0)),
+        "spot/loss_rel_err": (math.nan if not finite else abs_err / abs(ref) if ref != 0 else
+                              (0.0 if abs_err == 0 else math.inf)),
+        "spot/grad_rel_l2": grad_rel,
+        "spot/sign_mismatch": float((loss < 0) != (ref < 0)) if finite else math.nan,
     }
 
 
@@ -253,6 +346,11 @@ def param_grad_rel_l2(loss_run: torch.Tensor, loss_ref: torch.Tensor, params: li
 # ----------------------------------------------------------------------------------------------------------
 # the instrumented loss
 # ----------------------------------------------------------------------------------------------------------
+def _nan_min(values: Iterable[float]) -> float:
+    values = list(values)
+    return math.nan if any(math.isnan(v) for v in values) else min(values)
+
+
 class LossInstrument:
     """A drop-in for ms-swift's ``gkd_loss`` that measures every call of ``terms_fn``.
 
@@ -266,15 +364,19 @@ class LossInstrument:
         param_grad: also compare the parameter gradient with the FP64 loss's on spot steps (needs ``params``).
         capture_dir: if set, save the loss inputs of spot steps there as ``step{S}_rank{R}.safetensors``.
         meta: strings stored in captures (precision, beta_form, ...).
+        fail_on_nonfinite: raise :class:`NonFiniteError` (naming the step) on a non-finite loss call, after
+            recording it.
     """
 
     def __init__(self, terms_fn: Callable, ref_terms_fn: Callable, metrics: Dict[str, Metric], *, spot_every: int = 0,
                  spot_max_tokens: int = 256, param_grad: bool = False, capture_dir: Optional[str] = None,
-                 meta: Optional[dict] = None, rank: int = 0):
+                 meta: Optional[dict] = None, rank: int = 0, fail_on_nonfinite: bool = False):
         self.terms_fn, self.ref_terms_fn, self.metrics = terms_fn, ref_terms_fn, metrics
         self.spot_every, self.spot_max_tokens = int(spot_every or 0), int(spot_max_tokens)
         self.param_grad, self.capture_dir = bool(param_grad), capture_dir
         self.meta, self.rank = dict(meta or {}), rank
+        self.fail_on_nonfinite = bool(fail_on_nonfinite)
+        self.where: MetricDevice = getattr(metrics.get("gkd/loss_calls_total"), "where", None) or MetricDevice()
         self.step = 1  # optimizer step being computed (1-based); the callback keeps it current
         self._spotted_step: Optional[int] = None
         self.params: Callable[[], list] = lambda: []
@@ -286,41 +388,59 @@ class LossInstrument:
     def __call__(self, student_logits, teacher_output, labels, beta, temperature, *args, **kwargs):
         out = self.terms_fn(student_logits, teacher_output, labels, beta, temperature, *args, **kwargs)
         self.calls += 1
-        self._record(out)
+        self.where.bind_loss_inputs(student_logits.device)
+        total, n = self._record(out)
+        if self.fail_on_nonfinite and not math.isfinite(total):
+            raise NonFiniteError(
+                f"non-finite GKD loss at step {self.step}: total {total} over {n} positions (rank {self.rank}); "
+                f"monitor.fail_on_nonfinite=true stops the run")
         if self._is_spot_step():
             self._spotted_step = self.step
             self._spot(out, student_logits, teacher_output, labels, beta, temperature, *args, **kwargs)
         return out.total, out.num_valid
 
     @torch.no_grad()
-    def _record(self, out) -> None:
-        """Update the per-call metrics with a single device→host transfer (this runs on every loss call)."""
+    def _record(self, out) -> tuple[float, int]:
+        """Update the per-call metrics with a single device→host transfer (this runs on every loss call).
+
+        Under CP > 1 the five statistics of the CP ranks are all-gathered first (one collective on the device),
+        so the call is judged on the CP-reduced total. Returns ``(total, num_valid)`` of the (reduced) call.
+        """
         m = self.metrics
         per = out.per_position.detach()
         total = out.total.detach()
-        num_valid = out.num_valid.to(total.device)
-        # the loss as the trainer sees it: total / num_valid in the loss's own dtype
-        loss_t = torch.where(num_valid > 0, total / num_valid.to(total.dtype), total.new_zeros(()))  # no grad here
         stats = torch.stack([
             total.to(torch.float64),
-            loss_t.to(torch.float64),
-            num_valid.to(torch.float64),
+            out.num_valid.to(device=total.device, dtype=torch.float64),
             (per < 0).sum().to(torch.float64),
-            per.min().to(torch.float64) if per.numel() else per.new_zeros((), dtype=torch.float64),
+            per.new_full((), float(per.numel()), dtype=torch.float64),  # a fill, not a host->device copy
+            per.min().to(torch.float64) if per.numel() else per.new_full((), math.inf, dtype=torch.float64),
         ])
-        total, loss, n, neg_tokens, min_token = stats.tolist()
-        n = int(n)
-        finite = math.isfinite(total)
+        group, cp = _cp_group()
+        if cp > 1:
+            shards = [torch.empty_like(stats) for _ in range(cp)]
+            dist.all_gather(shards, stats, group=group)
+            stats = torch.stack(shards)
+        rows = stats.reshape(-1, 5).tolist()  # the one device->host transfer
+        total_v = sum(r[0] for r in rows)
+        n = int(sum(r[1] for r in rows))
+        neg_tokens, positions = sum(r[2] for r in rows), int(sum(r[3] for r in rows))
+        min_token = _nan_min(r[4] for r in rows)
+        # the loss as the trainer sees it: total / num_valid in the loss's own dtype (cp_reduce's arithmetic)
+        loss = (float(torch.tensor(total_v, dtype=total.dtype) / torch.tensor(float(n), dtype=total.dtype)) if n
+                else 0.0 * total_v)
+        finite = math.isfinite(total_v)
         m["gkd/loss_calls_total"].update(1)
         m["gkd/nonfinite_calls_total"].update(0 if finite else 1)
         neg = 1 if (finite and loss < 0) else 0
         m["gkd/neg_loss_calls"].update(neg)
         m["gkd/neg_loss_calls_total"].update(neg)
-        if finite and n:
-            m["gkd/jsd_loss"].update(loss)
-        if per.numel():
-            m["gkd/neg_token_frac"].update(int(neg_tokens), per.numel())
+        if n or not finite:
+            m["gkd/jsd_loss"].update(loss)  # NaN / Inf recorded as themselves
+        if positions:
+            m["gkd/neg_token_frac"].update(int(neg_tokens), positions)
             m["gkd/min_token_jsd"].update(min_token)
+        return total_v, n
 
     def record_sft(self, value) -> None:
         """Record the SFT (cross-entropy) term of one call (``gkd.sft_alpha > 0``)."""

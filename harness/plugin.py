@@ -11,8 +11,16 @@ On import it reads its settings (a JSON file named by ``$GKD_HARNESS_PLUGIN_SETT
    import on this machine is skipped with a log line;
 3. registers the ``gkd_harness`` trainer callback (``--callbacks gkd_harness``) that puts the instrument's
    metrics into the trainer's ``custom_metrics`` (so they reach ms-swift's ``logging.jsonl``, the console and
-   wandb), keeps the instrument's step current, writes ``metrics.jsonl`` on global rank 0, records world size,
-   dtypes and the last step in ``summary.json`` and adds the harness config to the wandb run.
+   wandb), keeps the instrument's step current, and on the rank that owns the wandb run (global rank 0 on HF,
+   the last rank on Megatron: the last pipeline stage, which computes the loss) writes ``metrics.jsonl``,
+   records world size, dtypes and the last step in ``summary.json`` and adds the harness config to the wandb run;
+4. keeps the harness's metric names (``gkd/*``, ``spot/*``, ``rollout/*``) in wandb on both backends (HF's and
+   Megatron's ``rewrite_logs`` would prefix or flatten them), and logs NaN/Inf as themselves: HF's
+   ``logging_nan_inf_filter`` is turned off, and with ``monitor.fail_on_nonfinite`` the run stops with
+   :class:`harness.instrument.NonFiniteError` naming the step at the first non-finite loss or grad_norm.
+
+Nothing here queries a CUDA device on import or install: the metrics' device is bound at train begin or on the
+first loss call (ms-swift imports plugins before it sets each rank's device).
 
 Without the settings variable the module only defines things (importing it has no effect on ms-swift).
 """
@@ -22,6 +30,7 @@ import dataclasses
 import importlib
 import json
 import logging
+import math
 import os
 import sys
 from typing import Any, Callable, Dict, Optional
@@ -97,6 +106,7 @@ class PluginState:
     instrument: Any  # LossInstrument or None
     rebound: Dict[str, str]
     dtypes_sent: bool = False  # dtypes already added to the wandb run
+    fail_on_nonfinite: bool = True  # stop at the first non-finite loss call / logged loss / grad_norm
 
 
 def load_settings(path: Optional[str] = None) -> Optional[Dict[str, Any]]:
@@ -122,7 +132,8 @@ def build_loss(settings: Dict[str, Any]):
             make_gkd_loss_terms(precision, beta_form), make_gkd_loss_terms("fp64", beta_form),
             build_metrics(param_grad=bool(mon.get("param_grad"))), spot_every=int(mon.get("spot_every") or 0),
             spot_max_tokens=int(mon.get("spot_max_tokens") or 256), param_grad=bool(mon.get("param_grad")),
-            capture_dir=capture_dir, meta={"precision": precision, "beta_form": beta_form}, rank=_global_rank())
+            capture_dir=capture_dir, meta={"precision": precision, "beta_form": beta_form}, rank=_global_rank(),
+            fail_on_nonfinite=bool(mon.get("fail_on_nonfinite", True)))
         # a resumed run continues its cumulative counts from the checkpoint's step
         for key, value in (settings.get("resume_totals") or {}).items():
             instrument.metrics[key].total = float(value)
@@ -154,22 +165,51 @@ def rebind_gkd_loss(loss: Callable, modules=TRAINER_MODULES) -> Dict[str, str]:
     return result
 
 
-def _keep_harness_names_in_wandb() -> None:
-    """HF's WandbCallback prefixes every key with ``train/``; keep the DESIGN names (``gkd/*``, ``spot/*``)."""
-    from transformers.integrations import integration_utils as iu
-
-    if getattr(iu.rewrite_logs, "_gkd_harness", False):
-        return
-    original = iu.rewrite_logs
+def _keep_harness_names(rewrite: Callable) -> Callable:
+    """Wrap a ``rewrite_logs(dict) -> dict`` so the harness's keys (``gkd/*``, ``spot/*``, ``rollout/*``) pass
+    through unchanged; every other key is renamed by ``rewrite`` as before."""
+    if getattr(rewrite, "_gkd_harness", False):
+        return rewrite
+    from harness.tracking import HARNESS_PREFIXES
 
     def rewrite_logs(d):
-        keep = {k: v for k, v in d.items() if k.startswith(("gkd/", "spot/"))}
-        out = original({k: v for k, v in d.items() if k not in keep})
+        keep = {k: v for k, v in d.items() if isinstance(k, str) and k.startswith(HARNESS_PREFIXES)}
+        out = rewrite({k: v for k, v in d.items() if k not in keep})
         out.update(keep)
         return out
 
     rewrite_logs._gkd_harness = True
-    iu.rewrite_logs = rewrite_logs
+    rewrite_logs.__wrapped__ = rewrite
+    return rewrite_logs
+
+
+#: ms-swift's Megatron report callbacks, each with ``from .utils import rewrite_logs`` (``gkd/x`` -> ``train/gkd_x``).
+MEGATRON_REPORT_MODULES = ("swift.megatron.callbacks.wandb", "swift.megatron.callbacks.tensorboard",
+                           "swift.megatron.callbacks.swanlab")
+
+
+def _keep_harness_names_in_wandb() -> Dict[str, str]:
+    """The DESIGN names in wandb on both backends: HF's WandbCallback prefixes every key with ``train/``, and
+    ms-swift's Megatron report callbacks rename ``gkd/x`` to ``train/gkd_x``; the harness's keys are kept as they
+    are (``train/loss``, ``train/grad_norm`` keep the backends' own naming, which agrees). Megatron modules that
+    cannot be imported here (no Transformer Engine) are skipped."""
+    result = {}
+    from transformers.integrations import integration_utils as iu
+
+    iu.rewrite_logs = _keep_harness_names(iu.rewrite_logs)
+    result["transformers"] = "kept"
+    for name in MEGATRON_REPORT_MODULES:
+        if "swift.megatron.callbacks" not in sys.modules:  # register_callbacks could not import it: no Megatron
+            result[name] = "skipped: swift.megatron.callbacks not importable"
+            continue
+        try:
+            mod = importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - not importable on this machine
+            result[name] = f"skipped: {type(e).__name__}"
+            continue
+        mod.rewrite_logs = _keep_harness_names(mod.rewrite_logs)
+        result[name] = "kept"
+    return result
 
 
 def _record_sft_term() -> None:
@@ -199,8 +239,9 @@ def _run_folder():
     return RunFolder(STATE.settings["run_dir"])
 
 
-def _record_start(world_size: int) -> None:
-    if _global_rank() != 0:
+def _record_start(world_size: int, is_writer: bool) -> None:
+    """Summary fields and the harness config on the wandb run; only on the rank that owns the wandb run."""
+    if not is_writer:
         return
     _run_folder().update_summary(world_size=world_size, train_pid=os.getpid(), plugin={"rebound": STATE.rebound})
     try:
@@ -212,8 +253,26 @@ def _record_start(world_size: int) -> None:
         logger.warning(f"could not add the harness config to the wandb run: {e}")
 
 
-def _record_log(logs: Dict[str, Any], step: int) -> None:
-    if _global_rank() != 0:
+def _check_finite_logs(logs: Dict[str, Any], step: int) -> None:
+    """With ``monitor.fail_on_nonfinite``: stop at a non-finite logged loss or grad_norm (every rank sees them)."""
+    if not STATE.fail_on_nonfinite:
+        return
+    for key in ("loss", "grad_norm"):
+        value = logs.get(key)
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            continue
+        if not math.isfinite(value):
+            from harness.instrument import NonFiniteError
+
+            raise NonFiniteError(f"non-finite {key} ({value}) at step {step}; monitor.fail_on_nonfinite=true stops "
+                                 f"the run")
+
+
+def _record_log(logs: Dict[str, Any], step: int, is_writer: bool) -> None:
+    """One ``metrics.jsonl`` record and the summary's last step / dtypes; only on the rank that owns the wandb run."""
+    if not is_writer:
         return
     from harness.tracking import MetricsWriter, design_record, update_wandb_config
 
@@ -258,12 +317,17 @@ def _make_hf_callback():
 
             inst = STATE.instrument
             if inst is not None:
+                inst.where.bind_rank_device(args.device)  # the rank's device, known by now (never at import)
                 self.trainer.custom_metrics["train"].update(inst.metrics)
                 model = self.trainer.model
                 inst.params = lambda: [p for p in model.parameters() if p.requires_grad]
                 inst.step = state.global_step + 1
+            if getattr(args, "logging_nan_inf_filter", False):
+                # HF replaces a NaN/Inf step loss by the window's mean (0.0 right after a log): log it as it is
+                args.logging_nan_inf_filter = False
+                logger.info("logging_nan_inf_filter turned off: NaN/Inf losses are logged as themselves")
             world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-            _record_start(world)
+            _record_start(world, is_writer=state.is_world_process_zero)
 
         def on_step_begin(self, args, state, control, **kwargs):
             if STATE.instrument is not None:
@@ -271,7 +335,8 @@ def _make_hf_callback():
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "train_runtime" not in logs:
-                _record_log(logs, state.global_step)
+                _record_log(logs, state.global_step, is_writer=state.is_world_process_zero)
+                _check_finite_logs(logs, state.global_step)
 
         def on_train_end(self, args, state, control, **kwargs):
             # Reporting callbacks (wandb's among them) come first in the trainer's list, so they are done here.
@@ -280,28 +345,43 @@ def _make_hf_callback():
     return HarnessCallback
 
 
+def _megatron_writer() -> bool:
+    """The rank that owns ms-swift's Megatron wandb run: the last rank (on the last pipeline stage)."""
+    from swift.utils import is_last_rank
+
+    return bool(is_last_rank())
+
+
 def _make_megatron_callback():
     from swift.megatron.callbacks.base import MegatronCallback
 
     class HarnessMegatronCallback(MegatronCallback):
-        """Megatron-backend callback: step tracking and run-folder records (metrics computed at log time)."""
+        """Megatron-backend callback: step tracking and run-folder records (metrics computed at log time).
+
+        ms-swift's Megatron wandb callback owns the run on the last rank (``is_last_rank``), which is also on the
+        last pipeline stage, the one that computes the loss: that rank writes the run folder's records.
+        """
 
         def on_train_begin(self):
             import torch.distributed as dist
+            from swift.utils import get_current_device
 
+            if STATE.instrument is not None:
+                STATE.instrument.where.bind_rank_device(get_current_device())  # set per rank by now
             world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-            _record_start(world)
+            _record_start(world, is_writer=_megatron_writer())
 
         def on_step_begin(self):
             if STATE.instrument is not None:
                 STATE.instrument.step = int(self.state.iteration) + 1
 
         def on_log(self, logs):
-            if STATE.instrument is not None:
+            if STATE.instrument is not None:  # every rank: the metrics' all-reduce is a collective
                 from swift.trainers.mixin import SwiftMixin
 
                 logs.update(SwiftMixin.compute_custom_metrics(STATE.instrument.metrics))
-            _record_log(logs, int(self.state.iteration))
+            _record_log(logs, int(self.state.iteration), is_writer=_megatron_writer())
+            _check_finite_logs(logs, int(self.state.iteration))
 
         def on_train_end(self):
             _finish_wandb_run()
@@ -330,15 +410,16 @@ def install(settings: Dict[str, Any]) -> PluginState:
     global STATE
     boundary, instrument = build_loss(settings)
     rebound = rebind_gkd_loss(boundary)
-    STATE = PluginState(settings=settings, boundary=boundary, instrument=instrument, rebound=rebound)
+    STATE = PluginState(settings=settings, boundary=boundary, instrument=instrument, rebound=rebound,
+                        fail_on_nonfinite=bool((settings.get("monitor") or {}).get("fail_on_nonfinite", True)))
     register_callbacks()
     _keep_harness_names_in_wandb()
     try:
         _record_sft_term()
     except Exception as e:  # noqa: BLE001
         logger.info(f"SFT term not recorded: {e}")
-    try:  # vLLM CPU-lane switches and rollout counters; a no-op unless harness.rollout.rollout_env set them
-        from harness.rollout import install_rollout_patches
+    try:  # vLLM CPU-lane switches and rollout counters; a no-op unless harness.rollout_config.rollout_env set them
+        from harness.rollout_patches import install_rollout_patches
 
         logger.info(f"rollout patches: {install_rollout_patches()}")
     except Exception as e:  # noqa: BLE001
