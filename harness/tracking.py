@@ -1,36 +1,36 @@
-"""Run folder and wandb tracking.
+"""Config trees as they may be shown or saved (one ``flatten``, secret detection and redaction) and wandb.
 
-Run folder (one per run, ``run.output_dir``; contract in DESIGN.md)::
+- :func:`flatten` is the harness's one flattener of config trees (analysis imports it from here).
+- Secrets: :func:`find_secret_keys` lists credential-looking keys (``api_key``, ``token``, ``secret``,
+  ``password``, at any depth) so validation can refuse them, :func:`secret_env_var` names the environment
+  variable to use instead, and :func:`redact` / :func:`redact_text` / :func:`redact_name` remove their values from
+  anything saved (config trees, text files, folder names). ``harness.run_folder.scrub_hydra_dir`` applies them
+  to Hydra's own output files.
+- wandb: ms-swift owns ``wandb.init``; the harness passes name, group, job type, tags, a stable run id with
+  resume allowed, project, entity, mode and dir through ``WANDB_*`` variables (:func:`wandb_env`), and inside the
+  run adds its own config and ``define_metric`` summaries (:func:`attach_to_wandb_run`). No API key is ever
+  written: it only travels in the inherited environment.
 
-    config.yaml        resolved harness config (secrets redacted)
-    metrics.jsonl      one JSON object per logging step, DESIGN metric names + "step", flushed line by line
-    summary.json       status running|completed|failed, error, run_name, group, flat config, dtypes_seen,
-                       versions, last_step, started_at, ended_at, wall_s
-    captures/          step{S}_rank{R}.safetensors where capture is enabled
-    wandb/             WANDB_DIR
-    swift/             ms-swift's own output_dir (logging.jsonl, args.json)
-
-wandb: ms-swift owns ``wandb.init``; the harness passes group, job type, tags, name, project, entity, mode and
-dir through ``WANDB_*`` variables (:func:`wandb_env`), and inside the run adds its own config and
-``define_metric`` summaries (:func:`attach_to_wandb_run`). No API key is ever written: keys whose name looks
-like a secret are redacted from everything saved, and the key itself only travels in the inherited environment.
+The run folder itself (layout, lock, fingerprint, summary.json, metrics.jsonl) is ``harness.run_folder``.
 """
 from __future__ import annotations
 
-import datetime as _dt
-import json
+import dataclasses
+import hashlib
 import os
 import re
 import socket
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 from urllib.parse import urlparse
 
 WANDB_MODES = ("online", "offline", "disabled")
-# whole-name matches: api_key, WANDB_API_KEY, hub_token, token, secret, password (not max_tokens)
-_SECRET_RE = re.compile(r"(^|[._-])(\w*api_?key|\w*_?token|\w*secret|\w*password)$", re.IGNORECASE)
+# whole-name matches: api_key, WANDB_API_KEY, hub_token, token, secret, password (not max_tokens, token_budget)
+_SECRET_RE = re.compile(r"(^|[._-])(\w*api_?key|\w*_?token|\w*secret|\w*password|\w*passwd)$", re.IGNORECASE)
 REDACTED = "<redacted>"
+#: What replaces a secret inside a file or folder name (no characters a shell or a file system would trip on).
+REDACTED_NAME = "REDACTED"
 
 #: HF ``logs`` keys -> DESIGN names (the rest of the harness keys already carry their DESIGN names).
 HF_KEY_MAP = {"loss": "train/loss", "grad_norm": "train/grad_norm", "learning_rate": "train/learning_rate"}
@@ -52,203 +52,160 @@ WANDB_SUMMARIES = {
 }
 
 
-def now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+# ----------------------------------------------------------------------------------------------------------
+# config trees
+# ----------------------------------------------------------------------------------------------------------
+def _as_mapping(obj: Any) -> Optional[Mapping]:
+    if isinstance(obj, Mapping):
+        return obj
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    return None
+
+
+def flatten(tree: Any, prefix: str = "") -> Dict[str, Any]:
+    """Nested mapping (or dataclass tree) -> flat dict with dotted keys.
+
+    ``{"loss": {"precision": "fp32"}, "run": {"extra_args": []}, "e": {}}`` ->
+    ``{"loss.precision": "fp32", "run.extra_args": [], "e": {}}``: lists stay values, and so does an empty
+    mapping (so a key that holds ``{}`` is not lost). The harness's one flattener.
+    """
+    out: Dict[str, Any] = {}
+    for k, v in (_as_mapping(tree) or {}).items():
+        key = f"{prefix}{k}"
+        sub = _as_mapping(v)
+        if sub is not None and len(sub):
+            out.update(flatten(sub, key + "."))
+        else:
+            out[key] = {} if sub is not None else v
+    return out
+
+
+def is_secret_key(key: str) -> bool:
+    """Does the last part of a (dotted) key look like a credential? ``tracking.wandb.api_key`` yes,
+    ``monitor.spot_check.max_tokens`` no."""
+    return bool(_SECRET_RE.search(str(key).split(".")[-1].lstrip("+~")))
+
+
+def _present(value: Any) -> bool:
+    return value not in (None, "") and not (isinstance(value, (list, tuple, dict)) and not value)
 
 
 def redact(obj: Any) -> Any:
-    """Copy of ``obj`` with the value of every secret-looking key (api_key, token, secret, password) redacted."""
-    if isinstance(obj, Mapping):
-        return {k: (REDACTED if _SECRET_RE.search(str(k)) and v not in (None, "") else redact(v))
-                for k, v in obj.items()}
+    """Copy of ``obj`` with the value of every secret-looking key (api_key, token, secret, password) redacted.
+
+    Works on nested mappings (also dataclass trees), lists, and flat dicts with dotted keys.
+    """
+    mapping = _as_mapping(obj)
+    if mapping is not None:
+        return {k: (REDACTED if is_secret_key(k) and _present(v) else redact(v)) for k, v in mapping.items()}
     if isinstance(obj, (list, tuple)):
         return [redact(v) for v in obj]
     return obj
 
 
-def flatten(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
-    """``{"a": {"b": 1}} -> {"a.b": 1}`` (lists stay values)."""
-    out: Dict[str, Any] = {}
-    for k, v in tree.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
+def find_secret_keys(tree: Any) -> List[str]:
+    """Dotted keys (any depth, lists indexed as ``key.0``) whose name looks like a credential and whose value is
+    set (``None`` / ``""`` are not credentials). ``{"tracking": {"wandb": {"api_key": "x"}}}`` ->
+    ``["tracking.wandb.api_key"]``."""
+    found: List[str] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        mapping = _as_mapping(node)
+        if mapping is not None:
+            for k, v in mapping.items():
+                key = f"{prefix}{k}"
+                if is_secret_key(str(k)) and _present(v):
+                    found.append(key)
+                else:
+                    walk(v, key + ".")
+        elif isinstance(node, (list, tuple)):
+            for i, v in enumerate(node):
+                walk(v, f"{prefix}{i}.")
+
+    walk(tree, "")
+    return found
 
 
-def package_versions() -> Dict[str, str]:
-    """Versions of the packages whose arithmetic the results depend on."""
-    from importlib.metadata import PackageNotFoundError, version
+def secret_values(tree: Any) -> List[str]:
+    """The string forms of the values held under secret-looking keys (what must never appear in a saved file)."""
+    values: List[str] = []
 
-    out = {}
-    for name in ("ms-swift", "torch", "transformers", "trl", "wandb"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = None
-    return out
+    def walk(node: Any) -> None:
+        mapping = _as_mapping(node)
+        if mapping is not None:
+            for k, v in mapping.items():
+                if is_secret_key(str(k)) and _present(v):
+                    values.extend(str(x) for x in (v if isinstance(v, (list, tuple)) else [v]))
+                else:
+                    walk(v)
+        elif isinstance(node, (list, tuple)):
+            for v in node:
+                walk(v)
 
-
-def _atomic_write_json(path: Path, data: Mapping[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    walk(tree)
+    return sorted(set(values), key=lambda s: (-len(s), s))
 
 
-class RunFolder:
-    """The run folder of one run; every writer of the contract files goes through here."""
-
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-
-    # layout -------------------------------------------------------------------------------------------
-    @property
-    def config_path(self) -> Path:
-        return self.path / "config.yaml"
-
-    @property
-    def metrics_path(self) -> Path:
-        return self.path / "metrics.jsonl"
-
-    @property
-    def summary_path(self) -> Path:
-        return self.path / "summary.json"
-
-    @property
-    def captures_dir(self) -> Path:
-        return self.path / "captures"
-
-    @property
-    def wandb_dir(self) -> Path:
-        return self.path / "wandb"
-
-    @property
-    def swift_dir(self) -> Path:
-        return self.path / "swift"
-
-    # files --------------------------------------------------------------------------------------------
-    def create(self) -> "RunFolder":
-        self.path.mkdir(parents=True, exist_ok=True)
-        self.wandb_dir.mkdir(exist_ok=True)
-        return self
-
-    def write_config(self, yaml_text: str) -> None:
-        self.config_path.write_text(yaml_text)
-
-    def archive_previous_attempt(self) -> Optional[Path]:
-        """Move an unfinished attempt's files to ``previous_attempts/<n>/`` so a restart starts clean.
-
-        Training restarts from step 0, so appending to the old metrics stream (or a second wandb run in the same
-        folder) would mix two attempts. Returns the archive folder, or None when there was nothing to move.
-        """
-        names = ("metrics.jsonl", "summary.json", "config.yaml", "captures", "wandb", "swift", "swift.log",
-                 "command.json", "plugin_settings.json")
-        present = [n for n in names if (self.path / n).exists()]
-        if not present:
-            return None
-        root = self.path / "previous_attempts"
-        n = 1
-        while (root / str(n)).exists():
-            n += 1
-        target = root / str(n)
-        target.mkdir(parents=True)
-        for name in present:
-            os.replace(self.path / name, target / name)
-        return target
-
-    def truncate_metrics(self, last_step: int) -> int:
-        """Keep only the metrics lines up to ``last_step`` (a run resumed from that checkpoint); returns lines kept."""
-        rows = [r for r in read_metrics(self.metrics_path) if int(r.get("step", 0)) <= last_step]
-        tmp = self.metrics_path.with_name(".metrics.jsonl.tmp")
-        with open(tmp, "w") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.metrics_path)
-        return len(rows)
-
-    def read_summary(self) -> Optional[Dict[str, Any]]:
-        try:
-            return json.loads(self.summary_path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
-
-    def is_completed(self) -> bool:
-        summary = self.read_summary()
-        return bool(summary) and summary.get("status") == "completed"
-
-    def start_summary(self, run_name: str, group: Optional[str], flat_config: Mapping[str, Any]) -> Dict[str, Any]:
-        summary = {
-            "status": "running", "error": None, "run_name": run_name, "group": group,
-            "config": redact(dict(flat_config)), "dtypes_seen": {}, "versions": package_versions(),
-            "last_step": 0, "started_at": now_iso(), "ended_at": None, "wall_s": None,
-        }
-        _atomic_write_json(self.summary_path, summary)
-        return summary
-
-    def update_summary(self, **fields: Any) -> Dict[str, Any]:
-        """Merge ``fields`` into summary.json (nested dicts merged one level deep)."""
-        summary = self.read_summary() or {}
-        for k, v in fields.items():
-            if isinstance(v, Mapping) and isinstance(summary.get(k), Mapping):
-                summary[k] = {**summary[k], **v}
-            else:
-                summary[k] = v
-        _atomic_write_json(self.summary_path, redact(summary))
-        return summary
-
-    def finish_summary(self, status: str, error: Optional[str] = None) -> Dict[str, Any]:
-        summary = self.read_summary() or {}
-        started = summary.get("started_at")
-        wall = None
-        if started:
-            wall = (_dt.datetime.now(_dt.timezone.utc) - _dt.datetime.fromisoformat(started)).total_seconds()
-        last = last_metrics_step(self.metrics_path)
-        return self.update_summary(status=status, error=error, ended_at=now_iso(), wall_s=wall,
-                                   last_step=max(int(summary.get("last_step") or 0), last))
+#: Where each kind of credential belongs instead of the config.
+_SECRET_ENV_VARS = (("wandb", "WANDB_API_KEY"), ("hf", "HF_TOKEN"), ("hub", "HF_TOKEN"),
+                    ("huggingface", "HF_TOKEN"), ("modelscope", "MODELSCOPE_API_TOKEN"))
 
 
-class MetricsWriter:
-    """Appends one JSON object per logging step to ``metrics.jsonl``; each line is flushed and fsynced."""
-
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-
-    def write(self, record: Mapping[str, Any]) -> None:
-        line = json.dumps(dict(record), default=float, allow_nan=True)
-        with open(self.path, "a") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+def secret_env_var(key: str) -> str:
+    """The environment variable that should carry the credential a config ``key`` tried to hold
+    (``tracking.wandb.api_key`` -> ``WANDB_API_KEY``, ``model.hub_token`` -> ``HF_TOKEN``)."""
+    parts = [p for p in re.split(r"[._-]", str(key).lower().lstrip("+~")) if p]
+    for word, var in _SECRET_ENV_VARS:
+        if word in parts:
+            return var
+    if "api" in parts or "wandb" in str(key).lower():
+        return "WANDB_API_KEY"
+    return "HF_TOKEN" if "token" in parts else "an environment variable read by the tool that needs it"
 
 
-def read_metrics(path: str | os.PathLike) -> list[Dict[str, Any]]:
-    """All complete lines of a metrics stream (a torn last line is skipped)."""
-    out = []
-    try:
-        with open(path) as f:
-            for line in f:
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
-    except FileNotFoundError:
-        pass
-    return out
+def secret_refusal(key: str) -> str:
+    """One-line reason to refuse a credential in the config, pointing at the environment variable to use."""
+    return (f"looks like a credential; credentials must not be in the config (it is saved in the run folder, "
+            f".hydra/ and wandb): remove it and set {secret_env_var(key)} in the environment instead")
 
 
-def last_metrics_step(path: str | os.PathLike) -> int:
-    steps = [int(r.get("step", 0)) for r in read_metrics(path)]
-    return max(steps) if steps else 0
+# override strings and folder names: "key=value" items whose key looks like a credential
+_OVERRIDE_RE = re.compile(r"(?P<key>[+~]{0,2}[A-Za-z_][\w.\-]*)=(?P<value>\"[^\"]*\"|'[^']*'|[^,\s/\]\"']+)")
+# YAML lines "  api_key: value"
+_YAML_LINE_RE = re.compile(r"^(?P<head>[ \t]*(?:-[ \t]+)?(?P<key>[\w.\-]+)[ \t]*:[ \t]+)(?P<value>\S.*?)[ \t]*$",
+                           re.MULTILINE)
 
 
+def redact_text(text: str, values: Iterable[str] = (), marker: str = REDACTED) -> str:
+    """``text`` with every credential removed: values of ``key=value`` items and ``key: value`` YAML lines whose
+    key looks like a credential, and every whole-word occurrence of the given secret ``values`` (of 4+ characters;
+    shorter ones are only caught by their key)."""
+    def override(m: re.Match) -> str:
+        return f"{m.group('key')}={marker}" if is_secret_key(m.group("key")) else m.group(0)
+
+    def yaml_line(m: re.Match) -> str:
+        if is_secret_key(m.group("key")) and m.group("value") not in ("null", "~", "''", '""'):
+            return f"{m.group('head')}{marker}"
+        return m.group(0)
+
+    text = _OVERRIDE_RE.sub(override, text)
+    text = _YAML_LINE_RE.sub(yaml_line, text)
+    for v in sorted({str(v) for v in values if v is not None}, key=len, reverse=True):
+        if len(v) >= 4:
+            text = re.sub(rf"(?<![\w]){re.escape(v)}(?![\w])", marker, text)
+    return text
+
+
+def redact_name(name: str, values: Iterable[str] = ()) -> str:
+    """A folder or run name (e.g. Hydra's ``override_dirname``) with credentials replaced by ``REDACTED``:
+    ``"gkd.beta=0.5,+tracking.wandb.api_key=abc"`` -> ``"gkd.beta=0.5,+tracking.wandb.api_key=REDACTED"``."""
+    return redact_text(name, values, marker=REDACTED_NAME)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# metrics
+# ----------------------------------------------------------------------------------------------------------
 def design_record(logs: Mapping[str, Any], step: int) -> Optional[Dict[str, Any]]:
     """The DESIGN-named subset of one HF ``logs`` dict plus ``step``; ``None`` for a log without any."""
     rec: Dict[str, Any] = {}
@@ -291,17 +248,72 @@ def resolve_wandb_mode(mode: str, reachable=wandb_reachable) -> str:
     return mode
 
 
+def wandb_run_id(run_dir: str | os.PathLike, fingerprint: Optional[str] = None) -> str:
+    """Stable wandb run id of a run folder: 16 hex characters of sha256(absolute path [+ config fingerprint]).
+
+    Every attempt in the same folder (a retry, a ``run.resume``) gets the same id, so with ``WANDB_RESUME=allow``
+    it continues the same wandb run. Passing the config ``fingerprint`` gives a run replaced by
+    ``run.overwrite=true`` with a different config a new id (it is a different run).
+    """
+    key = str(Path(run_dir).expanduser().resolve())
+    if fingerprint:
+        key += "\0" + str(fingerprint)
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _tag(value: Any) -> str:
+    # WANDB_TAGS is split on ","; wandb refuses tags longer than 64 characters
+    return str(value).replace(",", ";").strip()[:64]
+
+
+def run_tags(precision: Optional[str] = None, beta_form: Optional[str] = None, experiment: Optional[str] = None,
+             group: Optional[str] = None, extra: Sequence[Any] = ()) -> List[str]:
+    """Tags a dashboard can filter on, in this order, without repeats or empties:
+    ``original`` (``precision == "native"``, upstream arithmetic) or ``patched``; the precision; the β form; the
+    experiment name; the group; then the user's ``tracking.wandb.tags``.
+    ``run_tags("fp32", "paper", "smoke", "smoke")`` -> ``["patched", "fp32", "paper", "smoke"]``."""
+    tags: List[str] = []
+    if precision:
+        tags.append("original" if precision == "native" else "patched")
+    for value in (precision, beta_form, experiment, group, *extra):
+        t = _tag(value) if value not in (None, "") else ""
+        if t and t not in tags:
+            tags.append(t)
+    return tags
+
+
+def experiment_name() -> Optional[str]:
+    """The ``experiment=`` choice of the running Hydra app (``None`` outside Hydra or without one)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        choice = HydraConfig.get().runtime.choices.get("experiment")
+    except Exception:  # noqa: BLE001 - not inside a Hydra app
+        return None
+    return str(choice) if choice not in (None, "null") else None
+
+
 def wandb_env(wandb_cfg: Mapping[str, Any], mode: str, run_dir: Path, run_name: str,
-              job_type: str = "gkd-train") -> Dict[str, str]:
-    """``WANDB_*`` variables that steer ms-swift's ``wandb.init`` (never contains a key)."""
-    env = {"WANDB_MODE": mode, "WANDB_DIR": str(Path(run_dir) / "wandb"), "WANDB_NAME": run_name,
-           "WANDB_JOB_TYPE": job_type, "WANDB_SILENT": "true", "WANDB_CONSOLE": "off"}
+              job_type: str = "gkd-train", *, precision: Optional[str] = None, beta_form: Optional[str] = None,
+              experiment: Optional[str] = None, fingerprint: Optional[str] = None) -> Dict[str, str]:
+    """``WANDB_*`` variables that steer ms-swift's ``wandb.init`` (never contains a key).
+
+    ``wandb_cfg``: ``tracking.wandb`` as a mapping (project, entity, group, tags). Sets WANDB_MODE, WANDB_DIR
+    (``run_dir/wandb``), WANDB_NAME (credentials redacted), WANDB_JOB_TYPE, WANDB_RUN_GROUP, WANDB_TAGS
+    (:func:`run_tags`), WANDB_RUN_ID (:func:`wandb_run_id`) and WANDB_RESUME=allow, WANDB_PROJECT/ENTITY when set.
+    wandb 0.31 reads each of these in ``Settings.update_from_env_vars``; explicit ``wandb.init`` arguments win:
+    HF's WandbCallback passes ``name=--run_name`` and ``project=$WANDB_PROJECT``, Megatron's passes ``name``,
+    ``project`` and ``dir=--output_dir``.
+    """
+    env = {"WANDB_MODE": mode, "WANDB_DIR": str(Path(run_dir) / "wandb"), "WANDB_NAME": redact_name(str(run_name)),
+           "WANDB_JOB_TYPE": job_type, "WANDB_SILENT": "true", "WANDB_CONSOLE": "off",
+           "WANDB_RUN_ID": wandb_run_id(run_dir, fingerprint), "WANDB_RESUME": "allow"}
     for key, var in (("project", "WANDB_PROJECT"), ("entity", "WANDB_ENTITY"), ("group", "WANDB_RUN_GROUP")):
         if wandb_cfg.get(key):
             env[var] = str(wandb_cfg[key])
-    tags = wandb_cfg.get("tags") or []
+    tags = run_tags(precision, beta_form, experiment, wandb_cfg.get("group"), list(wandb_cfg.get("tags") or []))
     if tags:
-        env["WANDB_TAGS"] = ",".join(str(t) for t in tags)
+        env["WANDB_TAGS"] = ",".join(tags)
     return env
 
 
@@ -330,3 +342,15 @@ def update_wandb_config(values: Mapping[str, Any]) -> None:
     if wandb.run is not None:
         wandb.run.config.update({f"harness.{k}": v for k, v in flatten(redact(dict(values))).items()},
                                 allow_val_change=True)
+
+
+# Transition: the run-folder names moved to harness.run_folder; old imports keep working until callers switch.
+_MOVED = ("RunFolder", "MetricsWriter", "read_metrics", "last_metrics_step", "package_versions", "now_iso")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        from harness import run_folder
+
+        return getattr(run_folder, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

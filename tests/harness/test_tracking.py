@@ -1,11 +1,38 @@
-"""Run folder, metrics stream, summary lifecycle, wandb env mapping and the online->offline fallback."""
+"""Config trees (one flatten, secrets), metric records, the wandb env mapping, run identity and the fallback."""
+import dataclasses
 import json
+import os
+import subprocess
+import sys
+import textwrap
 import warnings
+from pathlib import Path
 
 import pytest
 
-from harness.tracking import (REDACTED, MetricsWriter, RunFolder, design_record, flatten, read_metrics, redact,
-                              resolve_wandb_mode, wandb_env)
+from harness.tracking import (REDACTED, design_record, find_secret_keys, flatten, is_secret_key, redact, redact_name,
+                              redact_text, resolve_wandb_mode, run_tags, secret_env_var, secret_refusal, secret_values,
+                              wandb_env, wandb_run_id)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+# ------------------------------------------------------------------------------------------------ config trees
+def test_flatten_keeps_lists_and_empty_mappings_and_reads_dataclasses():
+    @dataclasses.dataclass
+    class Loss:
+        precision: str = "fp32"
+        extra: dict = dataclasses.field(default_factory=dict)
+
+    @dataclasses.dataclass
+    class Cfg:
+        loss: Loss = dataclasses.field(default_factory=Loss)
+        tags: list = dataclasses.field(default_factory=lambda: ["a"])
+
+    assert flatten({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": {}, "f": None}) == {"a.b": 1, "a.c.d": [1, 2], "e": {},
+                                                                               "f": None}
+    assert flatten(Cfg()) == {"loss.precision": "fp32", "loss.extra": {}, "tags": ["a"]}
+    assert flatten({}) == {}
 
 
 def test_redact_secrets_but_not_token_counts():
@@ -16,36 +43,45 @@ def test_redact_secrets_but_not_token_counts():
     assert out["hub_token"] == REDACTED and out["WANDB_API_KEY"] == REDACTED and out["password"] == REDACTED
     assert out["monitor"]["spot_check"]["max_tokens"] == 256
     assert "abc123" not in json.dumps(out) and "hf_x" not in json.dumps(out)
+    assert redact({"tracking.wandb.api_key": "abc", "gkd.beta": 0.5}) == {"tracking.wandb.api_key": REDACTED,
+                                                                          "gkd.beta": 0.5}
 
 
-def test_summary_lifecycle(tmp_path):
-    folder = RunFolder(tmp_path / "run").create()
-    flat = flatten({"loss": {"precision": "fp32"}, "gkd": {"beta": 0.5}, "tracking": {"api_key": "zzz"}})
-    s = folder.start_summary("r", "g", flat)
-    assert s["status"] == "running" and s["config"]["loss.precision"] == "fp32"
-    assert s["config"]["tracking.api_key"] == REDACTED
-    assert set(s["versions"]) >= {"ms-swift", "torch", "transformers"}
-    writer = MetricsWriter(folder.metrics_path)
-    writer.write({"train/loss": 1.0, "step": 1})
-    writer.write({"train/loss": 0.5, "step": 2})
-    folder.update_summary(dtypes_seen={"student": "float32"})
-    folder.update_summary(dtypes_seen={"teacher": "bfloat16"})
-    done = folder.finish_summary("failed", "boom")
-    assert done["status"] == "failed" and done["error"] == "boom" and done["last_step"] == 2
-    assert done["dtypes_seen"] == {"student": "float32", "teacher": "bfloat16"}
-    assert done["wall_s"] is not None and done["ended_at"]
-    assert not folder.is_completed()
-    folder.finish_summary("completed")
-    assert folder.is_completed()
-    assert "zzz" not in folder.summary_path.read_text()
+def test_find_secret_keys_at_any_depth_with_the_env_var_to_use():
+    tree = {"tracking": {"wandb": {"api_key": "k1", "project": "p"}},
+            "model": {"hub_token": "hf_1", "max_tokens": 5, "token_budget": 3},
+            "run": {"extra_args": [{"password": "pw"}], "secret": None, "db_secret": ""},
+            "modelscope_token": "m"}
+    assert find_secret_keys(tree) == ["tracking.wandb.api_key", "model.hub_token", "run.extra_args.0.password",
+                                      "modelscope_token"]
+    assert secret_values(tree) == ["hf_1", "k1", "pw", "m"]
+    assert secret_env_var("tracking.wandb.api_key") == "WANDB_API_KEY"
+    assert secret_env_var("+tracking.wandb.api_key") == "WANDB_API_KEY"
+    assert secret_env_var("model.hub_token") == "HF_TOKEN"
+    assert secret_env_var("modelscope_token") == "MODELSCOPE_API_TOKEN"
+    msg = secret_refusal("tracking.wandb.api_key")
+    assert "WANDB_API_KEY" in msg and "\n" not in msg
+    assert is_secret_key("WANDB_API_KEY") and is_secret_key("token") and not is_secret_key("max_tokens")
 
 
-def test_metrics_stream_is_line_per_step_and_survives_a_torn_tail(tmp_path):
-    path = tmp_path / "metrics.jsonl"
-    MetricsWriter(path).write({"step": 1, "gkd/neg_loss_calls": 0.0})
-    with open(path, "a") as f:
-        f.write('{"step": 2, "gkd/neg')  # what a SIGKILL mid-write could leave
-    assert read_metrics(path) == [{"step": 1, "gkd/neg_loss_calls": 0.0}]
+def test_redact_text_covers_overrides_yaml_lines_and_values():
+    text = textwrap.dedent("""\
+        - +tracking.wandb.api_key=abcd1234
+        - gkd.beta=0.5
+        override_dirname: +tracking.wandb.api_key=abcd1234,gkd.beta=0.5
+        output_dir: /o/+tracking.wandb.api_key=abcd1234,gkd.beta=0.5
+        wandb:
+          api_key: abcd1234
+          secret: null
+          max_tokens: 7
+          key_hint: abcd1234 in prose
+        """)
+    out = redact_text(text, ["abcd1234"])
+    assert "abcd1234" not in out
+    assert "- gkd.beta=0.5" in out and "max_tokens: 7" in out and "secret: null" in out
+    assert f"api_key: {REDACTED}" in out and f"+tracking.wandb.api_key={REDACTED},gkd.beta=0.5" in out
+    assert redact_name("+tracking.wandb.api_key=abcd1234,gkd.beta=0.5") == "+tracking.wandb.api_key=REDACTED,gkd.beta=0.5"
+    assert redact_name("gkd.beta=0.5,loss=fp32") == "gkd.beta=0.5,loss=fp32"
 
 
 def test_design_record_maps_hf_keys():
@@ -57,6 +93,7 @@ def test_design_record_maps_hf_keys():
     assert design_record({"epoch": 1.0}, 3) is None
 
 
+# ------------------------------------------------------------------------------------------------ wandb
 def test_online_falls_back_to_offline_with_one_warning():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -73,25 +110,60 @@ def test_wandb_env_mapping_never_carries_a_key(tmp_path, monkeypatch):
     env = wandb_env({"project": "p", "entity": "e", "group": "g", "tags": ["a", "b"], "api_key": "x"}, "offline",
                     tmp_path, "run-1")
     assert env["WANDB_PROJECT"] == "p" and env["WANDB_ENTITY"] == "e" and env["WANDB_RUN_GROUP"] == "g"
-    assert env["WANDB_TAGS"] == "a,b" and env["WANDB_NAME"] == "run-1" and env["WANDB_MODE"] == "offline"
+    assert env["WANDB_TAGS"] == "g,a,b" and env["WANDB_NAME"] == "run-1" and env["WANDB_MODE"] == "offline"
     assert env["WANDB_DIR"] == str(tmp_path / "wandb") and env["WANDB_JOB_TYPE"] == "gkd-train"
     assert "WANDB_API_KEY" not in env and "secret-key-123" not in json.dumps(env)
+    named = wandb_env({}, "offline", tmp_path, "+tracking.wandb.api_key=abcd1234,gkd.beta=0.5")
+    assert "abcd1234" not in json.dumps(named)
 
 
-def test_unfinished_attempt_is_archived(tmp_path):
-    folder = RunFolder(tmp_path / "run").create()
-    folder.start_summary("r", None, {})
-    MetricsWriter(folder.metrics_path).write({"step": 1})
-    archived = folder.archive_previous_attempt()
-    assert archived == tmp_path / "run" / "previous_attempts" / "1"
-    assert (archived / "metrics.jsonl").is_file() and (archived / "summary.json").is_file()
-    assert not folder.metrics_path.exists() and folder.read_summary() is None
-    assert folder.archive_previous_attempt() is None  # nothing left to move
+def test_run_identity_tags_group_job_type_and_a_stable_id(tmp_path, monkeypatch):
+    env = wandb_env({"group": "smoke", "tags": ["mine", "fp32"]}, "offline", tmp_path / "run", "loss=fp32",
+                    precision="fp32", beta_form="continuous", experiment="smoke")
+    assert env["WANDB_TAGS"].split(",") == ["patched", "fp32", "continuous", "smoke", "mine"]
+    assert env["WANDB_RUN_GROUP"] == "smoke" and env["WANDB_JOB_TYPE"] == "gkd-train"
+    assert env["WANDB_RESUME"] == "allow" and env["WANDB_RUN_ID"] == wandb_run_id(tmp_path / "run")
+    assert run_tags("native", "paper", None, "default") == ["original", "native", "paper", "default"]
+    assert run_tags(None, None) == [] and run_tags("fp64", "paper", "a,b") == ["patched", "fp64", "paper", "a;b"]
+    # one id per folder, whatever the spelling of its path; the config fingerprint (overwrite) gives a new one
+    monkeypatch.chdir(tmp_path)
+    rid = wandb_run_id(tmp_path / "run")
+    assert wandb_run_id("run") == rid == wandb_run_id(tmp_path / "x" / ".." / "run")
+    assert len(rid) == 16 and all(c in "0123456789abcdef" for c in rid)
+    assert wandb_run_id(tmp_path / "other") != rid
+    assert wandb_run_id(tmp_path / "run", "f" * 64) != rid == wandb_run_id(tmp_path / "run", None)
 
 
-def test_truncate_metrics_for_a_resumed_run(tmp_path):
-    folder = RunFolder(tmp_path).create()
-    for step in (1, 2, 3, 4):
-        MetricsWriter(folder.metrics_path).write({"step": step, "gkd/loss_calls_total": float(step)})
-    assert folder.truncate_metrics(2) == 2
-    assert [r["step"] for r in read_metrics(folder.metrics_path)] == [1, 2]
+WANDB_SCRIPT = """
+import json, os, sys
+import wandb
+ids = []
+for attempt in range(2):
+    run = wandb.init(config={"attempt": attempt})
+    ids.append({"id": run.id, "group": run.group, "job_type": run.job_type, "tags": list(run.tags),
+                "name": run.name, "dir": run.dir})
+    run.log({"train/loss": 1.0 / (attempt + 1)})
+    run.finish()
+print(json.dumps(ids))
+"""
+
+
+def test_a_retry_continues_the_same_wandb_run_offline(tmp_path):
+    """Issue 12 item 8 / issue 15: a retried point became a second wandb run; with the env of wandb_env, two
+    real ``wandb.init`` calls (offline, same folder) get the same run id, group, job type and tags."""
+    run_dir = tmp_path / "run"
+    (run_dir / "wandb").mkdir(parents=True)
+    env = wandb_env({"project": "p", "group": "smoke"}, "offline", run_dir, "loss=fp32", precision="fp32",
+                    beta_form="paper", experiment="smoke")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    out = subprocess.run([sys.executable, "-c", WANDB_SCRIPT], env={**clean, **env}, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    first, second = json.loads(out.stdout.strip().splitlines()[-1])
+    assert first["id"] == second["id"] == env["WANDB_RUN_ID"] == wandb_run_id(run_dir)
+    for attempt in (first, second):
+        assert attempt["group"] == "smoke" and attempt["job_type"] == "gkd-train" and attempt["name"] == "loss=fp32"
+        assert attempt["tags"] == ["patched", "fp32", "paper", "smoke"]
+        assert Path(attempt["dir"]).resolve().is_relative_to((run_dir / "wandb").resolve())
+    offline = sorted(p.name for p in (run_dir / "wandb" / "wandb").glob("offline-run-*"))
+    assert len(offline) == 2 and all(name.endswith("-" + env["WANDB_RUN_ID"]) for name in offline)
