@@ -1,12 +1,19 @@
 """PNG plots of the comparison tables (matplotlib, Agg backend; no display needed).
 
-Each function takes the tables of :mod:`analysis.compare` / :mod:`analysis.betacurve`, writes one PNG and
-returns its path.
+Each ``plot_*`` function takes the tables of :mod:`analysis.compare` / :mod:`analysis.betacurve`, writes one
+PNG at :data:`DPI` dots per inch and returns its path (``None`` when there is nothing to draw).
+
+Conventions shared by every figure:
+
+* a *variant* is ``(loss.precision, loss.beta_form)``; :func:`variant_style` gives each one its own colour,
+  marker and line style, the same in every figure (native = filled markers, fp32/fp64 = hollow, larger
+  markers, so curves that coincide stay visible as concentric marks);
+* axes carry labels with units; each figure has exactly one legend (a figure legend below the axes).
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 import matplotlib
 
@@ -14,154 +21,358 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from matplotlib.collections import LineCollection  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-__all__ = ["plot_curves", "plot_negatives", "plot_spot_errors", "plot_beta_curve"]
+__all__ = ["DPI", "METRIC_UNITS", "variant_style", "variant_label", "plot_curves", "plot_negatives",
+           "plot_spot_errors", "plot_beta_curve"]
 
-_COLORS = {"native": "tab:red", "fp32": "tab:blue", "fp64": "tab:green"}
+#: Resolution of every PNG.
+DPI = 150
+#: Axis label (with unit) of the logged metrics.
+METRIC_UNITS = {
+    "train/loss": "train/loss\n(nats per position)",
+    "gkd/jsd_loss": "gkd/jsd_loss\n(nats per position)",
+    "train/grad_norm": "train/grad_norm\n(global L2 norm, before clipping)",
+}
+_DIFF_UNITS = {"train/loss": "nats per position", "gkd/jsd_loss": "nats per position",
+               "train/grad_norm": "L2 norm"}
 _LOG_FLOOR = 1e-12
+_RC = {"font.size": 10, "axes.titlesize": 10, "axes.labelsize": 10, "legend.fontsize": 9,
+       "xtick.labelsize": 9, "ytick.labelsize": 9, "figure.titlesize": 11}
+_MAX_WIDTH_IN = 11.0  # 1650 px at 150 dpi: shown at ~1150 px in the HTML, text stays >= 9 px
+
+# Known variants: native in warm colours with filled markers, fp32 in blue/purple, fp64 in green/brown,
+# hollow markers for the patched precisions so that a curve drawn over an identical one stays visible.
+_KNOWN = {
+    ("native", "paper"): dict(color="#d62728", marker="o", ls="-", mfc="fill", ms=5),
+    ("native", "continuous"): dict(color="#ff7f0e", marker="s", ls="-", mfc="fill", ms=7.5),
+    ("fp32", "paper"): dict(color="#1f77b4", marker="^", ls="--", mfc="none", ms=9),
+    ("fp32", "continuous"): dict(color="#9467bd", marker="D", ls="--", mfc="none", ms=8),
+    ("fp64", "paper"): dict(color="#2ca02c", marker="v", ls=":", mfc="none", ms=10),
+    ("fp64", "continuous"): dict(color="#8c564b", marker="P", ls=":", mfc="none", ms=10),
+}
+# Difference curves (native − fp32) are not variants: dark greys, one marker per β form.
+_DIFF_STYLES = {"paper": dict(color="#222222", marker="o", markerfacecolor="none", markersize=6),
+                "continuous": dict(color="#777777", marker="s", markerfacecolor="none", markersize=8.5)}
+_SPARE = [("#e377c2", "X"), ("#17becf", "h"), ("#bcbd22", "*"), ("#7f7f7f", "p"), ("#393b79", "<"),
+          ("#637939", ">")]
+
+
+def variant_label(precision, form) -> str:
+    """Legend text of a variant, e.g. ``"native · paper"``."""
+    return f"{precision} · {form}"
+
+
+def variant_style(precision, form) -> dict:
+    """Matplotlib line keywords (color, marker, linestyle, markerfacecolor, markersize) of a variant.
+
+    Variants outside the six known ones get a spare colour/marker chosen from a stable hash of the name.
+    """
+    key = (str(precision), str(form))
+    if key in _KNOWN:
+        s = dict(_KNOWN[key])
+    else:
+        h = sum(ord(c) * (i + 1) for i, c in enumerate("|".join(key))) % len(_SPARE)
+        color, marker = _SPARE[h]
+        s = dict(color=color, marker=marker, ls="-.", mfc="none", ms=8)
+    mfc = s.pop("mfc")
+    return {"color": s["color"], "marker": s["marker"], "linestyle": s["ls"], "markersize": s["ms"],
+            "markerfacecolor": s["color"] if mfc == "fill" else "none", "markeredgecolor": s["color"]}
+
+
+def _variants(df: pd.DataFrame) -> list:
+    """Sorted distinct (precision, form) pairs of a table with ``loss.precision`` and ``loss.beta_form``."""
+    order = {"native": 0, "fp32": 1, "fp64": 2}
+    pairs = df[["loss.precision", "loss.beta_form"]].drop_duplicates().astype(str).itertuples(index=False,
+                                                                                                 name=None)
+    return sorted(pairs, key=lambda p: (order.get(p[0], 9), p[0], p[1]))
 
 
 def _save(fig, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
 
 
+def _legend(fig, handles: Sequence, labels: Sequence[str]) -> None:
+    """The figure's single legend, below the axes (constrained layout makes room for it)."""
+    if handles:
+        longest = max(len(x) for x in labels)
+        fits = max(1, int(fig.get_figwidth() / (0.09 * longest + 0.6)))  # ~0.09 in per 9-pt character
+        fig.legend(handles, labels, loc="outside lower center", ncol=min(4, len(handles), fits), frameon=False)
+
+
+def _paired_difference(sweep, runs: pd.DataFrame, metric: str) -> list:
+    """Native − fp32 of ``metric`` on common steps for runs equal in every other config key.
+
+    Returns ``[(beta, form, steps [n], diff [n])]``.
+    """
+    from analysis.compare import _pairs
+
+    h = sweep.history
+    out = []
+    for native, fp32 in _pairs(runs, "loss.precision", "native", "fp32"):
+        a = h.loc[h["run"] == native, ["step", metric]].dropna()
+        b = h.loc[h["run"] == fp32, ["step", metric]].dropna()
+        m = a.merge(b, on="step", suffixes=("_n", "_f")).sort_values("step")
+        if m.empty:
+            continue
+        r = runs.loc[runs["run"] == native].iloc[0]
+        out.append((r["gkd.beta"], str(r["loss.beta_form"]), m["step"].to_numpy(),
+                    (m[f"{metric}_n"] - m[f"{metric}_f"]).to_numpy(dtype=float)))
+    return out
+
+
 def plot_curves(sweep, metric: str, path: Path, max_panels: int = 16) -> Optional[Path]:
-    """``metric`` against step, one panel per (β, β form), one line per run coloured by precision
-    (original = native in red, patched = fp32 in blue)."""
+    """``metric`` against the optimizer step: one panel per β, one line per run in its variant's style.
+
+    Where the sweep has native/fp32 pairs (runs equal in every other config key), a panel under each β
+    shows native − fp32 step by step: the two curves often coincide to the eye, the difference does not.
+    At most ``max_panels`` β values are drawn (the title says when some were left out).
+    """
     h = sweep.history
     if metric not in h.columns or h[metric].notna().sum() == 0:
         return None
-    runs = sweep.runs.set_index("run")
-    keys = runs[["gkd.beta", "loss.beta_form"]].drop_duplicates().sort_values(["gkd.beta", "loss.beta_form"])
-    panels = list(keys.itertuples(index=False, name=None))[:max_panels]
-    n = len(panels)
-    cols = min(4, n)
-    rows = int(np.ceil(n / cols))
-    height = 2.4 * rows + 0.9
-    fig, axes = plt.subplots(rows, cols, figsize=(max(3.6 * cols, 6.0), height), squeeze=False)
+    runs = sweep.runs
+    betas = sorted(runs["gkd.beta"].dropna().unique().tolist())
+    shown = betas[:max_panels]
+    diffs = [d for d in _paired_difference(sweep, runs, metric) if d[0] in shown]
+    n = len(shown)
+    cols = min(3, n)
+    grid_rows = int(np.ceil(n / cols))
+    per_row = 2 if diffs else 1
+    ratios = ([3, 1.3] if diffs else [1]) * grid_rows
+    width = min(_MAX_WIDTH_IN, max(6.5, 3.7 * cols))
+    height = sum(ratios) * (1.0 if diffs else 3.0) + 1.4
     data = h[["run", "step", metric]].dropna()
-    by_run = {k: v for k, v in data.groupby("run", sort=False)}
-    seen = {}
-    for ax, (beta, form) in zip(axes.flat, panels):
-        sel = runs[(runs["gkd.beta"] == beta) & (runs["loss.beta_form"] == form)]
-        for prec, grp in sel.groupby("loss.precision"):
-            segs = [np.column_stack([by_run[r]["step"].to_numpy(), by_run[r][metric].to_numpy()])
-                    for r in grp.index if r in by_run]
-            if segs:
-                lc = LineCollection(segs, colors=_COLORS.get(prec, "gray"), linewidths=0.8, alpha=0.7)
-                ax.add_collection(lc)
-                seen.setdefault(prec, lc)
-        ax.autoscale()
-        ax.axhline(0.0, color="0.6", lw=0.5, zorder=0)
-        ax.set_title(f"β={beta:g} {form} ({len(sel)} runs)", fontsize=8)
-        ax.tick_params(labelsize=6)
-        ax.xaxis.set_major_locator(MaxNLocator(4, integer=True))
-        ax.yaxis.set_major_locator(MaxNLocator(4))
-    fig.legend(list(seen.values()), [f"{p}" for p in seen], loc="upper right", fontsize=7, ncol=len(seen))
-    for ax in list(axes.flat)[n:]:
-        ax.axis("off")
-    fig.suptitle(f"{metric} per step (red: original/native, blue: patched/fp32)", fontsize=10, x=0.02,
-                 ha="left")
-    fig.subplots_adjust(left=0.08 if cols > 1 else 0.15, right=0.98, bottom=0.35 / height, top=1 - 0.75 / height,
-                        wspace=0.35, hspace=0.45)
-    return _save(fig, path)
+    by_run = {k: v.sort_values("step") for k, v in data.groupby("run", sort=False)}
+    with plt.rc_context(_RC):
+        fig = plt.figure(figsize=(width, height), layout="constrained")
+        gs = fig.add_gridspec(grid_rows * per_row, cols, height_ratios=ratios)
+        handles = {}
+        for i, beta in enumerate(shown):
+            row, col = divmod(i, cols)
+            ax = fig.add_subplot(gs[row * per_row, col])
+            sel = runs[runs["gkd.beta"] == beta]
+            for prec, form in _variants(sel):
+                st = variant_style(prec, form)
+                grp = sel[(sel["loss.precision"].astype(str) == prec) & (sel["loss.beta_form"].astype(str) == form)]
+                for r in grp["run"]:
+                    if r not in by_run:
+                        continue
+                    d = by_run[r]
+                    (ln,) = ax.plot(d["step"], d[metric], lw=1.0, alpha=0.85,
+                                    markevery=max(1, len(d) // 10), **st)
+                    handles.setdefault(variant_label(prec, form), ln)
+            ax.set_title(f"β = {beta:g} ({len(sel)} runs)")
+            ax.set_ylabel(METRIC_UNITS.get(metric, metric) if col == 0 else "")
+            ax.xaxis.set_major_locator(MaxNLocator(5, integer=True))
+            ax.grid(alpha=0.3)
+            if not diffs:
+                ax.set_xlabel("optimizer step")
+                continue
+            ax.tick_params(labelbottom=False)
+            dax = fig.add_subplot(gs[row * per_row + 1, col], sharex=ax)
+            dax.axhline(0.0, color="0.3", lw=0.8)
+            drawn = False
+            for b, form, steps, diff in diffs:
+                if b != beta:
+                    continue
+                st = _DIFF_STYLES.get(form, _DIFF_STYLES["paper"])
+                label = f"native − fp32 · {form}"
+                (ln,) = dax.plot(steps, diff, lw=1.0, markevery=max(1, len(steps) // 10), **st)
+                handles.setdefault(label, ln)
+                drawn = True
+            if not drawn:
+                dax.text(0.5, 0.5, "no native/fp32 pair", transform=dax.transAxes, ha="center", va="center",
+                         color="0.4")
+            dax.set_xlabel("optimizer step")
+            dax.set_ylabel(f"native − fp32\n({_DIFF_UNITS.get(metric, 'same unit')})" if col == 0 else "")
+            dax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+            dax.grid(alpha=0.3)
+        more = f"; first {len(shown)} of {len(betas)} β values" if len(shown) < len(betas) else ""
+        fig.suptitle(f"{metric} per optimizer step, one line per run{more}")
+        _legend(fig, list(handles.values()), list(handles.keys()))
+        return _save(fig, path)
+
+
+def _bar_values(g: pd.DataFrame) -> tuple:
+    """Negative-call fraction and max negative-token fraction of one group; NaN where nothing was logged."""
+    calls = g["loss_calls"].sum(min_count=1)
+    neg = g["neg_loss_calls"].sum(min_count=1)
+    frac = neg / calls if pd.notna(calls) and calls > 0 and pd.notna(neg) else np.nan
+    tok = g["neg_token_frac_max"].max() if g["neg_token_frac_max"].notna().any() else np.nan
+    return frac, tok
+
+
+def _fmt_bar(v: float) -> str:
+    return "0" if v == 0 else f"{v:.2g}"
 
 
 def plot_negatives(neg: pd.DataFrame, path: Path) -> Optional[Path]:
-    """Negative-loss calls (share of loss calls) and the max negative-token fraction, per (precision, β, form)."""
+    """Grouped bars per β, one bar per variant: negative-loss calls / loss calls (top) and the max share of
+    positions with JSD < 0 (bottom). Every bar carries its value; 0 is a hollow mark in the variant's colour
+    labelled "0", and a value that was not logged is a hatched grey bar labelled "n/a"."""
     if neg.empty or neg["neg_loss_calls"].isna().all():
         return None
-    g = neg.groupby(["loss.precision", "gkd.beta", "loss.beta_form"], dropna=False).agg(
-        neg=("neg_loss_calls", "sum"), calls=("loss_calls", "sum"), tok=("neg_token_frac_max", "max")).reset_index()
-    labels = [f"{p}\nβ={b:g}\n{f[:4]}" for p, b, f in zip(g["loss.precision"], g["gkd.beta"], g["loss.beta_form"])]
-    x = np.arange(len(g))
-    fig, axes = plt.subplots(2, 1, figsize=(min(18, max(6, 0.5 * len(g))), 5.5))
-    frac = (g["neg"] / g["calls"].replace(0, np.nan)).fillna(0)
-    colors = [_COLORS.get(p, "gray") for p in g["loss.precision"]]
-    axes[0].bar(x, frac, color=colors)
-    axes[0].set_title("negative-loss calls / loss calls", fontsize=9)
-    axes[1].bar(x, g["tok"].fillna(0), color=colors)
-    axes[1].set_title("max share of positions with JSD < 0", fontsize=9)
-    for ax in axes:
-        ax.set_xticks(x, labels, fontsize=6)
-        ax.set_ylim(0, max(0.05, ax.get_ylim()[1]))
-    fig.subplots_adjust(left=0.08, right=0.99, bottom=0.12, top=0.94, hspace=0.6)
-    return _save(fig, path)
+    variants = _variants(neg)
+    betas = sorted(neg["gkd.beta"].dropna().unique().tolist())
+    nb, nv = len(betas), len(variants)
+    width = 0.8 / nv
+    many = nb * nv > 8  # vertical value labels so neighbours cannot run into each other
+    with plt.rc_context(_RC):
+        fig, axes = plt.subplots(2, 1, figsize=(min(_MAX_WIDTH_IN, max(6.5, 0.45 * nb * nv + 2)), 7.0),
+                                 layout="constrained")
+        handles = {}
+        for ax, which, ylabel in ((axes[0], 0, "negative-loss calls / loss calls\n(fraction of calls)"),
+                                  (axes[1], 1, "max share of positions\nwith JSD < 0 (fraction)")):
+            vals = []
+            for i, beta in enumerate(betas):
+                for j, (prec, form) in enumerate(variants):
+                    g = neg[(neg["gkd.beta"] == beta) & (neg["loss.precision"].astype(str) == prec)
+                            & (neg["loss.beta_form"].astype(str) == form)]
+                    if g.empty:
+                        continue
+                    v = _bar_values(g)[which]
+                    vals.append((i - 0.4 + width * (j + 0.5), v, prec, form))
+            top = max([v for _, v, _, _ in vals if pd.notna(v)] + [0.0])
+            ymax = max(0.05, top * (1.5 if many else 1.3))
+            zero_h = ymax * 0.025  # height of the hollow mark drawn for 0
+            min_h = ymax * 0.006  # smallest drawn height of a non-zero bar
+            for x, v, prec, form in vals:
+                st = variant_style(prec, form)
+                if pd.isna(v):
+                    ax.bar(x, ymax * 0.06, width * 0.9, color="none", edgecolor="0.5", hatch="///", lw=0.8)
+                    ax.text(x, ymax * 0.07, "n/a", ha="center", va="bottom", fontsize=8, color="0.35",
+                            rotation=90 if many else 0)
+                    continue
+                if v == 0:  # zero: a hollow mark in the variant's colour, labelled "0"
+                    ax.bar(x, zero_h, width * 0.9, color="white", edgecolor=st["color"], lw=1.2)
+                else:  # filled bar; a tiny value keeps a visible height, its label gives the value
+                    b = ax.bar(x, max(v, min_h), width * 0.9, color=st["color"], edgecolor=st["color"])
+                    handles.setdefault(variant_label(prec, form), b.patches[0])
+                ax.text(x, max(v, zero_h if v == 0 else min_h) + ymax * 0.01, _fmt_bar(v), ha="center", va="bottom", fontsize=8,
+                        rotation=90 if many else 0)
+            ax.axhline(0.0, color="k", lw=0.9)
+            ax.set_ylim(0, ymax)
+            ax.set_xticks(range(nb), [f"β = {b:g}" for b in betas], rotation=45 if nb > 8 else 0)
+            ax.set_xlim(-0.6, nb - 0.4)
+            ax.set_ylabel(ylabel)
+            ax.set_xlabel("β (bars: variants, summed over runs)")
+            ax.grid(axis="y", alpha=0.3)
+        for prec, form in variants:  # a variant whose values are all 0 still gets its legend entry
+            st = variant_style(prec, form)
+            handles.setdefault(variant_label(prec, form), Patch(facecolor=st["color"], edgecolor=st["color"]))
+        handles["0 (hollow mark)"] = Patch(facecolor="white", edgecolor="0.2")
+        handles["not logged (n/a)"] = Patch(facecolor="none", edgecolor="0.5", hatch="///")
+        fig.suptitle("Negative-loss calls and negative-token share per β and variant")
+        _legend(fig, list(handles.values()), list(handles.keys()))
+        return _save(fig, path)
+
+
+_SPOT_TITLES = {"rel_err": "loss: |loss − FP64| / |FP64|", "grad_rel_l2": "d loss / d logits: relative L2",
+                "param_grad_rel_l2": "parameter gradient: relative L2"}
 
 
 def plot_spot_errors(spots: pd.DataFrame, path: Path, grad_tol: float = 1e-3) -> Optional[Path]:
-    """Spot-check errors on a log scale, per variant (precision, mixed dtypes): loss relative error,
-    logit-gradient and parameter-gradient relative L2. Zeros are drawn at 1e-12."""
+    """Spot-check errors on a log scale, per variant and dtype mix: loss relative error, logit-gradient and
+    parameter-gradient relative L2 (dimensionless). Boxes show the spread, points every check; zeros are
+    drawn at 1e-12."""
     if spots.empty:
         return None
     metrics = [m for m in ("rel_err", "grad_rel_l2", "param_grad_rel_l2") if spots[m].notna().any()]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(3.8 * len(metrics), 3.2), squeeze=False)
-    groups = list(spots.groupby(["loss.precision", "mixed_dtypes"], dropna=False))
-    for ax, m in zip(axes.flat, metrics):
-        data, labels, colors = [], [], []
-        for (prec, mixed), g in groups:
-            v = g[m].dropna().to_numpy(dtype=float)
-            if len(v):
-                data.append(np.maximum(v, _LOG_FLOOR))
-                labels.append(f"{prec}\n{'bf16 mix' if mixed else 'same'}")
-                colors.append(_COLORS.get(prec, "gray"))
-        if not data:
-            ax.axis("off")
-            continue
-        bp = ax.boxplot(data, showfliers=True, patch_artist=True)
-        for patch, c in zip(bp["boxes"], colors):
-            patch.set_facecolor(c)
-            patch.set_alpha(0.5)
-        ax.set_xticks(range(1, len(labels) + 1), labels, fontsize=7)
-        ax.set_yscale("log")
-        if m != "rel_err":
-            ax.axhline(grad_tol, color="k", ls="--", lw=0.8, label=f"tolerance {grad_tol:g}")
-            ax.legend(fontsize=6)
-        ax.set_title({"rel_err": "|loss − FP64| / |FP64|", "grad_rel_l2": "d loss/d logits rel. L2",
-                      "param_grad_rel_l2": "parameter grad rel. L2"}[m], fontsize=9)
-    fig.subplots_adjust(left=0.07, right=0.99, bottom=0.18, top=0.9, wspace=0.3)
-    return _save(fig, path)
+    if not metrics:
+        return None
+    keys = ["loss.precision", "loss.beta_form", "mixed_dtypes"]
+    groups = [(k, g) for k, g in spots.groupby(keys, dropna=False)]
+    order = {"native": 0, "fp32": 1, "fp64": 2}
+    groups.sort(key=lambda kg: (order.get(str(kg[0][0]), 9), str(kg[0][1]), bool(kg[0][2])))
+    rng = np.random.default_rng(0)
+    with plt.rc_context(_RC):
+        fig, axes = plt.subplots(1, len(metrics), figsize=(min(_MAX_WIDTH_IN, 3.7 * len(metrics) + 0.6), 4.6),
+                                 squeeze=False, layout="constrained")
+        handles = {}
+        for ax, m in zip(axes.flat, metrics):
+            pos, labels = 0, []
+            for (prec, form, mixed), g in groups:
+                v = g[m].dropna().to_numpy(dtype=float)
+                if not len(v):
+                    continue
+                pos += 1
+                st = variant_style(prec, form)
+                v = np.maximum(v, _LOG_FLOOR)
+                bp = ax.boxplot([v], positions=[pos], widths=0.6, showfliers=False, patch_artist=True)
+                bp["boxes"][0].set(facecolor=st["color"], alpha=0.25, edgecolor=st["color"])
+                for k in ("medians", "whiskers", "caps"):
+                    for artist in bp[k]:
+                        artist.set(color=st["color"])
+                ln = ax.plot(pos + rng.uniform(-0.15, 0.15, len(v)), v, ls="none",
+                             **{k: st[k] for k in ("marker", "color", "markerfacecolor", "markeredgecolor")},
+                             markersize=5, alpha=0.8)[0]
+                handles.setdefault(variant_label(prec, form), ln)
+                labels.append(f"{prec}\n{form}\n{'mixed' if bool(mixed) else 'same'}")
+            ax.set_xticks(range(1, pos + 1), labels)
+            ax.set_xlim(0.4, pos + 0.6)
+            ax.set_yscale("log")
+            if m != "rel_err":
+                handles.setdefault(f"tolerance {grad_tol:g}",
+                                   ax.axhline(grad_tol, color="k", ls="--", lw=0.9))
+            ax.set_title(_SPOT_TITLES[m])
+            ax.set_xlabel("variant; dtypes at the loss:\nmixed = BF16/FP16 on one side only")
+            ax.grid(axis="y", alpha=0.3)
+        axes[0, 0].set_ylabel("relative error vs FP64 (dimensionless, log)")
+        fig.suptitle("FP64 spot checks: errors per variant")
+        _legend(fig, list(handles.values()), list(handles.keys()))
+        return _save(fig, path)
 
 
 def plot_beta_curve(fp64_curve: pd.DataFrame, training: pd.DataFrame, path: Path,
-                    metrics: Sequence[str] = ("train/loss", "train/grad_norm")) -> Path:
-    """FP64 D(β) of both forms (endpoints marked), and the training loss / grad_norm of the first steps vs β."""
-    panels = 1 + sum(1 for m in metrics if not training.empty and m in training.columns)
-    fig, axes = plt.subplots(1, panels, figsize=(4.4 * panels, 3.4), squeeze=False)
-    ax = axes[0, 0]
-    styles = {"paper": dict(color="tab:orange", marker="o"), "continuous": dict(color="tab:purple", marker="s")}
-    for form, g in fp64_curve.groupby("form", sort=False):
-        inner = g[(g["beta"] > 0) & (g["beta"] < 1)]
-        ax.plot(inner["beta"], inner["D"], ms=3, lw=1.2, label=f"{form} (0<β<1)", **styles.get(form, {}))
-    ends = fp64_curve[fp64_curve["beta"].isin([0.0, 1.0])].drop_duplicates("beta")
-    ax.scatter(ends["beta"], ends["D"], s=70, facecolors="none", edgecolors="k", zorder=5,
-               label="endpoints: KL(T‖S), KL(S‖T)")
-    ax.set_xlabel("β")
-    ax.set_ylabel("D(β), mean per position (FP64)")
-    src = fp64_curve["source"].iloc[0] if "source" in fp64_curve else ""
-    ax.set_title(f"FP64 D(β) on {src} inputs", fontsize=9)
-    ax.legend(fontsize=7)
-    i = 1
-    for m in metrics:
-        if training.empty or m not in training.columns:
-            continue
-        ax = axes[0, i]
-        i += 1
-        for (form, prec), g in training.groupby(["loss.beta_form", "loss.precision"], dropna=False):
-            g = g.sort_values("gkd.beta")
-            st = dict(styles.get(form, {}))
-            ax.plot(g["gkd.beta"], g[m], ms=4, lw=1, ls="-" if prec != "native" else ":",
-                    label=f"{form} / {prec}", **st)
-            e = g[g["gkd.beta"].isin([0.0, 1.0])]
-            ax.scatter(e["gkd.beta"], e[m], s=70, facecolors="none", edgecolors="k", zorder=5)
+                    metrics: Sequence[str] = ("train/loss", "train/grad_norm"), first_steps: Optional[int] = None
+                    ) -> Path:
+    """FP64 D(β) of both forms (endpoints circled); next to it, only when the sweep trained at two or more
+    β values, the training loss / grad_norm of the first logged steps against β, one series per variant."""
+    show = [m for m in metrics if not training.empty and m in training.columns
+            and training["gkd.beta"].nunique() >= 2]
+    panels = 1 + len(show)
+    endpoint = Line2D([], [], ls="none", marker="o", markersize=11, markerfacecolor="none",
+                      markeredgecolor="k", label="β ∈ {0, 1}: KL(T‖S), KL(S‖T)")
+    with plt.rc_context(_RC):
+        fig, axes = plt.subplots(1, panels, figsize=(min(_MAX_WIDTH_IN, max(6.5, 4.4 * panels + 0.4)), 4.6),
+                                 squeeze=False, layout="constrained")
+        handles = {}
+        ax = axes[0, 0]
+        for form, g in fp64_curve.groupby("form", sort=False):
+            inner = g[(g["beta"] > 0) & (g["beta"] < 1)]
+            st = variant_style("fp64", form)
+            (ln,) = ax.plot(inner["beta"], inner["D"], lw=1.3, **{**st, "markersize": 6, "linestyle": "-"})
+            handles.setdefault(f"FP64 D(β) · {form} (0 < β < 1)", ln)
+        ends = fp64_curve[fp64_curve["beta"].isin([0.0, 1.0])].drop_duplicates("beta")
+        ax.plot(ends["beta"], ends["D"], ls="none", marker="o", markersize=11, markerfacecolor="none",
+                markeredgecolor="k", zorder=5)
+        handles[endpoint.get_label()] = endpoint
         ax.set_xlabel("β")
-        ax.set_title(f"{m}, mean of the first logged steps", fontsize=9)
-        ax.legend(fontsize=6)
-    fig.subplots_adjust(left=0.07, right=0.99, bottom=0.15, top=0.9, wspace=0.25)
-    return _save(fig, path)
+        ax.set_ylabel("D(β), mean per position (nats, FP64)")
+        src = fp64_curve["source"].iloc[0] if "source" in fp64_curve else ""
+        ax.set_title(f"FP64 D(β) on {src} inputs")
+        ax.grid(alpha=0.3)
+        for ax, m in zip(axes.flat[1:], show):
+            for prec, form in _variants(training):
+                g = training[(training["loss.precision"].astype(str) == prec)
+                             & (training["loss.beta_form"].astype(str) == form)].sort_values("gkd.beta")
+                (ln,) = ax.plot(g["gkd.beta"], g[m], lw=1.1, **variant_style(prec, form))
+                handles.setdefault(variant_label(prec, form), ln)
+                e = g[g["gkd.beta"].isin([0.0, 1.0])]
+                ax.plot(e["gkd.beta"], e[m], ls="none", marker="o", markersize=11, markerfacecolor="none",
+                        markeredgecolor="k", zorder=5)
+            ax.set_xlabel("β")
+            ax.set_ylabel(METRIC_UNITS.get(m, m))
+            steps = f"first {first_steps} steps" if first_steps else "first steps"
+            ax.set_title(f"{m.split('/')[-1]}, mean of the {steps}")
+            ax.grid(alpha=0.3)
+        _legend(fig, list(handles.values()), list(handles.keys()))
+        return _save(fig, path)
+
