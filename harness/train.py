@@ -1,11 +1,14 @@
 """``gkd-train``: one GKD training run through ms-swift's own CLI (thin Hydra entry point).
 
-``main`` only hands the composed config to :func:`train`, which does the work:
+``main`` hands the composed config to :func:`train`, which does the work:
 
-validate (before any model loads) -> skip if the run folder already says completed (sweep resume) ->
-prepare the embedded assets if needed -> run folder (config.yaml, summary.json "running") -> plugin settings,
-``WANDB_*`` and torchrun variables -> ``swift rlhf`` / ``megatron rlhf`` as a subprocess (output teed to
-``swift.log``) -> check the world size -> summary.json "completed", or "failed" with the error (then raise).
+typed config (once) -> validation (before any model loads) -> the launch plan (``harness.launch_plan``) ->
+with ``run.dry_run=true``: print the plan and stop -> skip if the run folder already completed with the same
+config -> run folder (config.yaml, summary.json "running") -> plugin settings (the typed config serialised) ->
+``swift rlhf`` / ``megatron rlhf`` as a subprocess (output to ``swift.log``) -> summary.json "completed", or
+"failed" with the error.
+
+Exit codes: 0 completed (or skipped), 1 the run failed, 2 a config or input error.
 """
 from __future__ import annotations
 
@@ -18,113 +21,71 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
-import hydra
-from omegaconf import DictConfig, OmegaConf
-
-from harness.swift_args import ResolvedInputs, build_argv
-from harness.tracking import RunFolder, flatten, redact, resolve_wandb_mode, wandb_env
-from harness.validate import EMBEDDED, get, validate_config
+from harness.config import ConfigError, TrainConfig, flat_items, register_schemas, to_dict, to_typed
+from harness.launch_plan import LaunchPlan, build_plan, resolve_inputs
 
 log = logging.getLogger("gkd_harness.train")
 PLUGIN_SETTINGS_FILE = "plugin_settings.json"
-#: The repository's config tree (absolute: Hydra would read a relative path as a Python package).
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
+EXIT_FAILED, EXIT_CONFIG = 1, 2
 
 
 class TrainingFailed(RuntimeError):
     """ms-swift's process failed, or the run did not meet the harness's own checks."""
 
 
-def _container(cfg: Any) -> Dict[str, Any]:
-    if isinstance(cfg, DictConfig):
-        return OmegaConf.to_container(cfg, resolve=True)
-    return dict(cfg)
+def harness_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("gkd-harness")
+    except Exception:  # noqa: BLE001 - running from a source tree without metadata
+        return "0+unknown"
 
 
-def resolve_inputs(cfg: Any) -> ResolvedInputs:
-    """Concrete student / teacher / dataset; builds (or reuses) the embedded assets when asked for."""
-    student, teacher, dataset = str(get(cfg, "model.student")), str(get(cfg, "model.teacher")), get(cfg, "run.dataset",
-                                                                                                     None)
-    if EMBEDDED in (student, teacher) or dataset is None:
-        from harness.embedded import EmbeddedSpec, prepare_embedded
-
-        assets = prepare_embedded(EmbeddedSpec.from_mapping(get(cfg, "model.embedded", None)))
-        student = str(assets.student_dir) if student == EMBEDDED else student
-        teacher = str(assets.teacher_dir) if teacher == EMBEDDED else teacher
-        dataset = str(assets.dataset_path) if dataset is None else dataset
-    return ResolvedInputs(student=student, teacher=teacher, dataset=str(dataset))
-
-
-def resolve_device(cfg: Any) -> str:
-    device = get(cfg, "run.device", "auto")
-    if device == "auto":
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
-def _run_name(cfg: Any, run_dir: Path) -> str:
-    name = get(cfg, "run.name", None)
-    if name:
-        return str(name)
+def _hydra_run_name() -> Optional[str]:
     try:
         from hydra.core.hydra_config import HydraConfig
 
-        override = HydraConfig.get().job.override_dirname
-        if override:
-            return str(override)
+        return HydraConfig.get().job.override_dirname or None
     except Exception:  # noqa: BLE001 - not inside a Hydra app
-        pass
-    return run_dir.name
+        return None
 
 
-def plugin_settings(cfg: Any, run_dir: Path, flat_config: Dict[str, Any]) -> Dict[str, Any]:
-    """What the plugin inside ms-swift needs (written to ``run_dir/plugin_settings.json``)."""
-    return {
-        "run_dir": str(run_dir),
-        "precision": get(cfg, "loss.precision"),
-        "beta_form": get(cfg, "loss.beta_form"),
-        "student_dtype": get(cfg, "model.student_dtype", None),
-        "teacher_dtype": get(cfg, "model.teacher_dtype", None),
-        "monitor": {
-            "enabled": bool(get(cfg, "monitor.enabled", True)),
-            "spot_every": int(get(cfg, "monitor.spot_check.every_n_steps", 0) or 0),
-            "spot_max_tokens": int(get(cfg, "monitor.spot_check.max_tokens", 256)),
-            "param_grad": bool(get(cfg, "monitor.spot_check.param_grad", False)),
-            "capture": bool(get(cfg, "monitor.capture", False)),
-        },
-        "backend": get(cfg, "backend.name"),
-        "harness_config": flat_config,
-    }
+def run_name_for(cfg: TrainConfig, run_dir: Path) -> str:
+    """``run.name``, else Hydra's override_dirname, else the run folder's name."""
+    return cfg.run.name or _hydra_run_name() or run_dir.name
 
 
-def subprocess_env(cfg: Any, run_dir: Path, run_name: str, wandb_mode: str, settings_path: Path,
-                   launch_env: Dict[str, str], device: str = "cpu") -> Dict[str, str]:
-    """Environment of the ms-swift process: ``launch_env`` (torchrun variables, from
-    ``launch.env.swift_launch_env``) plus rollout extras, WANDB_* and the plugin settings path."""
-    env = dict(launch_env)
-    from harness.rollout import rollout_env
-
-    extra = rollout_env(cfg, device=device)
-    env.update(extra)
-    if "NPROC_PER_NODE" in extra and not env.get("MASTER_PORT"):
-        from launch.env import free_port
-
-        env["MASTER_PORT"] = str(free_port())
-    wcfg = _container(get(cfg, "tracking.wandb", {}))
-    env.update(wandb_env(wcfg, wandb_mode, run_dir, run_name))
-    env["GKD_HARNESS_PLUGIN_SETTINGS"] = str(settings_path)
-    if get(cfg, "model.student") == EMBEDDED:
-        env.setdefault("HF_HUB_OFFLINE", "1")  # the embedded models never need a hub
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+def plugin_settings(cfg: TrainConfig, run_dir: Path) -> Dict[str, Any]:
+    """What the plugin inside ms-swift's ranks receives: the run folder and the typed config serialised."""
+    return {"run_dir": str(run_dir), "config": to_dict(cfg), "harness_version": harness_version()}
 
 
-def _expected_world_size(env: Dict[str, str]) -> int:
-    return int(env.get("NPROC_PER_NODE") or 1) * int(env.get("NNODES") or 1)
+def _wandb_mode(cfg: TrainConfig, dry_run: bool) -> str:
+    from harness.tracking import resolve_wandb_mode
+
+    mode = cfg.tracking.wandb.mode
+    return mode if dry_run else resolve_wandb_mode(mode)
+
+
+def _wandb_vars(cfg: TrainConfig, mode: str, run_dir: Path, run_name: str) -> Dict[str, str]:
+    import dataclasses
+
+    from harness.tracking import wandb_env
+
+    return wandb_env(dataclasses.asdict(cfg.tracking.wandb), mode, run_dir, run_name)
+
+
+def make_plan(cfg: TrainConfig, run_dir: Path, base_env: Optional[Dict[str, str]] = None, dry_run: bool = False,
+              extra_args: Sequence[str] = (), settings_path: Optional[Path] = None) -> LaunchPlan:
+    """The launch plan of this node for ``cfg`` (nothing is built in a dry run)."""
+    base_env = dict(os.environ if base_env is None else base_env)
+    run_name = run_name_for(cfg, run_dir)
+    mode = _wandb_mode(cfg, dry_run)
+    return build_plan(cfg, base_env, run_dir, run_name, mode, _wandb_vars(cfg, mode, run_dir, run_name),
+                      settings_path, resolve_inputs(cfg, build=not dry_run), extra_args=extra_args)
 
 
 def _last_error_line(log_path: Path) -> str:
@@ -145,8 +106,8 @@ def _last_error_line(log_path: Path) -> str:
     return lines[-1].strip() if lines else ""
 
 
-def _run_subprocess(argv: List[str], env: Dict[str, str], log_path: Path) -> int:
-    """Run ms-swift, teeing its output to the console and ``log_path``; returns the exit code."""
+def _run_subprocess(argv: List[str], env: Dict[str, str], log_path: Path, stream: bool) -> int:
+    """Run ms-swift, writing its output to ``log_path`` (and the console when ``stream``); returns the exit code."""
     # The CLI of the interpreter's own environment (e.g. .venv-vllm/bin/swift), even when that bin is not on PATH.
     local = Path(sys.executable).parent / argv[0]
     if local.is_file() and os.access(local, os.X_OK):
@@ -157,8 +118,9 @@ def _run_subprocess(argv: List[str], env: Dict[str, str], log_path: Path) -> int
             for chunk in iter(lambda: proc.stdout.readline(), b""):
                 logf.write(chunk)
                 logf.flush()
-                sys.stdout.buffer.write(chunk)
-                sys.stdout.flush()
+                if stream:
+                    sys.stdout.buffer.write(chunk)
+                    sys.stdout.flush()
         except BaseException:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -171,68 +133,64 @@ def _run_subprocess(argv: List[str], env: Dict[str, str], log_path: Path) -> int
 
 def _failure(argv: List[str], rc: int, log_path: Path) -> TrainingFailed:
     how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
-    return TrainingFailed(f"ms-swift ({argv[0]} {argv[1]}) failed with {how}: {_last_error_line(log_path)}")
+    return TrainingFailed(f"ms-swift ({Path(argv[0]).name} {argv[1]}) failed with {how}: "
+                          f"{_last_error_line(log_path)} (log: {log_path})")
 
 
-def _launch(cfg: Any, run_dir: Path, run_name: str, wandb_mode: str, settings_path: Path, launch_env: Dict[str, str],
-            log_path: Path, folder: Optional[RunFolder] = None, extra_args: Optional[List[str]] = None) -> Dict[str, str]:
-    """Build argv / env, start ms-swift, raise :class:`TrainingFailed` on a non-zero exit; returns the env used.
-
-    ``folder`` (main node only): record the resolved inputs in summary.json and the command in command.json.
-    """
-    inputs = resolve_inputs(cfg)
-    device = resolve_device(cfg)
-    env = subprocess_env(cfg, run_dir, run_name, wandb_mode, settings_path, launch_env, device=device)
-    argv = build_argv(cfg, inputs, run_dir, device=device, wandb_mode=wandb_mode, run_name=run_name)
-    argv += list(extra_args or [])
-    if folder is not None:
-        folder.update_summary(inputs={"student": inputs.student, "teacher": inputs.teacher, "dataset": inputs.dataset})
-        shown = {k: v for k, v in env.items() if k.startswith(("WANDB_", "NPROC", "NNODES", "NODE_RANK", "MASTER_",
-                                                                "GKD_", "VLLM_")) and k != "WANDB_API_KEY"}
-        (run_dir / "command.json").write_text(json.dumps({"argv": argv, "env": shown}, indent=1))
-    log.info("running: " + " ".join(argv))
-    rc = _run_subprocess(argv, env, log_path)
+def _execute(plan: LaunchPlan, log_path: Path, stream: bool) -> None:
+    log.info("running: " + " ".join(plan.argv))
+    rc = _run_subprocess(plan.argv, plan.process_env(os.environ), log_path, stream)
     if rc != 0:
-        raise _failure(argv, rc, log_path)
-    return env
+        raise _failure(plan.argv, rc, log_path)
+
+
+def dry_run(cfg: TrainConfig, run_dir: Path, base_env: Optional[Dict[str, str]] = None) -> str:
+    """The plan as text (argv and torchrun variables); loads nothing, starts nothing, writes nothing."""
+    plan = make_plan(cfg, run_dir, base_env=base_env, dry_run=True)
+    return f"# gkd-train dry run: run folder {run_dir}\n" + plan.render()
 
 
 def train(cfg: Any) -> Dict[str, Any]:
     """Run one GKD training through ms-swift; returns the final ``summary.json`` content.
 
-    Multi-node: every node runs this; only the main node (``launch.env.is_main_node``) owns the run folder's
-    config.yaml / summary.json (global rank 0 writes metrics.jsonl from inside ms-swift). Other nodes start their
-    ms-swift process with node-local plugin settings and raise if it fails.
-    """
-    from launch.env import is_main_node, swift_launch_env
-    from launch.resume import resume_args
+    Multi-node: every node runs this; only the main node (``harness.dist_env.is_main_node``) owns the run folder's
+    config.yaml / summary.json (the rank that computes the loss writes metrics.jsonl from inside ms-swift). Other
+    nodes start their ms-swift process with node-local plugin settings and raise if it fails.
 
-    run_dir = Path(str(get(cfg, "run.output_dir", "") or "outputs/unnamed")).expanduser().resolve()
+    Raises:
+        ConfigError: an invalid config (before any model loads or anything is written).
+        TrainingFailed: ms-swift failed, or the run did not meet the harness's checks.
+    """
+    from harness.checkpoints import resume_args
+    from harness.dist_env import is_main_node
+    from harness.tracking import RunFolder, flatten, redact
+    from harness.validate import validate_config
+
+    cfg = to_typed(cfg)
+    validate_config(cfg)
+    run_dir = Path(cfg.run.output_dir).expanduser().resolve()
+    if cfg.run.dry_run:
+        sys.stdout.write(dry_run(cfg, run_dir))
+        return {"status": "dry_run"}
+    make_plan(cfg, run_dir, dry_run=True)  # the layout's own checks, before anything is built or written
+
     folder = RunFolder(run_dir)
-    try:
-        validate_config(cfg)
-        launch_env = swift_launch_env(cfg, dict(os.environ))
-    except ValueError as e:
-        log.error(f"invalid config: {e}")
-        raise
     if folder.is_completed():
         log.info(f"{run_dir}: summary.json says completed, skipping (sweep resume)")
         return folder.read_summary()
-    container = redact(_container(cfg))
-    flat = flatten(container)
-    run_name = _run_name(cfg, run_dir)
-    wandb_mode = resolve_wandb_mode(get(cfg, "tracking.wandb.mode", "disabled"))
-    # run.resume: continue an unfinished run from its newest complete ms-swift checkpoint (launch.resume)
-    resume = resume_args(bool(get(cfg, "run.resume", False)), run_dir) if folder.read_summary() else []
+    flat = flatten(redact(to_dict(cfg)))
+    run_name = run_name_for(cfg, run_dir)
+    env = dict(os.environ)
+    # run.resume: continue an unfinished run from its newest complete ms-swift checkpoint
+    resume = resume_args(cfg.run.resume, run_dir) if folder.read_summary() else []
 
-    if not is_main_node(launch_env):
-        node = launch_env.get("NODE_RANK", "?")
-        node_dir = Path(tempfile.mkdtemp(prefix=f"gkd-node{node}-"))
-        settings_path = node_dir / PLUGIN_SETTINGS_FILE
-        settings_path.write_text(json.dumps(plugin_settings(cfg, run_dir, flat), indent=1, default=str))
+    if not is_main_node(env):
+        node = env.get("NODE_RANK") or env.get("SLURM_NODEID", "?")
+        settings_path = Path(tempfile.mkdtemp(prefix=f"gkd-node{node}-")) / PLUGIN_SETTINGS_FILE
+        settings_path.write_text(json.dumps(plugin_settings(cfg, run_dir), indent=1))
         run_dir.mkdir(parents=True, exist_ok=True)
-        _launch(cfg, run_dir, run_name, wandb_mode, settings_path, launch_env, run_dir / f"swift.node{node}.log",
-                extra_args=resume)
+        plan = make_plan(cfg, run_dir, extra_args=resume, settings_path=settings_path)
+        _execute(plan, run_dir / f"swift.node{node}.log", stream=cfg.run.verbose)
         return folder.read_summary() or {}
 
     if resume:
@@ -245,25 +203,30 @@ def train(cfg: Any) -> Dict[str, Any]:
         if previous is not None:
             log.info(f"{run_dir}: an earlier attempt did not complete; its files moved to {previous}")
         folder.create()
-        folder.write_config(OmegaConf.to_yaml(OmegaConf.create(container)))
-        folder.start_summary(run_name, get(cfg, "tracking.wandb.group", None), flat)
+        from omegaconf import OmegaConf
+
+        folder.write_config(OmegaConf.to_yaml(OmegaConf.create(redact(to_dict(cfg)))))
+        folder.start_summary(run_name, cfg.tracking.wandb.group, flat)
     try:
-        folder.update_summary(wandb_mode=wandb_mode)
-        settings = plugin_settings(cfg, run_dir, flat)
+        settings_path = run_dir / PLUGIN_SETTINGS_FILE
+        settings = plugin_settings(cfg, run_dir)
         if resume:
-            from harness.instrument import CUMULATIVE_METRICS
+            from harness.metric_names import CUMULATIVE_METRICS
             from harness.tracking import read_metrics
 
             rows = read_metrics(folder.metrics_path)
             settings["resume_totals"] = {k: rows[-1][k] for k in CUMULATIVE_METRICS if rows and k in rows[-1]}
-        settings_path = run_dir / PLUGIN_SETTINGS_FILE
-        settings_path.write_text(json.dumps(settings, indent=1, default=str))
-        env = _launch(cfg, run_dir, run_name, wandb_mode, settings_path, launch_env, run_dir / "swift.log", folder,
-                      extra_args=resume)
-        expected = _expected_world_size(env)
+        settings_path.write_text(json.dumps(settings, indent=1))
+        plan = make_plan(cfg, run_dir, extra_args=resume, settings_path=settings_path)
+        folder.update_summary(wandb_mode=plan.env.get("WANDB_MODE", "disabled"),
+                              inputs={"student": plan.inputs.student, "teacher": plan.inputs.teacher,
+                                      "dataset": plan.inputs.dataset})
+        (run_dir / "command.json").write_text(json.dumps({"argv": plan.argv, "env": plan.shown_env()}, indent=1))
+        _execute(plan, run_dir / "swift.log", stream=cfg.run.verbose)
         seen = (folder.read_summary() or {}).get("world_size")
         if seen is None:
             raise TrainingFailed("the harness plugin never reported (was --external_plugins loaded?)")
+        expected = plan.layout.world_size
         if expected > 1 and int(seen) != expected:
             raise TrainingFailed(f"expected a process group of {expected} ranks but training saw world size {seen}: "
                                  "ranks trained alone (on CPU, --use_cpu true is required for gloo DDP)")
@@ -273,11 +236,83 @@ def train(cfg: Any) -> Dict[str, Any]:
     return folder.finish_summary("completed", None)
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
-def main(cfg: DictConfig) -> Optional[float]:
-    """Hydra entry point (``gkd-train``): compose, then :func:`train`."""
-    summary = train(cfg)
+# ------------------------------------------------------------------------------------------------ entry point
+def _is_multirun() -> bool:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        return HydraConfig.get().mode == RunMode.MULTIRUN
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _verbose(cfg: Any) -> bool:
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        return True
+    try:
+        return bool(cfg.run.verbose)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _job(cfg) -> Optional[int]:
+    """The Hydra job: :func:`train`, with one-line errors. A single run exits 2 (config) or 1 (failed run); in a
+    sweep the error is re-raised so Hydra records the point as failed and the other points go on."""
+    try:
+        summary = train(cfg)
+    except (ConfigError, TrainingFailed) as e:
+        code = EXIT_CONFIG if isinstance(e, ConfigError) else EXIT_FAILED
+        what = "invalid config" if code == EXIT_CONFIG else "run failed"
+        print(f"gkd-train: {what}: {e}", file=sys.stderr)
+        if _verbose(cfg) or _is_multirun():
+            raise
+        sys.exit(code)
     return summary.get("last_step") if summary else None
+
+
+def _hydra_main() -> None:
+    import hydra
+
+    from harness.compose import CONFIG_NAME, CONFIG_PATH
+
+    register_schemas()
+    hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name=CONFIG_NAME)(_job)()
+
+
+def _flag_value(args: Sequence[str], key: str) -> Optional[str]:
+    for a in args:
+        k, sep, v = a.partition("=")
+        if sep and k.lstrip("+~") == key:
+            return v
+    return None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """``gkd-train [overrides]``: ``--version``; credential overrides refused before Hydra writes anything;
+    ``run.dry_run=true`` composes the config and prints the plan without creating a run folder."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--version" in args:
+        print(f"gkd-train (gkd-harness) {harness_version()}")
+        return
+    from harness.validate import refuse_credential_overrides
+
+    overrides = [a for a in args if not a.startswith("-")]
+    try:
+        refuse_credential_overrides(overrides)
+        dry = (_flag_value(overrides, "run.dry_run") or "").lower() in ("true", "1", "yes")
+        if dry and not any(a in ("-m", "--multirun") or a.startswith("--") for a in args):
+            from harness.compose import point_config
+
+            cfg, run_dir = point_config(overrides)
+            train(cfg)
+            return
+    except ConfigError as e:
+        print(f"gkd-train: invalid config: {e}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+    if argv is not None:
+        sys.argv = [sys.argv[0], *args]
+    _hydra_main()
 
 
 if __name__ == "__main__":  # pragma: no cover

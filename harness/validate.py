@@ -1,91 +1,73 @@
-"""Validation of a harness config before any model loads; every error names the offending key.
+"""Range and cross-field rules of a :class:`~harness.config.TrainConfig`, run once before any model loads.
 
-:func:`validate_config` checks types and ranges of the DESIGN keys (β ∈ [0, 1], T > 0, top-k ≥ 1 and ≤ the
-vocabulary, known precision / β form / dtypes / backend, existing model paths, matching vocabularies unless
-``model.vocab_alignment`` is set) and delegates the rollout group to ``harness.rollout.validate_rollout``.
-It reads only small files (``config.json`` of local models); nothing is loaded.
+Types and structure are the schema's job (``harness.config``); this module checks what a type cannot say: β in
+[0, 1], a positive temperature, finite numbers, existing model folders, matching vocabularies, a rollout engine
+that fits ``gkd.lmbda``, no boundary cast on Megatron unless asked for, and hub ids that cannot be fetched while
+offline. Every error is a :class:`~harness.config.ConfigError` naming the key. It reads only small files
+(``config.json`` of local models) and imports neither torch nor ms-swift.
 """
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Optional
 
-from harness.losses import BETA_FORMS, DTYPES_BY_NAME, PRECISIONS
+from harness.config import (
+    BACKENDS, BETA_FORMS, DEVICES, DTYPE_NAMES, EMBEDDED, PRECISIONS, WANDB_MODES, ConfigError,
+    MegatronBackendConfig, TrainConfig, flat_items,
+)
+from harness.rollout_config import validate_rollout
 
-EMBEDDED = "embedded"
-DTYPES = tuple(DTYPES_BY_NAME)
-BACKENDS = ("hf", "megatron")
-DEVICES = ("auto", "cpu", "cuda")
-_MISSING = object()
-
-
-class ConfigError(ValueError):
-    """An invalid config value; ``key`` is the dotted config key."""
-
-    def __init__(self, key: str, message: str):
-        self.key = key
-        super().__init__(f"{key}: {message}")
+#: config keys whose last part looks like a credential (never accepted: use the environment variable instead)
+CREDENTIAL_WORDS = ("api_key", "apikey", "token", "password", "secret")
+#: the smallest vocabulary the byte-level embedded tokenizer can have (256 bytes + chat tokens + merges)
+MIN_EMBEDDED_VOCAB = 300
 
 
-def get(cfg: Any, dotted: str, default: Any = _MISSING) -> Any:
-    """``cfg["a"]["b"]`` for ``"a.b"`` on a DictConfig or nested dict; ``default`` (or ConfigError) if absent."""
-    node = cfg
-    for part in dotted.split("."):
-        try:
-            if node is None or part not in node:
-                raise KeyError
-            node = node[part]
-        except Exception:  # noqa: BLE001 - KeyError, OmegaConf missing value, interpolation errors
-            if default is _MISSING:
-                raise ConfigError(dotted, "missing") from None
-            return default
-    return node
+def is_credential_key(key: str) -> bool:
+    """True for ``tracking.wandb.api_key``, ``hub_token``, ``password`` ...; false for ``max_tokens``."""
+    last = key.rsplit(".", 1)[-1].lower().lstrip("+~")
+    if last.endswith("tokens") or last.startswith("max_"):
+        return False
+    return any(last == w or last.endswith("_" + w) or last.endswith(w) for w in CREDENTIAL_WORDS)
 
 
-def _number(cfg, key, kind=float, default=_MISSING):
-    value = get(cfg, key, default)
-    if isinstance(value, bool) or value is None:
-        raise ConfigError(key, f"must be a number, got {value!r}")
-    try:
-        out = kind(value)
-    except (TypeError, ValueError):
-        raise ConfigError(key, f"must be a number, got {value!r}") from None
-    if kind is int and out != value:
-        raise ConfigError(key, f"must be an integer, got {value!r}")
-    if kind is float and math.isnan(out):
-        raise ConfigError(key, "must not be NaN")
-    return out
+def refuse_credential_overrides(overrides) -> None:
+    """Refuse ``key=value`` overrides whose key looks like a credential, before Hydra writes anything.
 
-
-def _bool(cfg, key, default=_MISSING):
-    value = get(cfg, key, default)
-    if not isinstance(value, bool):
-        raise ConfigError(key, f"must be true or false, got {value!r}")
-    return value
-
-
-def _choice(cfg, key, choices, default=_MISSING):
-    value = get(cfg, key, default)
-    if value not in choices:
-        raise ConfigError(key, f"must be one of {list(choices)}, got {value!r}")
-    return value
+    Raises:
+        ConfigError: naming the key and the environment variable to use instead.
+    """
+    for item in overrides:
+        key = str(item).split("=", 1)[0]
+        if "=" in str(item) and is_credential_key(key):
+            hint = "WANDB_API_KEY" if "wandb" in key.lower() else "the tool's own environment variable (e.g. HF_TOKEN)"
+            raise ConfigError(key.lstrip("+~"), f"credentials are never accepted as config values (they would land in "
+                              f"the run folder and in wandb); set {hint} in the environment instead")
 
 
 def is_local_path(value: str) -> bool:
     return value.startswith(("/", "./", "../", "~")) or Path(value).expanduser().exists()
 
 
-def model_vocab_size(cfg: Any, key: str) -> Optional[int]:
-    """Vocabulary size of ``model.student`` / ``model.teacher`` without loading it (None if unknown)."""
-    value = get(cfg, key)
-    if value == EMBEDDED:
-        from harness.embedded import EmbeddedSpec
+def _in_hub_cache(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover - a dependency of transformers
+        return True
+    hit = try_to_load_from_cache(repo_id, "config.json")
+    return isinstance(hit, str)
 
-        return EmbeddedSpec.from_mapping(get(cfg, "model.embedded", None)).vocab_size
-    path = Path(str(value)).expanduser()
-    conf = path / "config.json"
+
+def _offline() -> bool:
+    return any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on") for k in ("HF_HUB_OFFLINE",
+                                                                                      "TRANSFORMERS_OFFLINE"))
+
+
+def local_vocab_size(path: str) -> Optional[int]:
+    conf = Path(path).expanduser() / "config.json"
     if conf.is_file():
         data = json.loads(conf.read_text())
         vocab = data.get("vocab_size") or (data.get("text_config") or {}).get("vocab_size")
@@ -93,11 +75,21 @@ def model_vocab_size(cfg: Any, key: str) -> Optional[int]:
     return None
 
 
-def _check_model(cfg: Any, key: str) -> None:
-    value = get(cfg, key)
-    if not isinstance(value, str) or not value:
+def model_vocab_size(cfg: TrainConfig, side: str) -> Optional[int]:
+    """Vocabulary size of the student or teacher without loading it (None if unknown)."""
+    value = getattr(cfg.model, side)
+    if value == EMBEDDED:
+        return cfg.model.embedded.vocab_size if cfg.model.embedded is not None else None
+    return local_vocab_size(value)
+
+
+def _check_model(cfg: TrainConfig, side: str, dry_run: bool) -> None:
+    key, value = f"model.{side}", getattr(cfg.model, side)
+    if not value:
         raise ConfigError(key, f"must be '{EMBEDDED}', a local model folder or a hub id, got {value!r}")
     if value == EMBEDDED:
+        if cfg.model.embedded is None:
+            raise ConfigError("model.embedded", f"must be set when {key}={EMBEDDED}")
         return
     if is_local_path(value):
         path = Path(value).expanduser()
@@ -105,132 +97,134 @@ def _check_model(cfg: Any, key: str) -> None:
             raise ConfigError(key, f"model folder {value} does not exist")
         if not (path / "config.json").is_file():
             raise ConfigError(key, f"{value} has no config.json (not a model folder)")
+    elif _offline() and not dry_run and not _in_hub_cache(value):
+        raise ConfigError(key, f"{value!r} is not a local folder and not in the Hugging Face cache, and "
+                          "HF_HUB_OFFLINE is set: point the key at a local copy (configs/local/default.yaml)")
 
 
-def validate_config(cfg: Any) -> None:
+def _finite(key: str, value: Any) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(key, f"must be a finite number, got {value}")
+
+
+def _at_least(key: str, value: Optional[int], low: int, nullable: bool = False) -> None:
+    if value is None and nullable:
+        return
+    if value is None or value < low:
+        raise ConfigError(key, f"must be an integer >= {low}{' or null' if nullable else ''}, got {value}")
+
+
+def _embedded(cfg: TrainConfig) -> None:
+    spec = cfg.model.embedded
+    if spec is None:
+        return
+    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                 "intermediate_size", "num_samples"):
+        _at_least(f"model.embedded.{name}", getattr(spec, name), 1)
+    if spec.vocab_size < MIN_EMBEDDED_VOCAB:
+        raise ConfigError("model.embedded.vocab_size", f"must be >= {MIN_EMBEDDED_VOCAB} (256 bytes + chat tokens + "
+                          "merges)")
+    if spec.num_heads % spec.num_kv_heads:
+        raise ConfigError("model.embedded.num_kv_heads", "must divide model.embedded.num_heads")
+    if not spec.teacher_noise >= 0:
+        raise ConfigError("model.embedded.teacher_noise", f"must be >= 0, got {spec.teacher_noise}")
+    if not spec.init_std > 0:
+        raise ConfigError("model.embedded.init_std", f"must be > 0, got {spec.init_std}")
+
+
+def validate_config(cfg: TrainConfig) -> None:
     """Raise :class:`ConfigError` (a ValueError naming the key) for the first invalid value in ``cfg``."""
-    _choice(cfg, "loss.precision", PRECISIONS)
-    _choice(cfg, "loss.beta_form", BETA_FORMS)
+    for key, value in flat_items(cfg).items():
+        _finite(key, value)
+        if is_credential_key(key):
+            raise ConfigError(key, "credentials are never accepted as config values; use the environment")
 
-    beta = _number(cfg, "gkd.beta")
-    if not 0.0 <= beta <= 1.0:
-        raise ConfigError("gkd.beta", f"must lie in [0, 1], got {beta}")
-    temperature = _number(cfg, "gkd.temperature")
-    if not (temperature > 0 and math.isfinite(temperature)):
-        raise ConfigError("gkd.temperature", f"must be > 0, got {temperature}")
-    sft_alpha = _number(cfg, "gkd.sft_alpha", default=0.0)
-    if sft_alpha < 0 or not math.isfinite(sft_alpha):
-        raise ConfigError("gkd.sft_alpha", f"must be >= 0, got {sft_alpha}")
-    if _bool(cfg, "gkd.seq_kd", default=False):
+    if cfg.loss.precision not in PRECISIONS:
+        raise ConfigError("loss.precision", f"must be one of {list(PRECISIONS)}, got {cfg.loss.precision!r}")
+    if cfg.loss.beta_form not in BETA_FORMS:
+        raise ConfigError("loss.beta_form", f"must be one of {list(BETA_FORMS)}, got {cfg.loss.beta_form!r}")
+
+    gkd = cfg.gkd
+    if not 0.0 <= gkd.beta <= 1.0:
+        raise ConfigError("gkd.beta", f"must lie in [0, 1], got {gkd.beta}")
+    if not gkd.temperature > 0:
+        raise ConfigError("gkd.temperature", f"must be > 0, got {gkd.temperature}")
+    if gkd.sft_alpha < 0:
+        raise ConfigError("gkd.sft_alpha", f"must be >= 0, got {gkd.sft_alpha}")
+    if gkd.seq_kd:
         raise ConfigError("gkd.seq_kd", "sequential KD is not implemented by ms-swift's GKD trainer; set false")
 
     # models
-    for key in ("model.student", "model.teacher"):
-        _check_model(cfg, key)
-    for key in ("model.student_dtype", "model.teacher_dtype"):
-        value = get(cfg, key, None)
-        if value is not None and value not in DTYPES:
-            raise ConfigError(key, f"must be one of {list(DTYPES)} or null, got {value!r}")
-    torch_dtype = get(cfg, "model.torch_dtype", None)
-    if torch_dtype is not None and torch_dtype not in DTYPES:
-        raise ConfigError("model.torch_dtype", f"must be one of {list(DTYPES)} or null, got {torch_dtype!r}")
-    if EMBEDDED in (get(cfg, "model.student"), get(cfg, "model.teacher")):
-        from harness.embedded import EmbeddedSpec
-
-        try:
-            spec = EmbeddedSpec.from_mapping(get(cfg, "model.embedded", None))
-        except TypeError as e:
-            raise ConfigError("model.embedded", str(e)) from None
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-                     "intermediate_size", "num_samples"):
-            if not isinstance(getattr(spec, name), int) or getattr(spec, name) < 1:
-                raise ConfigError(f"model.embedded.{name}", f"must be an integer >= 1, got {getattr(spec, name)!r}")
-        if spec.vocab_size < 300:
-            raise ConfigError("model.embedded.vocab_size", "must be >= 300 (256 bytes + chat tokens + merges)")
-        if spec.num_heads % spec.num_kv_heads:
-            raise ConfigError("model.embedded.num_kv_heads", "must divide model.embedded.num_heads")
-        if not spec.teacher_noise >= 0:
-            raise ConfigError("model.embedded.teacher_noise", f"must be >= 0, got {spec.teacher_noise}")
-        if not spec.init_std > 0:
-            raise ConfigError("model.embedded.init_std", f"must be > 0, got {spec.init_std}")
-
-    v_s, v_t = model_vocab_size(cfg, "model.student"), model_vocab_size(cfg, "model.teacher")
-    if v_s is not None and v_t is not None and v_s != v_t and not get(cfg, "model.vocab_alignment", False):
+    for side in ("student", "teacher"):
+        _check_model(cfg, side, cfg.run.dry_run)
+    for key in ("student_dtype", "teacher_dtype", "torch_dtype"):
+        value = getattr(cfg.model, key)
+        if value is not None and value not in DTYPE_NAMES:
+            raise ConfigError(f"model.{key}", f"must be one of {list(DTYPE_NAMES)} or null, got {value!r}")
+    _embedded(cfg)
+    v_s, v_t = model_vocab_size(cfg, "student"), model_vocab_size(cfg, "teacher")
+    if v_s is not None and v_t is not None and v_s != v_t and not cfg.model.vocab_alignment:
         raise ConfigError("model.teacher", f"vocab size {v_t} differs from model.student's {v_s}; set "
                           "model.vocab_alignment=true to let ms-swift pad the smaller vocabulary")
-
-    topk = get(cfg, "gkd.topk", None)
-    if topk is not None:
-        topk = _number(cfg, "gkd.topk", int)
-        if topk < 1:
-            raise ConfigError("gkd.topk", f"must be >= 1 or null (full vocabulary), got {topk}")
-        vocab = min(v for v in (v_s, v_t) if v is not None) if (v_s or v_t) else None
-        if vocab is not None and topk > vocab:
-            raise ConfigError("gkd.topk", f"must be <= the vocabulary size {vocab}, got {topk}")
+    if gkd.topk is not None:
+        _at_least("gkd.topk", gkd.topk, 1)
+        known = [v for v in (v_s, v_t) if v is not None]
+        if known and gkd.topk > min(known):
+            raise ConfigError("gkd.topk", f"must be <= the vocabulary size {min(known)}, got {gkd.topk}")
 
     # backend
-    backend = _choice(cfg, "backend.name", BACKENDS)
-    nproc = get(cfg, "backend.nproc_per_node", None)
-    if nproc is not None and _number(cfg, "backend.nproc_per_node", int) < 1:
-        raise ConfigError("backend.nproc_per_node", f"must be >= 1 or null, got {nproc}")
-    if backend == "megatron":
+    backend = cfg.backend
+    if backend.name not in BACKENDS:
+        raise ConfigError("backend.name", f"must be one of {list(BACKENDS)}, got {backend.name!r}")
+    _at_least("backend.nproc_per_node", backend.nproc_per_node, 1, nullable=True)
+    _at_least("backend.nnodes", backend.nnodes, 1, nullable=True)
+    if backend.node_rank is not None and not 0 <= backend.node_rank < (backend.nnodes or 1 << 30):
+        raise ConfigError("backend.node_rank", f"must be in [0, backend.nnodes), got {backend.node_rank}")
+    if backend.master_port is not None and not 0 < backend.master_port < 65536:
+        raise ConfigError("backend.master_port", f"must be a TCP port, got {backend.master_port}")
+    if isinstance(backend, MegatronBackendConfig):
         for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
                     "micro_batch_size"):
-            if _number(cfg, f"backend.{key}", int, default=1) < 1:
-                raise ConfigError(f"backend.{key}", "must be >= 1")
+            _at_least(f"backend.{key}", getattr(backend, key), 1)
+        _at_least("backend.global_batch_size", backend.global_batch_size, 1, nullable=True)
+        if (cfg.model.student_dtype or cfg.model.teacher_dtype) and not cfg.model.megatron_boundary_cast:
+            key = "model.student_dtype" if cfg.model.student_dtype else "model.teacher_dtype"
+            raise ConfigError(key, "a boundary cast on the Megatron backend measures a configuration Megatron never "
+                              "produces (its student logits arrive FP32, the teacher's BF16): set "
+                              "model.student_dtype=null model.teacher_dtype=null, or "
+                              "model.megatron_boundary_cast=true to cast anyway")
 
     # run
-    for key in ("run.max_steps", "run.per_device_batch_size", "run.grad_accum", "run.logging_steps"):
-        if _number(cfg, key, int, default=1) < 1:
-            raise ConfigError(key, f"must be an integer >= 1, got {get(cfg, key)}")
-    _number(cfg, "run.seed", int)
-    lr = _number(cfg, "run.learning_rate", default=1e-4)
-    if not lr >= 0:
-        raise ConfigError("run.learning_rate", f"must be >= 0, got {lr}")
-    if not str(get(cfg, "run.output_dir", "") or ""):
+    run = cfg.run
+    for key in ("max_steps", "per_device_batch_size", "grad_accum", "logging_steps", "max_length"):
+        _at_least(f"run.{key}", getattr(run, key), 1)
+    if not run.learning_rate >= 0:
+        raise ConfigError("run.learning_rate", f"must be >= 0, got {run.learning_rate}")
+    if not run.output_dir:
         raise ConfigError("run.output_dir", "must be set")
-    _choice(cfg, "run.device", DEVICES, default="auto")
-    save_steps = get(cfg, "run.save_steps", None)
-    if save_steps is not None and _number(cfg, "run.save_steps", int) < 1:
-        raise ConfigError("run.save_steps", f"must be null or an integer >= 1, got {save_steps}")
-    _bool(cfg, "run.resume", default=False)
-    dataset = get(cfg, "run.dataset", None)
-    if dataset is not None and is_local_path(str(dataset)) and not Path(str(dataset)).expanduser().exists():
-        raise ConfigError("run.dataset", f"{dataset} does not exist")
-    if dataset is None and get(cfg, "model.student") != EMBEDDED:
+    if run.device not in DEVICES:
+        raise ConfigError("run.device", f"must be one of {list(DEVICES)}, got {run.device!r}")
+    _at_least("run.save_steps", run.save_steps, 1, nullable=True)
+    if run.dataset is not None and is_local_path(run.dataset) and not Path(run.dataset).expanduser().exists():
+        raise ConfigError("run.dataset", f"{run.dataset} does not exist")
+    if run.dataset is None and cfg.model.student != EMBEDDED:
         raise ConfigError("run.dataset", "must be set when model.student is not the embedded model")
 
     # monitor
-    enabled = _bool(cfg, "monitor.enabled", default=True)
-    every = _number(cfg, "monitor.spot_check.every_n_steps", int, default=0)
-    if every < 0:
+    mon = cfg.monitor
+    if mon.spot_check.every_n_steps < 0:
         raise ConfigError("monitor.spot_check.every_n_steps", "must be >= 0 (0 = never)")
-    if _number(cfg, "monitor.spot_check.max_tokens", int, default=256) < 1:
-        raise ConfigError("monitor.spot_check.max_tokens", "must be >= 1")
-    # param-grad checks and captures happen on spot-check steps of the instrumented loss
-    for key in ("monitor.spot_check.param_grad", "monitor.capture"):
-        if _bool(cfg, key, default=False) and (not enabled or every == 0):
+    _at_least("monitor.spot_check.max_tokens", mon.spot_check.max_tokens, 1)
+    for key, on in (("monitor.spot_check.param_grad", mon.spot_check.param_grad), ("monitor.capture", mon.capture)):
+        if on and (not mon.enabled or mon.spot_check.every_n_steps == 0):
             raise ConfigError(key, "needs monitor.enabled=true and monitor.spot_check.every_n_steps > 0")
 
     # tracking
-    from harness.tracking import WANDB_MODES
-
-    _choice(cfg, "tracking.wandb.mode", WANDB_MODES)
-    tags = get(cfg, "tracking.wandb.tags", [])
-    if tags is not None and (isinstance(tags, (str, bytes)) or not hasattr(tags, "__iter__")):
-        raise ConfigError("tracking.wandb.tags", f"must be a list, got {tags!r}")
-
-    # rollout (vLLM helper's module; raises ValueError naming the key)
-    from harness.rollout import validate_rollout
+    if cfg.tracking.wandb.mode not in WANDB_MODES:
+        raise ConfigError("tracking.wandb.mode", f"must be one of {list(WANDB_MODES)}, got {cfg.tracking.wandb.mode!r}")
 
     validate_rollout(cfg)
 
 
-def validated(cfg: Any) -> Any:
-    """``validate_config(cfg)`` and return ``cfg`` (for chaining)."""
-    validate_config(cfg)
-    return cfg
-
-
-__all__ = ["ConfigError", "validate_config", "validated", "get", "model_vocab_size", "EMBEDDED"]
-
+__all__ = ["validate_config", "refuse_credential_overrides", "is_credential_key", "model_vocab_size",
+           "is_local_path", "ConfigError", "EMBEDDED"]

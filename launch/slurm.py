@@ -9,9 +9,10 @@ What it prints is produced by the real parts:
 
 - the sbatch script from submitit's own ``SlurmExecutor`` (the same parameters the Hydra submitit launcher passes,
   submitted as one job array over the sweep's points), including the ``srun`` line that starts one task per node;
-- for each point and each node, the environment that ``launch.env.swift_launch_env`` derives from that node's
-  SLURM variables, the ms-swift CLI command the harness runs there (``harness.swift_args``), and the torchrun
-  command ms-swift's CLI turns it into (``swift.cli.main.get_torchrun_args``).
+- for each point and each node, the launch plan ``gkd-train`` builds on that node from its SLURM variables
+  (``harness.launch_plan``, the same function ``gkd-train`` executes and ``gkd-train run.dry_run=true`` prints):
+  the torchrun variables, the ms-swift CLI command, and the torchrun command ms-swift's CLI turns it into
+  (``swift.cli.main.get_torchrun_args``).
 """
 
 from __future__ import annotations
@@ -24,17 +25,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
-from launch.env import DIST_KEYS, swift_launch_env
+from harness.compose import compose, point_config
+from harness.launch_plan import format_command
+from harness.train import make_plan
 from launch.sweep import point_name, sweep_points
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 DRY_JOB_ID = "4242"
-#: configs/hydra/launcher/submitit_*.yaml deliberately share the plugin's names (so `hydra/launcher=submitit_slurm`
-#: picks the harness defaults) and are therefore validated against the plugin's schema, which Hydra announces
-#: with a deprecation warning on every compose.
-SCHEMA_MATCH_WARNING = r"(?s).*'hydra/launcher/submitit_\w+' is validated against ConfigStore schema"
+DIST_KEYS = ("NPROC_PER_NODE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 def _slurm_executor_cls():
@@ -129,74 +128,17 @@ def torchrun_command(cli_argv: Sequence[str], env: dict[str, str]) -> list[str]:
     return ["python", "-m", "torch.distributed.run", *torchrun_args, route, *args]
 
 
-def compose(overrides: Sequence[str]) -> DictConfig:
-    """Compose ``configs/train.yaml`` with ``overrides`` (Hydra's compose API, hydra node included)."""
-    import warnings
-
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    with warnings.catch_warnings(), initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3",
-                                                          job_name="gkd-train"):
-        warnings.filterwarnings("ignore", message=SCHEMA_MATCH_WARNING)
-        return hydra_compose(config_name="train", overrides=list(overrides), return_hydra_config=True)
-
-
-def data_parallel_size(cfg: DictConfig, env: dict[str, str]) -> int:
-    """Data-parallel size of the whole job: all processes on all nodes over TP × PP × CP."""
-    world = int(env.get("NPROC_PER_NODE", 1)) * int(env.get("NNODES", 1))
-    model_parallel = 1
-    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
-        model_parallel *= int(OmegaConf.select(cfg, f"backend.{key}", default=None) or 1)
-    return max(1, world // model_parallel)
-
-
-def swift_cli_argv(cfg: DictConfig, env: dict[str, str], run_dir: Path) -> list[str]:
-    """The ms-swift CLI command the harness runs for ``cfg`` on a CUDA node (``swift rlhf`` / ``megatron rlhf``).
-
-    Built by ``harness.swift_args`` from the config as written (model ids / paths and ``run.dataset`` are not
-    resolved or downloaded: nothing loads in a dry run).
-    """
-    from harness import swift_args
-
-    dataset = OmegaConf.select(cfg, "run.dataset", default=None)
-    inputs = swift_args.ResolvedInputs(student=str(cfg.model.student), teacher=str(cfg.model.teacher),
-                                       dataset=str(dataset) if dataset is not None else "<run.dataset>")
-    wandb_mode = str(OmegaConf.select(cfg, "tracking.wandb.mode", default="offline"))
-    if OmegaConf.select(cfg, "backend.name") == "megatron":
-        return list(swift_args.megatron_argv(cfg, inputs, run_dir, wandb_mode=wandb_mode,
-                                             data_parallel_size=data_parallel_size(cfg, env)))
-    return list(swift_args.hf_argv(cfg, inputs, run_dir, device="cuda", wandb_mode=wandb_mode))
-
-
-def _point_cfg(overrides: Sequence[str], run_dir: Path) -> DictConfig:
-    cfg = OmegaConf.to_container(compose(overrides), resolve=False)
-    cfg.pop("hydra", None)
-    cfg["run"]["output_dir"] = str(run_dir)  # what ${hydra:runtime.output_dir} becomes in the job
-    return OmegaConf.create(cfg)
-
-
-def format_command(argv: Sequence[str], wrap: bool = False, indent: str = "  ") -> str:
-    """A shell-quoted command; ``wrap`` puts every ``--flag [value]`` on its own continuation line."""
-    if not wrap:
-        return indent + shlex.join(argv)
-    head, groups = [], []
-    for tok in argv:
-        if tok.startswith("--") or (tok.endswith(".py") and groups and len(groups[-1]) >= 2):
-            groups.append([tok])
-        elif groups:
-            groups[-1].append(tok)
-        else:
-            head.append(tok)
-    lines = [shlex.join(head)] + [shlex.join(g) for g in groups]
-    return indent + (" \\\n" + indent + "    ").join(lines)
+def node_plan(cfg, run_dir: Path, node: int, nodes: int, gpus_per_node: int | None,
+              base_env: dict[str, str] | None = None):
+    """The launch plan ``gkd-train`` builds for ``cfg`` on node ``node`` of a ``nodes``-node SLURM job."""
+    return make_plan(cfg, run_dir, base_env=node_slurm_env(node, nodes, gpus_per_node, base_env), dry_run=True)
 
 
 def dry_run(overrides: Sequence[str], max_points: int | None = None, base_env: dict[str, str] | None = None,
             wrap: bool = False) -> str:
     """Render the dry run for a ``gkd-train -m <overrides>`` sweep on SLURM; returns the text."""
     master = compose(overrides)
-    launcher_target = str(OmegaConf.select(master, "hydra.launcher._target_", default=""))
+    launcher_target = str(master.hydra.launcher.get("_target_", ""))
     if not launcher_target.endswith("SlurmLauncher"):
         raise ValueError(f"hydra/launcher must be submitit_slurm for a SLURM dry run (got {launcher_target!r})")
     launcher = OmegaConf.to_container(master.hydra.launcher, resolve=True)
@@ -213,12 +155,11 @@ def dry_run(overrides: Sequence[str], max_points: int | None = None, base_env: d
     shown = points if max_points is None else points[:max_points]
     for job in shown:
         name = point_name(job, master)
-        cfg = _point_cfg(job, sweep_dir / name)
-        run_dir = sweep_dir / name
+        cfg, run_dir = point_config(job, run_dir=sweep_dir / name, multirun=True)
         out.append(f"# ---- point {name or '(no overrides)'}  (run folder {run_dir}) ----")
         for node in range(nodes):
-            env = swift_launch_env(cfg, node_slurm_env(node, nodes, gpus, base_env))
-            cli = swift_cli_argv(cfg, env, run_dir)
+            plan = node_plan(cfg, run_dir, node, nodes, gpus, base_env)
+            cli, env = plan.argv, plan.process_env(node_slurm_env(node, nodes, gpus, base_env))
             dist = " ".join(f"{k}={env[k]}" for k in DIST_KEYS if k in env)
             out.append(f"# node {node}: {dist}")
             out.append(format_command(cli, wrap))

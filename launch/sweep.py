@@ -75,12 +75,9 @@ def sweep_points(config: DictConfig) -> list[list[str]]:
 
 def point_name(job_overrides: Iterable[str], config: DictConfig) -> str:
     """Hydra's ``override_dirname`` for one point (same exclusions and separators as the config)."""
-    from hydra._internal.config_loader_impl import get_overrides_dirname
+    from harness.compose import override_dirname
 
-    od = config.hydra.job.config.override_dirname
-    parsed = OverridesParser.create().parse_overrides(list(job_overrides))
-    return get_overrides_dirname(parsed, exclude_keys=list(od.exclude_keys), item_sep=od.item_sep,
-                                 kv_sep=od.kv_sep)
+    return override_dirname(job_overrides, config.hydra)
 
 
 def _last_step(metrics: Path) -> int | None:

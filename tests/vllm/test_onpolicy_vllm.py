@@ -77,7 +77,7 @@ def test_run_completed_all_steps_with_harness_metrics(runs, loss):
 def test_rollout_engine_reported_is_vllm(runs, loss):
     run_dir = runs[loss]
     s = summary(run_dir)
-    assert "rollout" in s, "no rollout counters: harness/plugin.py must call harness.rollout.install_rollout_patches()"
+    assert "rollout" in s, "no rollout counters: harness/plugin.py must call harness.rollout_patches.install_rollout_patches()"
     rollout = s["rollout"]
     assert rollout["engine"] == "vllm-colocate"
     # the object that generated is vLLM's own engine (inside ms-swift's GRPOVllmEngine), not HF generate

@@ -1,4 +1,4 @@
-"""Process-group environment for ms-swift's own CLI (``swift rlhf`` / ``megatron rlhf``).
+"""Process layout of one node for ms-swift's own CLI (``swift rlhf`` / ``megatron rlhf``).
 
 ms-swift starts ``torch.distributed.run`` itself when ``NPROC_PER_NODE`` or ``NNODES`` is set and forwards
 ``NPROC_PER_NODE``, ``MASTER_PORT``, ``NNODES``, ``NODE_RANK``, ``MASTER_ADDR`` as torchrun flags
@@ -7,7 +7,7 @@ ms-swift starts ``torch.distributed.run`` itself when ``NPROC_PER_NODE`` or ``NN
 
 Where the values come from, highest priority first:
 
-1. the config, under ``backend``: ``backend.nproc_per_node`` (int, or null = one per visible GPU, else 1),
+1. the config, under ``backend``: ``backend.nproc_per_node`` (int, or null = one per visible GPU in SLURM, else 1),
    ``backend.nnodes``, ``backend.node_rank``, ``backend.master_addr``, ``backend.master_port`` (each null = derive);
 2. the SLURM job environment (a submitit_slurm task, or any ``srun``): ``SLURM_JOB_NUM_NODES``, ``SLURM_NODEID``,
    the first host of ``SLURM_JOB_NODELIST``, a port derived from ``SLURM_JOB_ID`` (same on every node);
@@ -16,8 +16,10 @@ Where the values come from, highest priority first:
    submitit_local points never collide on torchrun's default 29500).
 
 A single process on a single node gets neither ``NPROC_PER_NODE`` nor ``NNODES`` (ms-swift then runs plain
-``python`` without torchrun) but still ``MASTER_ADDR`` and a free ``MASTER_PORT``, because ms-swift's single-process
-default is port 29500 for everyone.
+``python`` without torchrun) unless the backend needs torchrun anyway (Megatron, colocated vLLM), but always
+``MASTER_ADDR`` and a free ``MASTER_PORT``, because ms-swift's single-process default is port 29500 for everyone.
+This module is the one copy of that arithmetic: ``harness.launch_plan`` uses it in ``gkd-train`` and
+``launch.slurm`` prints it for every node.
 """
 
 from __future__ import annotations
@@ -25,30 +27,20 @@ from __future__ import annotations
 import os
 import re
 import socket
+from dataclasses import dataclass
 from typing import Any, Mapping
+
+from harness.config import BackendConfig, ConfigError
 
 DIST_KEYS = ("NPROC_PER_NODE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
 _PORT_BASE, _PORT_SPAN = 20000, 20000
-
-
-def _select(cfg: Any, dotted: str, default: Any = None) -> Any:
-    """Read ``dotted`` from a DictConfig / nested dict, ``default`` when absent or null."""
-    node = cfg
-    for part in dotted.split("."):
-        if node is None:
-            return default
-        try:
-            node = node[part] if part in node else None
-        except TypeError:
-            return default
-    return default if node is None else node
 
 
 def _as_int(value: Any, key: str) -> int:
     try:
         out = int(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{key} must be an integer, got {value!r}") from None
+        raise ConfigError(key, f"must be an integer, got {value!r}") from None
     return out
 
 
@@ -102,33 +94,56 @@ def in_slurm_job(env: Mapping[str, str]) -> bool:
     return bool(env.get("SLURM_JOB_ID")) and bool(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST"))
 
 
-def swift_launch_env(cfg: Any, base_env: Mapping[str, str]) -> dict[str, str]:
-    """Environment for ms-swift's CLI subprocess on this node.
+@dataclass(frozen=True)
+class NodeLayout:
+    """The process layout of one node of a job, and how ms-swift must start it.
+
+    ``torchrun`` is true when ms-swift must start ``torch.distributed.run`` (it does so when ``NPROC_PER_NODE`` or
+    ``NNODES`` is set): several processes or nodes, the Megatron backend (Megatron's ``init_process_group(env://)``
+    needs ``RANK``/``WORLD_SIZE`` even for one process) and a colocated vLLM (``external_launcher``).
+    """
+
+    nproc_per_node: int
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    torchrun: bool
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+    def env(self) -> dict[str, str]:
+        """The torchrun variables ms-swift's CLI reads (``MASTER_*`` only, without torchrun)."""
+        out = {"MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port)}
+        if self.torchrun:
+            out.update(NPROC_PER_NODE=str(self.nproc_per_node), NNODES=str(self.nnodes),
+                       NODE_RANK=str(self.node_rank))
+        return out
+
+
+def node_layout(backend: BackendConfig, base_env: Mapping[str, str], force_torchrun: bool = False,
+                port_picker=None) -> NodeLayout:
+    """The layout of this node from the ``backend`` config and the node's environment.
 
     Args:
-        cfg: the resolved harness config (DictConfig or nested dict); reads the optional ``backend.*`` keys above.
-        base_env: the environment to start from (usually ``os.environ``); not modified.
-
-    Returns:
-        A new dict: ``base_env`` plus ``NPROC_PER_NODE``, ``NNODES``, ``NODE_RANK``, ``MASTER_ADDR``,
-        ``MASTER_PORT`` (all strings); for a one-process, one-node run only ``MASTER_ADDR`` and ``MASTER_PORT``.
+        backend: the typed ``backend`` group; its null layout keys are derived from ``base_env``.
+        base_env: the node's environment (``os.environ`` in gkd-train, a SLURM task's variables in the dry run).
+        force_torchrun: start torchrun even for one process (Megatron, colocated vLLM).
+        port_picker: returns a free local port for a single-node run (default :func:`free_port`).
 
     Raises:
-        ValueError: naming the ``backend.*`` key or environment variable that holds an invalid value.
+        ConfigError: naming the ``backend.*`` key or environment variable that holds an invalid value.
     """
     env = dict(base_env)
     slurm = in_slurm_job(env)
-
-    # -- processes per node
-    nproc = _select(cfg, "backend.nproc_per_node")
+    nproc = backend.nproc_per_node
     if nproc is None:
         nproc = _visible_gpus(env) if slurm else None
         if nproc is None and env.get("NPROC_PER_NODE"):
             nproc = _as_int(env["NPROC_PER_NODE"], "NPROC_PER_NODE")
         nproc = nproc or 1
-    nproc = _as_int(nproc, "backend.nproc_per_node")
-
-    # -- nodes, rank, rendezvous
     if slurm:
         hosts = parse_slurm_nodelist(env.get("SLURM_JOB_NODELIST") or env["SLURM_NODELIST"])
         derived = {
@@ -144,47 +159,30 @@ def swift_launch_env(cfg: Any, base_env: Mapping[str, str]) -> dict[str, str]:
             "MASTER_ADDR": env.get("MASTER_ADDR") or "127.0.0.1",
             "MASTER_PORT": env.get("MASTER_PORT") or "",
         }
-    nnodes = _as_int(_select(cfg, "backend.nnodes", derived["NNODES"]), "backend.nnodes")
-    node_rank = _as_int(_select(cfg, "backend.node_rank", derived["NODE_RANK"]), "backend.node_rank")
-    master_addr = str(_select(cfg, "backend.master_addr", derived["MASTER_ADDR"]))
-    port = _select(cfg, "backend.master_port", derived["MASTER_PORT"] or None)
-
+    nnodes = backend.nnodes if backend.nnodes is not None else _as_int(derived["NNODES"], "NNODES")
+    node_rank = backend.node_rank if backend.node_rank is not None else _as_int(derived["NODE_RANK"], "NODE_RANK")
+    master_addr = backend.master_addr or derived["MASTER_ADDR"]
+    port = backend.master_port if backend.master_port is not None else (
+        _as_int(derived["MASTER_PORT"], "MASTER_PORT") if derived["MASTER_PORT"] else None)
     if nproc < 1:
-        raise ValueError(f"backend.nproc_per_node must be >= 1, got {nproc}")
+        raise ConfigError("backend.nproc_per_node", f"must be >= 1, got {nproc}")
     if nnodes < 1:
-        raise ValueError(f"backend.nnodes must be >= 1, got {nnodes}")
+        raise ConfigError("backend.nnodes", f"must be >= 1, got {nnodes}")
     if not 0 <= node_rank < nnodes:
-        raise ValueError(f"backend.node_rank / NODE_RANK must be in [0, {nnodes}), got {node_rank}")
-
-    if nproc == 1 and nnodes == 1:
-        # no torchrun (ms-swift starts it only for NPROC_PER_NODE / NNODES), but a private rendezvous port: a
-        # single process that still initialises a process group (Megatron, colocated vLLM) falls back to
-        # MASTER_PORT or 29500, and parallel submitit_local points would collide on 29500.
-        for key in ("NPROC_PER_NODE", "NNODES", "NODE_RANK"):
-            env.pop(key, None)
-        env["MASTER_ADDR"] = master_addr
-        env["MASTER_PORT"] = str(_as_int(port, "backend.master_port") if port is not None else free_port())
-        return env
-
+        raise ConfigError("backend.node_rank", f"node rank (backend.node_rank / NODE_RANK / SLURM_NODEID) must be in "
+                          f"[0, {nnodes}), got {node_rank}")
     if port is None:
         if nnodes > 1:
-            raise ValueError(
-                "backend.master_port / MASTER_PORT must be set for a multi-node run outside SLURM "
-                "(every node needs the same rendezvous port)"
-            )
-        port = free_port()
-    port = _as_int(port, "backend.master_port")
+            raise ConfigError("backend.master_port", "must be set (or MASTER_PORT) for a multi-node run outside SLURM: "
+                              "every node needs the same rendezvous port")
+        # a private port even for one process: a single process that still initialises a process group falls back
+        # to 29500, and parallel submitit_local points would collide there
+        port = (port_picker or free_port)()
     if not 0 < port < 65536:
-        raise ValueError(f"backend.master_port must be a TCP port, got {port}")
-
-    env.update(
-        NPROC_PER_NODE=str(nproc),
-        NNODES=str(nnodes),
-        NODE_RANK=str(node_rank),
-        MASTER_ADDR=master_addr,
-        MASTER_PORT=str(port),
-    )
-    return env
+        raise ConfigError("backend.master_port", f"must be a TCP port, got {port}")
+    torchrun = force_torchrun or nproc > 1 or nnodes > 1
+    return NodeLayout(nproc_per_node=nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+                      master_port=port, torchrun=torchrun)
 
 
 def is_main_node(env: Mapping[str, str] | None = None) -> bool:
@@ -197,3 +195,17 @@ def is_main_node(env: Mapping[str, str] | None = None) -> bool:
     if in_slurm_job(env):
         return env.get("SLURM_NODEID", "0") == "0"
     return env.get("NODE_RANK", "0") in ("", "0")
+
+
+def detect_device(run_device: str, env: Mapping[str, str] | None = None) -> str:
+    """``run.device`` resolved without importing torch: ``auto`` is ``cuda`` when this node shows an NVIDIA device
+    that ``CUDA_VISIBLE_DEVICES`` does not hide, else ``cpu``."""
+    if run_device != "auto":
+        return run_device
+    env = os.environ if env is None else env
+    if (_visible_gpus(env) or 0) > 0 and in_slurm_job(env):
+        return "cuda"  # a SLURM task with GPUs (the login node that prints a dry run may have none)
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None and not [d for d in cvd.split(",") if d.strip() not in ("", "-1")]:
+        return "cpu"
+    return "cuda" if os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl") else "cpu"

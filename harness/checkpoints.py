@@ -1,4 +1,4 @@
-"""Requeue -> ms-swift checkpoint resume.
+"""Checkpoint discovery for requeue -> ms-swift checkpoint resume (used by gkd-train, harness.launch_plan).
 
 With ``hydra.launcher.max_num_timeout > 0`` (submitit_slurm), submitit signals the job ``signal_delay_s`` before
 its time limit and requeues the same point; the point's ``gkd-train`` job then runs again in the same run

@@ -1,0 +1,1 @@
+"""The Hydra config tree of gkd-harness, shipped as package data (``pkg://gkd_harness_configs``)."""
