@@ -92,7 +92,8 @@ def _os_error(err: OSError, action: str, path: Path, run_dir: Path) -> RunFolder
     reason = f"{err.strerror or err} ({code})" if code else str(err.strerror or err)
     try:
         where = path.relative_to(run_dir)
-        what = f"{action} {where} in run.output_dir {run_dir}" if str(where) != "." else f"{action} run.output_dir {run_dir}"
+        what = f"{action} run.output_dir {run_dir}" if str(where) == "." else \
+            f"{action} {where} in run.output_dir {run_dir}"
     except ValueError:
         what = f"{action} {path} (run.output_dir {run_dir})"
     return RunFolderError(f"cannot {what}: {reason}", path, run_dir, err.errno)
@@ -513,14 +514,14 @@ class RunFolder:
         ``reason`` is written to ``previous_attempts/<n>/archived.json``. Returns the archive folder, or None when
         there was nothing to move.
         """
+        present = [n for n in ATTEMPT_FILES if (self.path / n).exists()]
+        if not present:
+            return None
         if not owned_by_this_process(self.path):
             owner = read_lock(self.path)
             who = describe_owner(owner) if owner is not None else "nobody"
             raise RunFolderError(f"refusing to move files of run.output_dir {self.path}: this process does not hold "
                                  f"its lock (held by {who}); acquire RunFolder.lock() first", self.lock_path, self.path)
-        present = [n for n in ATTEMPT_FILES if (self.path / n).exists()]
-        if not present:
-            return None
         root = self.path / ARCHIVE_DIR
         n = 1
         while (root / str(n)).exists():
@@ -598,8 +599,8 @@ class RunFolder:
         version = harness_version()
         summary = {
             "status": "running", "error": None, "run_name": redact_name(str(run_name)), "group": group,
-            "config": canonical_config(flat_config, exclude=()), "fingerprint": config_fingerprint(flat_config, version),
-            "harness_version": version, "dtypes_seen": {}, "versions": package_versions(),
+            "config": canonical_config(flat_config, exclude=()),
+            "fingerprint": config_fingerprint(flat_config, version), "harness_version": version, "dtypes_seen": {}, "versions": package_versions(),
             "last_step": 0, "started_at": now_iso(), "ended_at": None, "wall_s": None,
         }
         self._write_summary(summary)
@@ -784,6 +785,30 @@ def scrub_hydra_dir(hydra_dir: str | os.PathLike, extra_values: Iterable[str] = 
     return changed
 
 
+def save_hydra_files(run_dir: str | os.PathLike, task_cfg: Any, subdir: str = ".hydra") -> Path:
+    """Write Hydra's three output files (``config.yaml``, ``hydra.yaml``, ``overrides.yaml``, the same content
+    Hydra writes) into ``run_dir/subdir``, credentials redacted. For an app run with ``hydra.output_subdir: null``:
+    the harness then writes them itself once it owns the folder and knows it will run, so a skipped point's
+    ``.hydra/`` stays untouched and no credential ever lands there. Call it inside the Hydra task function."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    hydra_node = HydraConfig.get()
+    out = Path(run_dir) / subdir
+    overrides = [str(o) for o in hydra_node.overrides.task]
+    values = [*secret_values(OmegaConf.to_container(task_cfg, resolve=False)), *_override_secret_values(overrides)]
+    texts = {"config.yaml": OmegaConf.to_yaml(task_cfg),
+             "hydra.yaml": OmegaConf.to_yaml(OmegaConf.create({"hydra": OmegaConf.to_container(hydra_node)})),
+             "overrides.yaml": OmegaConf.to_yaml(OmegaConf.create(overrides))}
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _os_error(e, "create", out, Path(run_dir)) from None
+    for name, text in texts.items():
+        _write_atomic(out / name, redact_text(text, values), Path(run_dir))
+    return out
+
+
 def redacted_folder_name(path: str | os.PathLike, values: Iterable[str] = ()) -> Path:
     """``path`` with credentials redacted from its last component (Hydra's ``override_dirname``)."""
     path = Path(path)
@@ -798,7 +823,7 @@ def scrub_folder_name(path: str | os.PathLike, values: Iterable[str] = ()) -> Pa
     path = Path(path)
     target = redacted_folder_name(path, values)
     if target == path or not path.exists():
-        return target if not path.exists() else path
+        return path
     owner = read_lock(path)
     if owner and not owned_by_this_process(path) and isinstance(owner.get("pid"), int) and \
             (owner.get("host") != socket.gethostname() or pid_alive(owner["pid"], owner.get("pid_start"))):

@@ -452,3 +452,51 @@ def test_truncate_metrics_for_a_resumed_run(tmp_path):
     assert folder.truncate_metrics(2) == 2
     assert [r["step"] for r in read_metrics(folder.metrics_path)] == [1, 2]
     assert _leftover_tmp(tmp_path) == []
+
+
+HYDRA_APP_OWN_FILES = """
+import sys
+import hydra
+from omegaconf import OmegaConf
+sys.path.insert(0, {repo!r})
+from harness.run_folder import save_hydra_files
+
+@hydra.main(version_base="1.3", config_path=None, config_name="cfg")
+def main(cfg):
+    from hydra.core.hydra_config import HydraConfig
+    save_hydra_files(HydraConfig.get().runtime.output_dir, cfg)
+
+if __name__ == "__main__":
+    from hydra.core.config_store import ConfigStore
+    ConfigStore.instance().store(name="cfg", node={{"gkd": {{"beta": 0.5}}, "tracking": {{"wandb": {{"group": "g"}}}}}})
+    main()
+"""
+
+
+def test_harness_writes_hydra_files_itself_without_the_secret(tmp_path):
+    """With hydra.output_subdir=null Hydra writes nothing; save_hydra_files writes the same three files, redacted."""
+    secret = "Sekr3tKeyValue0123456789"
+    app = tmp_path / "app.py"
+    app.write_text(HYDRA_APP_OWN_FILES.format(repo=str(REPO)))
+    out = tmp_path / "outputs"
+    subprocess.run([sys.executable, str(app), f"+tracking.wandb.api_key={secret}", "gkd.beta=0.9",
+                    "hydra.output_subdir=null", f"hydra.run.dir={out}/run"], cwd=tmp_path, check=True,
+                   capture_output=True)
+    hydra_dir = out / "run" / ".hydra"
+    assert sorted(p.name for p in hydra_dir.iterdir()) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
+    assert not any(secret in p.read_text() for p in hydra_dir.iterdir())
+    from omegaconf import OmegaConf
+
+    assert OmegaConf.load(hydra_dir / "config.yaml").gkd.beta == 0.9
+    hydra_yaml = OmegaConf.load(hydra_dir / "hydra.yaml")
+    assert list(hydra_yaml.hydra.overrides.task) == [f"+tracking.wandb.api_key={REDACTED}", "gkd.beta=0.9"]
+    assert hydra_yaml.hydra.job.name == "app"
+
+
+def test_archive_without_the_lock_is_refused_even_with_no_other_owner(tmp_path):
+    folder = RunFolder(tmp_path / "run").create()
+    assert folder.archive_previous_attempt() is None  # nothing to move: nothing to own
+    folder.start_summary("r", None, FLAT)
+    with pytest.raises(RunFolderError, match=r"held by nobody\); acquire RunFolder.lock\(\) first"):
+        folder.archive_previous_attempt()
+    assert folder.summary_path.is_file()

@@ -80,7 +80,8 @@ def test_redact_text_covers_overrides_yaml_lines_and_values():
     assert "abcd1234" not in out
     assert "- gkd.beta=0.5" in out and "max_tokens: 7" in out and "secret: null" in out
     assert f"api_key: {REDACTED}" in out and f"+tracking.wandb.api_key={REDACTED},gkd.beta=0.5" in out
-    assert redact_name("+tracking.wandb.api_key=abcd1234,gkd.beta=0.5") == "+tracking.wandb.api_key=REDACTED,gkd.beta=0.5"
+    assert redact_name("+tracking.wandb.api_key=abcd1234,gkd.beta=0.5") == \
+        "+tracking.wandb.api_key=REDACTED,gkd.beta=0.5"
     assert redact_name("gkd.beta=0.5,loss=fp32") == "gkd.beta=0.5,loss=fp32"
 
 
