@@ -494,8 +494,11 @@ def test_harness_writes_hydra_files_itself_without_the_secret(tmp_path):
 
 
 def test_archive_without_the_lock_is_refused_even_with_no_other_owner(tmp_path):
-    folder = RunFolder(tmp_path / "run").create()
+    folder = RunFolder(tmp_path / "run")
+    folder.path.mkdir()
+    (folder.path / ".hydra").mkdir()  # Hydra's files are not an attempt's
     assert folder.archive_previous_attempt() is None  # nothing to move: nothing to own
+    folder.create()
     folder.start_summary("r", None, FLAT)
     with pytest.raises(RunFolderError, match=r"held by nobody\); acquire RunFolder.lock\(\) first"):
         folder.archive_previous_attempt()
