@@ -3,8 +3,9 @@
 Two sources:
 
 * :func:`fp64_beta_curve` computes D(β) in FP64 on fixed inputs (synthetic, or the loss inputs of a capture),
-  so the curve shows the formula and not training noise. Its formula is written out here independently of
-  ``harness.losses`` (tests compare the two):
+  so the curve shows the formula and not training noise. It runs the harness's own fp64 loss
+  (``harness.losses``, the reference variant of the loss under test; the tests check it against an
+  independent reference):
 
   ``M = (1-β)·S + β·T``; paper ``D = β·KL(T‖M) + (1-β)·KL(S‖M)``; continuous ``D = (1-β)·KL(T‖M) + β·KL(S‖M)``;
   both forms: ``D(0) = KL(T‖S)`` (forward KL), ``D(1) = KL(S‖T)`` (reverse KL).
@@ -13,7 +14,6 @@ Two sources:
 """
 from __future__ import annotations
 
-import math
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -34,54 +34,38 @@ FORMS = ("paper", "continuous")
 DEFAULT_BETAS = (0.0, 0.001, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 0.999, 1.0)
 
 
-def _as_fp64(x) -> np.ndarray:
-    """torch tensor or array-like -> float64 ndarray (no torch import needed for arrays)."""
-    if hasattr(x, "detach"):
-        x = x.detach().cpu().double().numpy()
-    return np.asarray(x, dtype=np.float64)
+def _fp64_tensor(x):
+    """torch tensor or array-like -> float64 torch tensor (exact upcast, detached, on the CPU)."""
+    import torch
 
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    m = np.max(x, axis=-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
-    z = x - m
-    return z - np.log(np.sum(np.exp(z), axis=-1, keepdims=True))
-
-
-def _kl(p_log: np.ndarray, q_log: np.ndarray) -> np.ndarray:
-    """KL(P‖Q) per row from log-probs ``[N, V]`` -> ``[N]`` (0·log 0 = 0)."""
-    p = np.exp(p_log)
-    with np.errstate(invalid="ignore"):
-        terms = np.where(p > 0, p * (p_log - q_log), 0.0)
-    return terms.sum(-1)
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().to(torch.float64)
+    return torch.as_tensor(np.asarray(x, dtype=np.float64))
 
 
 def generalized_jsd_fp64(s_logits, t_logits, beta: float, form: str = "paper",
                          temperature: float = 1.0) -> np.ndarray:
-    """Per-position generalized JSD in FP64 (NumPy float64; written independently of ``harness.losses``).
+    """Per-position generalized JSD in FP64: the harness's own fp64 loss (``harness.losses``, precision
+    ``fp64``), on the inputs cast to FP64 first.
 
     Args:
         s_logits: ``[N, V]`` student logits; t_logits: ``[N, V]`` teacher logits (or log-probs); torch tensors
-            or arrays of any float dtype (cast to FP64 first).
+            or arrays of any float dtype (cast exactly to FP64).
         beta: in [0, 1]. form: "paper" | "continuous". temperature: divides both sides (after the FP64 cast).
     Returns:
         ``[N]`` float64 per-position divergence.
     """
+    import torch
+    from harness.losses import jsd_per_position
+
     if form not in FORMS:
         raise ValueError(f"form must be one of {FORMS}, got {form!r}")
     if not 0.0 <= beta <= 1.0:
         raise ValueError(f"beta must lie in [0, 1], got {beta}")
-    s_log = _log_softmax(_as_fp64(s_logits) / temperature)
-    t_log = _log_softmax(_as_fp64(t_logits) / temperature)
-    if beta == 0.0:
-        return _kl(t_log, s_log)
-    if beta == 1.0:
-        return _kl(s_log, t_log)
-    m_log = np.logaddexp(s_log + math.log1p(-beta), t_log + math.log(beta))
-    kl_t, kl_s = _kl(t_log, m_log), _kl(s_log, m_log)
-    if form == "paper":
-        return beta * kl_t + (1.0 - beta) * kl_s
-    return (1.0 - beta) * kl_t + beta * kl_s
+    with torch.no_grad():
+        per_position, _ = jsd_per_position(_fp64_tensor(s_logits), _fp64_tensor(t_logits), float(beta),
+                                           precision="fp64", beta_form=form, temperature=float(temperature))
+    return per_position.numpy()
 
 
 def fp64_beta_curve(s_logits, t_logits, betas: Iterable[float] = DEFAULT_BETAS,

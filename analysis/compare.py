@@ -14,7 +14,7 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from analysis.load import CONFIG_COLUMNS, Sweep
+from analysis.records import CONFIG_COLUMNS, Sweep
 
 __all__ = [
     "CURVE_METRICS",
@@ -92,14 +92,23 @@ def spot_table(sweep: Sweep, rtol: float = 1e-4, atol: float = 2e-6) -> pd.DataF
     """One row per logged spot check, with the tolerance ``rtol·|FP64| + atol`` and whether the loss meets it.
 
     ``abs_err`` is the logged ``spot/loss_abs_err`` where present, else ``|spot/loss − spot/loss_fp64|``.
+    A spot check is a step that logged any ``spot/`` metric, NaN or ±Inf included (``sweep.nonfinite``); a
+    non-finite check is never within tolerance.
     """
     h = sweep.history
-    if "spot/loss_fp64" not in h.columns:
+    spot_cols = [c for c in h.columns if c.startswith("spot/")]
+    if not spot_cols:
         return pd.DataFrame(columns=["run", "step", "loss", "loss_fp64", "abs_err", "rel_err", "grad_rel_l2",
                                      "param_grad_rel_l2", "sign_mismatch", "tol", "within_tol"])
-    s = h[h["spot/loss_fp64"].notna()]
+    logged = h[spot_cols].notna().any(axis=1)
+    nf = sweep.nonfinite
+    nf = nf[nf["metric"].str.startswith("spot/")]
+    if len(nf):
+        keys = pd.MultiIndex.from_frame(nf[["run", "step"]])
+        logged |= pd.MultiIndex.from_frame(h[["run", "step"]]).isin(keys)
+    s = h[logged]
     out = pd.DataFrame({
-        "run": s["run"], "step": s["step"], "loss": _col(s, "spot/loss"), "loss_fp64": s["spot/loss_fp64"],
+        "run": s["run"], "step": s["step"], "loss": _col(s, "spot/loss"), "loss_fp64": _col(s, "spot/loss_fp64"),
     })
     computed = (out["loss"] - out["loss_fp64"]).abs()
     out["abs_err"] = _col(s, "spot/loss_abs_err").fillna(computed)

@@ -1,13 +1,19 @@
 """The sign-off report: criteria verdict, comparison tables, β-curve, replay, written as
 ``report.md``, ``report.html`` (same report, self-contained), ``*.png`` and ``verdict.json``.
 
-Exit codes (see :mod:`analysis.cli`): 0 pass, 1 fail, 2 unusable input.
+The report folder is written completely or not at all: everything is built in a temporary folder next to it,
+which then replaces the folder (an old report there is removed only after the new one is complete).
+
+Exit codes (see :mod:`analysis.cli`): 0 pass, 1 fail, 2 unusable input or internal error.
 """
 from __future__ import annotations
 
 import datetime as _dt
 import json
 import math
+import os
+import shutil
+import uuid
 from pathlib import Path
 from typing import Optional
 
@@ -21,14 +27,36 @@ from analysis.compare import (forms_agreement, largest_divergence, negatives_tab
                               run_summary, spot_distribution, spot_table)
 from analysis.criteria import evaluate
 from analysis.document import Document
-from analysis.load import Sweep
+from analysis.records import Sweep, UnusableInput
+from analysis.signoff_config import SignoffCriteria
 
-__all__ = ["build_report", "EXIT_PASS", "EXIT_FAIL", "EXIT_UNUSABLE", "find_captures"]
+__all__ = ["build_report", "EXIT_PASS", "EXIT_FAIL", "EXIT_UNUSABLE", "VERDICT_SCHEMA_VERSION", "find_captures",
+           "analysis_package_versions"]
 
 EXIT_PASS, EXIT_FAIL, EXIT_UNUSABLE = 0, 1, 2
+#: Version of the verdict.json layout; raise it when a key changes meaning or goes away.
+VERDICT_SCHEMA_VERSION = 1
 _RUN_COLS = ["run", "gkd.beta", "loss.beta_form", "loss.precision", "gkd.temperature", "gkd.topk", "run.seed",
              "backend.name", "dtype.student", "dtype.teacher", "outcome", "last_step", "run.max_steps", "error",
              "problems"]
+
+
+def analysis_package_versions() -> dict:
+    """Versions of the packages that produced this report: the training stack
+    (:func:`harness.tracking.package_versions`) plus the analysis stack and Python."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    from harness.tracking import package_versions
+
+    out = dict(package_versions())
+    for name in ("gkd-harness", "numpy", "pandas", "matplotlib"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    out["python"] = platform.python_version()
+    return out
 
 
 def find_captures(sweep: Sweep) -> list:
@@ -83,23 +111,85 @@ def _replay(captures: list, doc: Document) -> tuple:
     return per_capture, averaged
 
 
-def build_report(sweep: Sweep, report_dir: Path, cfg: dict, captures: Optional[list] = None) -> dict:
-    """Evaluate the criteria and write the report into ``report_dir``. Returns the verdict dict
-    (also written as ``verdict.json``); ``verdict["exit_code"]`` is 0 (pass) or 1 (fail)."""
-    report_dir = Path(report_dir)
-    report_dir.mkdir(parents=True, exist_ok=True)
-    rcfg = cfg["report"]
-    st = cfg["spot_tolerance"]
+_REPORT_FILES = ("verdict.json", "report.md", "report.html")
+
+
+def _plottable(sweep: Sweep) -> Sweep:
+    """The runs whose variant is known (β, β form and precision set): a point that failed before its config
+    was recorded is listed in the report and counted by the criteria, but has nothing to plot."""
+    r = sweep.runs
+    keep = r["gkd.beta"].notna() & r["loss.beta_form"].notna() & r["loss.precision"].notna()
+    if keep.all():
+        return sweep
+    names = set(r.loc[keep, "run"])
+    return Sweep(source=sweep.source, runs=r[keep].reset_index(drop=True),
+                 history=sweep.history[sweep.history["run"].isin(names)].reset_index(drop=True),
+                 nonfinite=sweep.nonfinite[sweep.nonfinite["run"].isin(names)].reset_index(drop=True))
+
+
+def _check_report_dir(report_dir: Path) -> None:
+    """Refuse to replace a folder that is not an earlier report (an empty folder is fine)."""
+    if not report_dir.exists():
+        return
+    if not report_dir.is_dir():
+        raise UnusableInput(f"--report {report_dir} exists and is not a folder")
+    entries = list(report_dir.iterdir())
+    if entries and not any((report_dir / f).exists() for f in _REPORT_FILES):
+        raise UnusableInput(f"--report {report_dir} exists and is not a gkd-analyze report (no verdict.json or "
+                            "report.md): give a new or empty folder")
+
+
+def _replace_dir(new: Path, target: Path) -> None:
+    """Put the complete folder ``new`` at ``target``; an old ``target`` is removed once ``new`` is in place."""
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+        os.replace(target, old)
+    try:
+        os.replace(new, target)
+    except OSError:
+        if old is not None:
+            os.replace(old, target)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def build_report(sweep: Sweep, report_dir: Path, cfg: SignoffCriteria, captures: Optional[list] = None) -> dict:
+    """Evaluate the criteria and write the report folder ``report_dir``, completely or not at all.
+
+    Returns the verdict dict (also written as ``verdict.json``); ``verdict["exit_code"]`` is 0 (pass) or 1
+    (fail). Raises :class:`UnusableInput` when ``report_dir`` is a folder that is not an earlier report."""
+    report_dir = Path(report_dir).absolute()
+    _check_report_dir(report_dir)
+    report_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = report_dir.with_name(f".{report_dir.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    try:
+        out = _write_report(sweep, tmp, cfg, captures)
+        _replace_dir(tmp, report_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    out["_plots"] = {k: report_dir / Path(p).name for k, p in out["_plots"].items()}
+    return out
+
+
+def _write_report(sweep: Sweep, report_dir: Path, cfg: SignoffCriteria, captures: Optional[list]) -> dict:
+    """Write every report file into the (new, empty) folder ``report_dir``; returns the verdict dict."""
+    rcfg = cfg.report
+    st = cfg.spot_tolerance
     verdict, results = evaluate(sweep, cfg)
+    shown = _plottable(sweep)  # plots and the training β-curve: runs whose variant is known
 
     summary = run_summary(sweep)
     neg = negatives_table(sweep)
-    spots = spot_table(sweep, st["loss_rtol"], st["loss_atol"])
+    spots = spot_table(sweep, st.loss_rtol, st.loss_atol)
     spot_dist = spot_distribution(spots)
-    forms = forms_agreement(sweep, cfg["beta_forms_unchanged"]["betas"])
+    forms = forms_agreement(sweep, cfg.beta_forms_unchanged.betas)
     precs = precision_agreement(sweep)
     s, t = report001_inputs()
-    curve = fp64_beta_curve(s, t, rcfg["beta_curve_betas"], source="report-001 synthetic")
+    curve = fp64_beta_curve(s, t, rcfg.beta_curve_betas, source="report-001 synthetic")
     captures = find_captures(sweep) if captures is None else captures
     cap_curve, capture_error = None, None
     if captures:
@@ -108,20 +198,23 @@ def build_report(sweep: Sweep, report_dir: Path, cfg: dict, captures: Optional[l
 
             cs, ct, temp, _ = capture_inputs(load_capture(captures[0]))
             if cs.shape[0]:
-                cap_curve = fp64_beta_curve(cs, ct, rcfg["beta_curve_betas"], temperature=temp,
+                cap_curve = fp64_beta_curve(cs, ct, rcfg.beta_curve_betas, temperature=temp,
                                             source=f"captured ({captures[0].parent.parent.name}/{captures[0].name})")
         except Exception as e:  # report it, keep going
             capture_error = f"{type(e).__name__}: {e}"
     jumps = endpoint_jumps(curve)
-    train_curve = training_beta_curve(sweep, rcfg["first_steps"])
+    train_curve = training_beta_curve(shown, rcfg.first_steps)
+    plotted = set(shown.runs["run"])
 
     png = {
-        "loss": plots.plot_curves(sweep, "train/loss", report_dir / "loss_curves.png", rcfg["max_curve_panels"]),
-        "grad_norm": plots.plot_curves(sweep, "train/grad_norm", report_dir / "grad_norm_curves.png",
-                                       rcfg["max_curve_panels"]),
-        "negatives": plots.plot_negatives(neg, report_dir / "negatives.png"),
-        "spot": plots.plot_spot_errors(spots, report_dir / "spot_errors.png", st["grad_rel_l2_max"]),
-        "beta": plots.plot_beta_curve(curve, train_curve, report_dir / "beta_curve.png"),
+        "loss": plots.plot_curves(shown, "train/loss", report_dir / "loss_curves.png", rcfg.max_curve_panels),
+        "grad_norm": plots.plot_curves(shown, "train/grad_norm", report_dir / "grad_norm_curves.png",
+                                       rcfg.max_curve_panels),
+        "negatives": plots.plot_negatives(neg[neg["run"].isin(plotted)], report_dir / "negatives.png"),
+        "spot": plots.plot_spot_errors(spots[spots["run"].isin(plotted)], report_dir / "spot_errors.png",
+                                       st.grad_rel_l2_max),
+        "beta": plots.plot_beta_curve(curve, train_curve, report_dir / "beta_curve.png",
+                                      first_steps=rcfg.first_steps),
         "beta_captured": (plots.plot_beta_curve(cap_curve, pd.DataFrame(), report_dir / "beta_curve_captured.png")
                           if cap_curve is not None else None),
     }
@@ -129,14 +222,14 @@ def build_report(sweep: Sweep, report_dir: Path, cfg: dict, captures: Optional[l
     runs = sweep.runs
     outcome_counts = runs["outcome"].value_counts().to_dict()
     doc = Document(f"GKD loss sign-off: {sweep.source}")
-    banner = "PASS" if verdict == "pass" else "FAIL"
-    doc.para(f"**Verdict: {banner}** — {sum(r.status == 'pass' for r in results)} of "
-             f"{sum(r.status != 'disabled' for r in results)} criteria pass. {len(runs)} runs "
+    doc.banner(verdict, f"{sum(r.status == 'pass' for r in results)} of "
+               f"{sum(r.status != 'disabled' for r in results)} criteria pass. {len(runs)} runs "
              f"({', '.join(f'{v} {k}' for k, v in sorted(outcome_counts.items()))}); group(s): "
              f"{', '.join(map(str, sweep.groups)) or 'n/a'}. Generated {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M UTC}.")
     versions = {c: runs[c].dropna().unique().tolist() for c in runs.columns if c.startswith("version.")}
     if versions:
         doc.para("Versions: " + "; ".join(f"{k[8:]} {', '.join(map(str, v))}" for k, v in versions.items()))
+    doc.toc()
 
     doc.heading("Criteria")
     doc.table(pd.DataFrame([{"criterion": r.title, "status": r.status, "threshold": r.threshold,
@@ -154,8 +247,9 @@ def build_report(sweep: Sweep, report_dir: Path, cfg: dict, captures: Optional[l
     doc.para("Original = `loss.precision=native` (upstream arithmetic), patched = `fp32`, reference = `fp64`. "
              "Per run: last logged value and mean over all logged steps.")
     doc.table(summary, max_rows=250)
-    doc.image(png["loss"], "train/loss per step, one panel per (β, β form)")
-    doc.image(png["grad_norm"], "train/grad_norm per step, one panel per (β, β form)")
+    doc.image(png["loss"], "train/loss per step, one panel per β, one line per run in its variant's colour and "
+              "marker; where native/fp32 pairs exist, the panel below shows native − fp32")
+    doc.image(png["grad_norm"], "train/grad_norm per step, laid out as the loss plot")
 
     doc.heading("Negative-loss calls and negative-token fractions")
     doc.table(neg, max_rows=250)
@@ -163,8 +257,8 @@ def build_report(sweep: Sweep, report_dir: Path, cfg: dict, captures: Optional[l
 
     doc.heading("FP64 spot checks")
     doc.para(f"Each spot check recomputes the loss and d loss / d logits in FP64 on the same inputs. Tolerance: "
-             f"|loss − FP64| ≤ {st['loss_rtol']:g}·|FP64| + {st['loss_atol']:g}; gradient relative L2 ≤ "
-             f"{st['grad_rel_l2_max']:g}.")
+             f"|loss − FP64| ≤ {st.loss_rtol:g}·|FP64| + {st.loss_atol:g}; gradient relative L2 ≤ "
+             f"{st.grad_rel_l2_max:g}.")
     doc.table(spot_dist, caption="error distribution per variant (precision, mixed dtypes at the loss boundary)")
     doc.image(png["spot"], "spot-check errors per variant, log scale")
 
@@ -181,14 +275,18 @@ def build_report(sweep: Sweep, report_dir: Path, cfg: dict, captures: Optional[l
         doc.image(png["beta_captured"], "FP64 D(β) on captured loss inputs")
     elif captures and capture_error:
         doc.para(f"FP64 β-curve on captured inputs unavailable: {capture_error}")
-    doc.para(f"Training: mean of the first {rcfg['first_steps']} logged steps per run, averaged over runs with the "
+    doc.para(f"Training: mean of the first {rcfg.first_steps} logged steps per run, averaged over runs with the "
              "same (form, precision, β).")
     doc.table(train_curve, max_rows=100)
-    doc.image(png["beta"], "β-curve: FP64 D(β) and training loss / grad_norm against β (endpoints circled)")
+    n_betas = train_curve["gkd.beta"].nunique() if not train_curve.empty else 0
+    if n_betas < 2:
+        doc.para(f"The sweep trained at {n_betas} β value(s), so the plot has no training panels (they need 2 or more).")
+    doc.image(png["beta"], "β-curve: FP64 D(β) and, with 2 or more trained β, training loss / grad_norm against β "
+              "(endpoints circled)")
 
     doc.heading("Step-for-step agreement")
     ld_forms, ld_precs = largest_divergence(forms), largest_divergence(precs)
-    doc.para("Paper vs continuous at β ∈ {" + ", ".join(f"{b:g}" for b in cfg["beta_forms_unchanged"]["betas"])
+    doc.para("Paper vs continuous at β ∈ {" + ", ".join(f"{b:g}" for b in cfg.beta_forms_unchanged.betas)
              + "} (runs equal in every other config key): largest divergence "
              + (f"{ld_forms['max_rel_diff']:.3g} relative ({ld_forms['max_abs_diff']:.3g} absolute) in "
                 f"{ld_forms['metric']} at step {ld_forms['at_step']}." if ld_forms else "not measured (no pairs)."))
@@ -204,10 +302,11 @@ def build_report(sweep: Sweep, report_dir: Path, cfg: dict, captures: Optional[l
     doc.heading("Criteria file")
     import yaml
 
-    doc.code(yaml.safe_dump(cfg, sort_keys=False))
+    doc.code(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
     exit_code = EXIT_PASS if verdict == "pass" else EXIT_FAIL
     out = {
+        "schema_version": VERDICT_SCHEMA_VERSION,
         "verdict": verdict,
         "exit_code": exit_code,
         "failed_criteria": [r.name for r in results if r.status in ("fail", "not_measured")],
@@ -222,8 +321,10 @@ def build_report(sweep: Sweep, report_dir: Path, cfg: dict, captures: Optional[l
                        "training": _records(train_curve)},
         "largest_divergence": {"beta_forms": _jsonable(ld_forms), "precisions_fp32": _jsonable(ld_precs)},
         "replay": _records(replay_avg) if replay_avg is not None else None,
-        "criteria_config": cfg,
+        "criteria_config": cfg.to_dict(),
         "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        "package_versions": {"analysis": analysis_package_versions(),
+                             "runs": {k[len("version."):]: [str(x) for x in v] for k, v in versions.items()}},
         "files": {"markdown": "report.md", "html": "report.html",
                   "plots": sorted(p.name for p in png.values() if p is not None)},
     }

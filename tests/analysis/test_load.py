@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.load import (CONFIG_COLUMNS, UnusableInput, _read_metrics_fast, _read_metrics_strict, load_run_folder,
-                           load_sweep)
+from analysis.load import CONFIG_COLUMNS, UnusableInput, load_run_folder, load_sweep
+from analysis.load_runs import _read_metrics_fast, _read_metrics_strict
 from bench.synthetic import write_run
 
 
@@ -33,11 +33,29 @@ def test_runs_table_has_config_columns_and_one_row_per_run(synthetic_sweep_dir):
 
 def test_fast_and_strict_parsers_agree(synthetic_sweep_dir):
     path = next(synthetic_sweep_dir.glob("*/metrics.jsonl"))
-    fast = _read_metrics_fast(path)
+    fast, nonfinite = _read_metrics_fast(path)
     rows, problems = _read_metrics_strict(path, "completed")
     strict = pd.DataFrame.from_records(rows)
-    assert fast is not None and not problems
+    assert not problems and nonfinite == []
     pd.testing.assert_frame_equal(fast[strict.columns], strict, check_dtype=False)
+
+
+def test_fast_and_strict_parsers_list_the_same_nonfinite_values(tmp_path):
+    """A NaN/Inf logged by Python (``NaN``, ``Infinity`` tokens) is listed by both parsers, a missing key is not."""
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"step": 1, "a": 1.0, "b": float("nan")}, {"step": 2, "a": float("inf")}, {"step": 3, "b": -float("inf")}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    df, fast = _read_metrics_fast(path)
+    strict, _ = _read_metrics_strict(path, "completed")
+    assert np.isnan(df.loc[0, "b"]) and np.isinf(df.loc[1, "a"]) and np.isnan(df.loc[1, "b"])
+    expected = [(1, "b", "nan"), (2, "a", "inf"), (3, "b", "-inf")]
+    assert sorted((s, m, repr(v)) for s, m, v in fast) == expected
+    from analysis.records import RunRecord, tabulate
+
+    for history, listed in ((df, fast), (strict, [])):
+        sw = tabulate([RunRecord("r", "completed", {}, history, nonfinite=listed)], "t")
+        assert sorted((s, m, repr(v)) for s, m, v in sw.nonfinite[["step", "metric", "value"]].itertuples(
+            index=False)) == expected
 
 
 def test_failed_and_incomplete_runs_are_kept_and_marked(tmp_path):

@@ -56,7 +56,8 @@ def test_real_sweep_passes(real_sweep, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     v = json.loads((report / "verdict.json").read_text())
     status = {c["name"]: c["status"] for c in v["criteria"]}
-    assert status == {"no_negative_patched": "pass", "spot_tolerance": "pass", "original_shows_defect": "pass",
+    assert status == {"no_negative_patched": "pass", "no_nonfinite": "pass", "spot_tolerance": "pass",
+                      "original_shows_defect": "pass",
                       "beta_forms_unchanged": "pass", "precisions_unchanged_in_fp32": "skipped",
                       "no_failed_runs": "pass"}
     assert v["n_runs"] == 3 and v["runs_by_outcome"] == {"completed": 3}
@@ -96,7 +97,7 @@ def test_doctored_negative_patched_loss_fails_naming_criterion(real_sweep, tmp_p
     v = json.loads((tmp_path / "report" / "verdict.json").read_text())
     assert v["verdict"] == "fail" and v["failed_criteria"] == ["no_negative_patched"]
     assert "[        fail] Patched loss has no negative loss calls: 1 negative of" in proc.stdout
-    crit = v["criteria"][0]
+    crit = next(c for c in v["criteria"] if c["name"] == "no_negative_patched")
     calls = lines[-1]["gkd/loss_calls_total"]
     assert crit["details"] == [f"{run.name}: 1 negative of {calls:g} calls (min token JSD -0.0001)"]
 

@@ -30,6 +30,10 @@ def _verdict(report: Path) -> dict:
     return json.loads((report / "verdict.json").read_text())
 
 
+def _criterion(v: dict, name: str) -> dict:
+    return next(c for c in v["criteria"] if c["name"] == name)
+
+
 def _status(v: dict) -> dict:
     return {c["name"]: c["status"] for c in v["criteria"]}
 
@@ -41,7 +45,8 @@ def test_passing_sweep_exit_0_and_report_files(synthetic_sweep_dir, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     v = _verdict(report)
     assert v["verdict"] == "pass" and v["exit_code"] == 0 and v["failed_criteria"] == []
-    assert _status(v) == {"no_negative_patched": "pass", "spot_tolerance": "pass", "original_shows_defect": "pass",
+    assert _status(v) == {"no_negative_patched": "pass", "no_nonfinite": "pass", "spot_tolerance": "pass",
+                          "original_shows_defect": "pass",
                           "beta_forms_unchanged": "pass", "precisions_unchanged_in_fp32": "skipped",
                           "no_failed_runs": "pass"}
     for name in ("report.md", "report.html", "loss_curves.png", "grad_norm_curves.png", "negatives.png",
@@ -49,7 +54,7 @@ def test_passing_sweep_exit_0_and_report_files(synthetic_sweep_dir, tmp_path):
         assert (report / name).stat().st_size > 0, name
     html = (report / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 5
-    assert not re.search(r"(src|href)=['\"](?!data:)", html)  # self-contained
+    assert not re.search(r"(src|href)=['\"](?!data:|#)", html)  # self-contained (in-page anchors allowed)
     md = (report / "report.md").read_text().replace("\\|", "|")  # table cells escape "|"
     for c in v["criteria"]:  # every criterion with its threshold and measured value, in both renderings
         assert c["title"] in md and c["measured"].split(";")[0] in md
@@ -78,7 +83,7 @@ def test_spot_error_beyond_tolerance_fails(sweep_copy, tmp_path):
     assert main([str(sweep_copy), "--report", str(tmp_path / "r")]) == 1
     v = _verdict(tmp_path / "r")
     assert v["failed_criteria"] == ["spot_tolerance"]
-    assert any(f"{run.name} step 6" in d for d in v["criteria"][1]["details"])
+    assert any(f"{run.name} step 6" in d for d in _criterion(v, "spot_tolerance")["details"])
 
 
 def test_gradient_error_beyond_tolerance_fails(sweep_copy, tmp_path):
@@ -116,7 +121,7 @@ def test_failed_run_fails_the_sweep(sweep_copy, tmp_path):
     assert main([str(sweep_copy), "--report", str(tmp_path / "r")]) == 1
     v = _verdict(tmp_path / "r")
     assert v["failed_criteria"] == ["no_failed_runs"]
-    assert "RuntimeError: boom" in v["criteria"][-1]["details"][0]
+    assert "RuntimeError: boom" in _criterion(v, "no_failed_runs")["details"][0]
 
 
 def test_criteria_file_overrides_and_validation(sweep_copy, tmp_path, capsys):

@@ -76,34 +76,11 @@ def tail(text: str, n: int = 60) -> str:
 
 
 def wandb_records(path: Path):
-    """Protobuf ``Record``s of an offline ``run-*.wandb`` file (LevelDB log format after a 7-byte W&B header).
+    """Protobuf ``Record``s of an offline ``run-*.wandb`` file, read by the harness's one reader
+    (:func:`analysis.wandb_file.read_records`)."""
+    from analysis.wandb_file import read_records
 
-    wandb >= 0.2x writes this file from its Go core and no longer ships a Python reader, so the tests read it
-    directly: 32 KiB blocks of ``crc32(4) length(2, LE) type(1) payload`` chunks (1 full, 2 first, 3 middle,
-    4 last).
-    """
-    from wandb.proto import wandb_internal_pb2
-
-    data = Path(path).read_bytes()
-    assert data[:4] == b":W&B", f"{path} is not a wandb datastore"
-    pos, block, pending = 7, 32768, b""
-    while pos + 7 <= len(data):
-        left = block - pos % block
-        if left < 7:  # block trailer
-            pos += left
-            continue
-        length = int.from_bytes(data[pos + 4:pos + 6], "little")
-        kind = data[pos + 6]
-        chunk = data[pos + 7:pos + 7 + length]
-        pos += 7 + length
-        if kind == 0 and length == 0:
-            continue
-        pending = chunk if kind in (1, 2) else pending + chunk
-        if kind in (1, 4):
-            rec = wandb_internal_pb2.Record()
-            rec.ParseFromString(pending)
-            yield rec
-            pending = b""
+    yield from read_records(Path(path))
 
 
 def wandb_offline_run(run_dir: Path):

@@ -1,0 +1,236 @@
+"""Load a sweep from local run folders (the default source of ``gkd-analyze``).
+
+A run folder holds ``config.yaml``, ``metrics.jsonl`` and ``summary.json`` as written by ``gkd-train`` (the run
+folder contract, ``docs/signoff.md``). A sweep point that failed before the harness wrote anything (a config
+error) leaves only Hydra's ``.hydra/`` folder, with ``job_return.json`` saying FAILED: it is a failed run.
+
+Problems that make the input unusable (missing sweep, a run folder without ``summary.json``, unparseable
+JSON, a metrics line without ``step``) raise :class:`~analysis.records.UnusableInput` naming the file.
+NaN and ±Inf written by Python's ``json`` (``NaN``, ``Infinity``) are read as themselves.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import pandas as pd
+
+from analysis.records import RunRecord, Sweep, UnusableInput, int_step, tabulate
+from harness.tracking import flatten
+
+try:  # msgspec decodes JSON lines ~3x faster than json; both give identical Python objects.
+    import msgspec
+
+    _decode = msgspec.json.decode
+    _DecodeError = (msgspec.DecodeError, UnicodeDecodeError)
+except ImportError:  # pragma: no cover
+    _decode = json.loads
+    _DecodeError = (json.JSONDecodeError, UnicodeDecodeError)
+
+__all__ = ["find_run_folders", "load_run_folder", "load_sweep"]
+
+_SKIP_DIRS = {"wandb", "swift", "captures", ".hydra", "__pycache__", ".submitit", "report", "previous_attempts"}
+_HYDRA_VERDICT = "job_return.json"  # written by launch.sweep's Hydra callback for every sweep point
+_MARKERS = ("summary.json", "metrics.jsonl", "config.yaml")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UnusableInput(f"{path}: file missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UnusableInput(f"{path}: not valid JSON ({e})") from None
+
+
+def find_run_folders(sweep: os.PathLike) -> list:
+    """Run folders under ``sweep`` (a folder holding ``summary.json``, ``metrics.jsonl`` or ``config.yaml``, or a
+    Hydra job folder whose ``.hydra/job_return.json`` exists).
+
+    ``sweep`` itself counts when it is a run folder. Tool folders (``wandb/``, ``swift/``, ``captures/``,
+    ``.hydra/``, ``previous_attempts/``) are not searched. Raises :class:`UnusableInput` when the folder is
+    missing or holds no run.
+    """
+    root = Path(sweep)
+    if not root.exists():
+        raise UnusableInput(f"sweep folder {root} does not exist")
+    if not root.is_dir():
+        raise UnusableInput(f"sweep {root} is not a folder")
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        hydra_verdict = ".hydra" in dirnames and (Path(dirpath) / ".hydra" / _HYDRA_VERDICT).exists()
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
+        if hydra_verdict or any(m in filenames for m in _MARKERS):
+            found.append(Path(dirpath))
+            dirnames[:] = []  # a run folder's subfolders are its own (captures, swift, wandb)
+    if not found:
+        raise UnusableInput(f"no run folders under {root}: expected sub-folders with summary.json and metrics.jsonl")
+    return found
+
+
+def _decode_line(raw: bytes) -> Any:
+    """One JSON line; msgspec first, Python's json for what it rejects (NaN/Infinity, which Python writes)."""
+    try:
+        return _decode(raw)
+    except _DecodeError:
+        return json.loads(raw)
+
+
+def _read_metrics_strict(path: Path, status: str) -> tuple:
+    """Parse ``metrics.jsonl`` line by line -> (rows, problems), naming the first bad line.
+
+    A truncated last line (no newline) is tolerated only for a run that did not report completion: it is what
+    a killed writer leaves."""
+    lines = path.read_bytes().split(b"\n")
+    rows, problems = [], []
+    last = len(lines) - 1
+    for i, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        where = f"{path}:{i + 1}"
+        try:
+            obj = _decode_line(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            if i == last and status != "completed":
+                problems.append(f"truncated last line in {path.name} ignored")
+                continue
+            raise UnusableInput(f"{where}: not valid JSON ({e})") from None
+        if not isinstance(obj, dict):
+            raise UnusableInput(f"{where}: expected a JSON object per line, got {type(obj).__name__}")
+        if "step" not in obj:
+            raise UnusableInput(f"{where}: metrics line has no 'step'")
+        obj["step"] = int_step(obj["step"], where)
+        rows.append(obj)
+    return rows, problems
+
+
+def _read_metrics_fast(path: Path) -> Optional[tuple]:
+    """The common case (a well-formed file of numeric metrics) through pyarrow's JSON reader ->
+    ``(DataFrame, nonfinite)`` where ``nonfinite`` lists the logged NaN/±Inf as ``(step, metric, value)``
+    (in the DataFrame they look like a missing value); None when the file needs the strict line-by-line
+    parser (any parse/type problem, or no pyarrow)."""
+    try:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.json as pj
+    except ImportError:  # pragma: no cover
+        return None
+    size = path.stat().st_size
+    if size == 0:
+        return None
+    try:
+        table = pj.read_json(path, read_options=pj.ReadOptions(block_size=max(1 << 20, size + 1), use_threads=False))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError):
+        return None
+    if "step" not in table.column_names or table.num_rows == 0:
+        return None
+    for f in table.schema:
+        if not (pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type)
+                or pa.types.is_null(f.type)):
+            return None  # strings, nested values: let the strict path handle them
+    if not pa.types.is_integer(table.schema.field("step").type) or table.column("step").null_count:
+        return None
+    nonfinite = []
+    steps = table.column("step")
+    for f in table.schema:
+        if not pa.types.is_floating(f.type):
+            continue
+        col = table.column(f.name)
+        mask = pc.fill_null(pc.and_(pc.is_valid(col), pc.invert(pc.is_finite(col))), False)
+        if pc.any(mask).as_py():
+            nonfinite += [(s, f.name, v) for s, v in zip(steps.filter(mask).to_pylist(),
+                                                         col.filter(mask).to_pylist())]
+    return table.to_pandas(), nonfinite
+
+
+def _read_metrics(path: Path, status: str) -> tuple:
+    """-> (rows as a DataFrame or a list of dicts, problems, nonfinite of a DataFrame)."""
+    fast = _read_metrics_fast(path)
+    if fast is not None:
+        return fast[0], [], fast[1]
+    rows, problems = _read_metrics_strict(path, status)
+    return rows, problems, []
+
+
+def _read_config_yaml(path: Path) -> dict:
+    import yaml
+
+    try:
+        resolved = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+    except yaml.YAMLError as e:
+        raise UnusableInput(f"{path}: not valid YAML ({e})") from None
+    if not isinstance(resolved, dict):
+        raise UnusableInput(f"{path}: expected a mapping")
+    return flatten(resolved)
+
+
+def load_run_folder(path: os.PathLike) -> RunRecord:
+    """Read one run folder. Raises :class:`UnusableInput` on missing/corrupt files."""
+    path = Path(path)
+    summary_path = path / "summary.json"
+    verdict_path = path / ".hydra" / _HYDRA_VERDICT
+    hydra_verdict = _read_json(verdict_path) if verdict_path.exists() else None
+    hydra_failed = isinstance(hydra_verdict, dict) and hydra_verdict.get("status") == "FAILED"
+    if not summary_path.exists():
+        if hydra_failed:
+            # The point failed before the harness wrote anything (e.g. a config error): a failed run.
+            return RunRecord(name=path.name, status="failed", error=hydra_verdict.get("error"), config={},
+                             history=[], path=str(path), problems=["failed before summary.json was written"])
+        raise UnusableInput(f"run folder {path}: summary.json missing (every run writes it at start)")
+    summary = _read_json(summary_path)
+    if not isinstance(summary, dict):
+        raise UnusableInput(f"{summary_path}: expected a JSON object")
+    status = summary.get("status")
+    if status not in ("running", "completed", "failed"):
+        raise UnusableInput(f"{summary_path}: 'status' must be running|completed|failed, got {status!r}")
+    config = summary.get("config") or {}
+    if not isinstance(config, dict):
+        raise UnusableInput(f"{summary_path}: 'config' must be an object")
+    config = flatten(config)
+    if hydra_failed and status != "failed":
+        summary = dict(summary, error=summary.get("error") or hydra_verdict.get("error"))
+        status = "failed"
+    cfg_yaml = path / "config.yaml"
+    if cfg_yaml.exists():
+        for k, v in _read_config_yaml(cfg_yaml).items():
+            config.setdefault(k, v)
+    metrics_path = path / "metrics.jsonl"
+    problems, nonfinite = [], []
+    if metrics_path.exists():
+        history, problems, nonfinite = _read_metrics(metrics_path, status)
+    elif status == "completed":
+        raise UnusableInput(f"run folder {path}: metrics.jsonl missing although summary.json says completed")
+    else:
+        history = []
+        problems.append("no metrics.jsonl")
+    return RunRecord(
+        name=str(summary.get("run_name") or path.name),
+        status=status,
+        error=summary.get("error"),
+        group=summary.get("group"),
+        config=config,
+        history=history,
+        path=str(path),
+        dtypes_seen=dict(summary.get("dtypes_seen") or {}),
+        versions=dict(summary.get("versions") or {}),
+        last_step=summary.get("last_step"),
+        wall_s=summary.get("wall_s"),
+        problems=problems,
+        nonfinite=nonfinite,
+    )
+
+
+def load_sweep(sweep: os.PathLike) -> Sweep:
+    """Load every run folder under ``sweep`` into a :class:`~analysis.records.Sweep`.
+
+    Example (a notebook)::
+
+        from analysis.load import load_sweep
+        sw = load_sweep("outputs/multirun/smoke")
+        sw.runs[["run", "loss.precision", "gkd.beta", "outcome"]]
+        sw.run_history(sw.runs["run"][0])["train/loss"]
+    """
+    records = [load_run_folder(p) for p in find_run_folders(sweep)]
+    return tabulate(records, source=f"local:{Path(sweep)}")
