@@ -1,12 +1,22 @@
 """A small report document rendered twice: Markdown, and self-contained HTML (images inlined as base64).
 
-Both renderings come from the same block list, so the HTML is the same report as the Markdown.
+Both renderings come from the same block list, so the HTML is the same report as the Markdown. The HTML:
+
+* opens with a verdict banner (:meth:`Document.banner`: green for PASS, red for FAIL; the verdict word is in
+  ``#verdict`` so a browser test can read it) and a table of contents (:meth:`Document.toc`) linking every
+  level-2 heading;
+* puts every table in its own horizontally scrolling box (``div.table-wrap``) and wraps long text, so the page
+  itself never scrolls sideways (checked at 1366 px in a real browser by ``tests/analysis/test_report_browser.py``);
+* embeds images as ``data:`` URIs and loads nothing from outside the file.
+
+Heading anchors follow GitHub's rule (:func:`slugify`), so the Markdown table of contents links work on GitHub too.
 """
 from __future__ import annotations
 
 import base64
 import html
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -14,7 +24,43 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-__all__ = ["Document", "format_value"]
+__all__ = ["Document", "format_value", "slugify", "STYLE"]
+
+#: CSS of the HTML rendering (inline; no external resources).
+STYLE = """
+*{box-sizing:border-box}
+html{-webkit-text-size-adjust:100%}
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;max-width:1200px;
+ margin:0 auto;padding:1em 1.5em;line-height:1.45;color:#1f2328}
+h1{font-size:1.6em;margin:0.4em 0}
+h2{border-bottom:1px solid #d0d7de;padding-bottom:0.2em;margin-top:1.6em}
+p,li,figcaption,h1,h2,h3{overflow-wrap:anywhere}
+.banner{display:flex;flex-wrap:wrap;align-items:baseline;gap:0.4em 1em;padding:0.8em 1.1em;margin:1em 0;
+ border-radius:6px;color:#fff}
+.banner.pass{background:#1a7f37}
+.banner.fail{background:#cf222e}
+#verdict{font-size:1.6em;font-weight:700;letter-spacing:0.05em}
+.banner-detail{flex:1 1 30em;min-width:0;overflow-wrap:anywhere}
+nav.toc{background:#f6f8fa;border:1px solid #d0d7de;border-radius:6px;padding:0.5em 1em;margin:1em 0}
+nav.toc ol{margin:0.3em 0;padding-left:1.5em;columns:2 22em}
+.table-wrap{display:block;max-width:100%;overflow-x:auto;margin:0.5em 0 1em;border:1px solid #d0d7de}
+.table-wrap:focus{outline:2px solid #0969da}
+table{border-collapse:collapse;font-size:12px}
+td,th{border:1px solid #d8dee4;padding:2px 6px;text-align:left;vertical-align:top}
+th{background:#f3f3f3;white-space:nowrap}
+td.long{min-width:18em;max-width:40em;overflow-wrap:anywhere}
+td.pass{color:#1a7f37;font-weight:bold}
+td.fail,td.not_measured{color:#cf222e;font-weight:bold}
+td.skipped,td.disabled{color:#6e7781}
+figure{margin:1em 0}
+img{max-width:100%;height:auto;display:block}
+figcaption{font-size:0.9em;color:#57606a}
+pre{background:#f6f8fa;padding:0.6em;overflow-x:auto;max-width:100%}
+code{background:#f0f2f4;padding:0 0.2em;border-radius:3px;overflow-wrap:anywhere}
+""".strip()
+
+_STATUS = ("pass", "fail", "not_measured", "skipped", "disabled")
+_LONG_CELL = 60  # characters: cells longer than this wrap inside a bounded width
 
 
 def format_value(v) -> str:
@@ -26,16 +72,41 @@ def format_value(v) -> str:
     if isinstance(v, (float, np.floating)):
         if math.isnan(v):
             return ""
+        if math.isinf(v):  # a logged Inf (e.g. a grad_norm): shown as itself
+            return "inf" if v > 0 else "-inf"
         if v == int(v) and abs(v) < 1e6:
             return f"{v:.0f}" if abs(v) >= 1 or v == 0 else f"{v:.4g}"
         return f"{v:.4g}"
     return str(v)
 
 
+def slugify(text: str) -> str:
+    """GitHub's heading anchor: lower case, punctuation dropped (letters of any script kept), spaces -> '-'.
+
+    >>> slugify("β-curve: paper vs continuous form")
+    'β-curve-paper-vs-continuous-form'
+    """
+    t = re.sub(r"[^\w\- ]", "", text.strip().lower())
+    return t.replace(" ", "-")
+
+
 @dataclass
 class Document:
+    """Report blocks in order; render with :meth:`to_markdown` / :meth:`to_html`."""
+
     title: str
     blocks: list = field(default_factory=list)
+
+    def banner(self, verdict: str, detail: str = "") -> None:
+        """The verdict banner: ``verdict`` is "pass" or "fail" (shown upper-case), ``detail`` one sentence."""
+        v = str(verdict).lower()
+        if v not in ("pass", "fail"):
+            raise ValueError(f"banner verdict must be 'pass' or 'fail', got {verdict!r}")
+        self.blocks.append(("banner", v, detail))
+
+    def toc(self) -> None:
+        """A table of contents of the level-2 headings, rendered where this is called."""
+        self.blocks.append(("toc",))
 
     def heading(self, text: str, level: int = 2) -> None:
         self.blocks.append(("h", level, text))
@@ -56,16 +127,41 @@ class Document:
         if path is not None:
             self.blocks.append(("img", Path(path), caption))
 
+    # -- anchors ------------------------------------------------------------------------------------
+    def _anchors(self) -> dict:
+        """Block index of each heading -> unique anchor (GitHub numbering of repeats: x, x-1, x-2)."""
+        seen: dict = {}
+        out = {}
+        for i, b in enumerate(self.blocks):
+            if b[0] != "h":
+                continue
+            base = slugify(b[2]) or "section"
+            n = seen.get(base, 0)
+            seen[base] = n + 1
+            out[i] = base if n == 0 else f"{base}-{n}"
+        return out
+
+    def _toc_entries(self, anchors: dict) -> list:
+        return [(self.blocks[i][2], a) for i, a in anchors.items() if self.blocks[i][1] == 2]
+
     # -- Markdown -----------------------------------------------------------------------------------
     @staticmethod
     def _md_cell(v) -> str:
         return format_value(v).replace("|", "\\|").replace("\n", " ")
 
     def to_markdown(self) -> str:
+        anchors = self._anchors()
         out = [f"# {self.title}", ""]
-        for b in self.blocks:
+        for i, b in enumerate(self.blocks):
             kind = b[0]
-            if kind == "h":
+            if kind == "banner":
+                out += [f"> **Verdict: {b[1].upper()}**" + (f" — {b[2]}" if b[2] else ""), ""]
+            elif kind == "toc":
+                entries = self._toc_entries(anchors)
+                if entries:
+                    out += ["**Contents**", ""] + [f"{n}. [{t}](#{a})" for n, (t, a) in enumerate(entries, 1)]
+                    out.append("")
+            elif kind == "h":
                 out += ["#" * b[1] + " " + b[2], ""]
             elif kind == "p":
                 out += [b[1], ""]
@@ -96,17 +192,25 @@ class Document:
     # -- HTML ---------------------------------------------------------------------------------------
     def to_html(self) -> str:
         e = html.escape
-        out = ["<!DOCTYPE html>", "<html><head><meta charset='utf-8'>", f"<title>{e(self.title)}</title>",
-               "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}"
-               "table{border-collapse:collapse;font-size:12px;margin:0.5em 0}td,th{border:1px solid #ccc;"
-               "padding:2px 6px;text-align:left}th{background:#f3f3f3}img{max-width:100%}"
-               ".pass{color:#080;font-weight:bold}.fail,.not_measured{color:#b00;font-weight:bold}"
-               "pre{background:#f6f6f6;padding:0.5em;overflow-x:auto}</style>",
-               "</head><body>", f"<h1>{e(self.title)}</h1>"]
-        for b in self.blocks:
+        anchors = self._anchors()
+        out = ["<!DOCTYPE html>", "<html lang='en'><head><meta charset='utf-8'>",
+               "<meta name='viewport' content='width=device-width, initial-scale=1'>",
+               f"<title>{e(self.title)}</title>", f"<style>{STYLE}</style>", "</head><body>",
+               f"<h1>{e(self.title)}</h1>"]
+        n_tables = 0
+        for i, b in enumerate(self.blocks):
             kind = b[0]
-            if kind == "h":
-                out.append(f"<h{b[1]}>{e(b[2])}</h{b[1]}>")
+            if kind == "banner":
+                detail = f"<span class='banner-detail'>{self._inline(b[2])}</span>" if b[2] else ""
+                out.append(f"<div id='verdict-banner' class='banner {b[1]}' role='status'>"
+                           f"<span id='verdict'>{b[1].upper()}</span>{detail}</div>")
+            elif kind == "toc":
+                entries = self._toc_entries(anchors)
+                if entries:
+                    items = "".join(f"<li><a href='#{e(a)}'>{e(t)}</a></li>" for t, a in entries)
+                    out.append(f"<nav class='toc' aria-label='Contents'><strong>Contents</strong><ol>{items}</ol></nav>")
+            elif kind == "h":
+                out.append(f"<h{b[1]} id='{e(anchors[i])}'>{e(b[2])}</h{b[1]}>")
             elif kind == "p":
                 out.append(f"<p>{self._inline(b[1])}</p>")
             elif kind == "ul":
@@ -120,16 +224,8 @@ class Document:
                 if df.empty:
                     out.append("<p>(no rows)</p>")
                     continue
-                shown = df.head(max_rows)
-                rows = ["<tr>" + "".join(f"<th>{e(str(c))}</th>" for c in shown.columns) + "</tr>"]
-                for row in shown.itertuples(index=False, name=None):
-                    cells = []
-                    for v in row:
-                        text = format_value(v)
-                        cls = f" class='{text}'" if text in ("pass", "fail", "not_measured") else ""
-                        cells.append(f"<td{cls}>{e(text)}</td>")
-                    rows.append("<tr>" + "".join(cells) + "</tr>")
-                out.append("<table>" + "".join(rows) + "</table>")
+                n_tables += 1
+                out.append(self._html_table(df.head(max_rows), caption or f"table {n_tables}"))
                 if len(df) > max_rows:
                     out.append(f"<p>({len(df) - max_rows} more rows not shown)</p>")
             elif kind == "img":
@@ -140,10 +236,23 @@ class Document:
         return "\n".join(out)
 
     @staticmethod
+    def _html_table(df: pd.DataFrame, label: str) -> str:
+        """One table inside its own scroll box (keyboard-focusable, labelled for screen readers)."""
+        e = html.escape
+        rows = ["<tr>" + "".join(f"<th>{e(str(c))}</th>" for c in df.columns) + "</tr>"]
+        for row in df.itertuples(index=False, name=None):
+            cells = []
+            for v in row:
+                text = format_value(v)
+                cls = text if text in _STATUS else ("long" if len(text) > _LONG_CELL else "")
+                cells.append(f"<td class='{cls}'>{e(text)}</td>" if cls else f"<td>{e(text)}</td>")
+            rows.append("<tr>" + "".join(cells) + "</tr>")
+        return (f"<div class='table-wrap' tabindex='0' role='region' aria-label='{e(label)}'>"
+                f"<table>{''.join(rows)}</table></div>")
+
+    @staticmethod
     def _inline(text: str) -> str:
         """Escape, then render **bold** and `code` spans (the only inline Markdown the report uses)."""
-        import re
-
         t = html.escape(text)
         t = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", t)
         t = re.sub(r"`(.+?)`", r"<code>\1</code>", t)
