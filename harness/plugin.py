@@ -117,31 +117,39 @@ def load_settings(path: Optional[str] = None) -> Optional[Dict[str, Any]]:
         return json.load(f)
 
 
+def settings_config(settings: Dict[str, Any]):
+    """The typed config inside the plugin settings (``harness.train.plugin_settings`` serialised it)."""
+    from harness.config import from_dict
+
+    return from_dict(settings["config"])
+
+
 def build_loss(settings: Dict[str, Any]):
     """``(DtypeBoundary, LossInstrument or None)``: the boundary is the drop-in ``gkd_loss`` to install."""
     from harness.losses import DTYPES_BY_NAME, make_gkd_loss, make_gkd_loss_terms
 
-    precision, beta_form = settings["precision"], settings["beta_form"]
-    mon = settings.get("monitor") or {}
+    cfg = settings_config(settings)
+    precision, beta_form = cfg.loss.precision, cfg.loss.beta_form
+    mon = cfg.monitor
     instrument = None
-    if mon.get("enabled", True):
+    if mon.enabled:
         from harness.instrument import LossInstrument, build_metrics
 
-        capture_dir = os.path.join(settings["run_dir"], "captures") if mon.get("capture") else None
+        capture_dir = os.path.join(settings["run_dir"], "captures") if mon.capture else None
         instrument = LossInstrument(
             make_gkd_loss_terms(precision, beta_form), make_gkd_loss_terms("fp64", beta_form),
-            build_metrics(param_grad=bool(mon.get("param_grad"))), spot_every=int(mon.get("spot_every") or 0),
-            spot_max_tokens=int(mon.get("spot_max_tokens") or 256), param_grad=bool(mon.get("param_grad")),
+            build_metrics(param_grad=mon.spot_check.param_grad), spot_every=mon.spot_check.every_n_steps,
+            spot_max_tokens=mon.spot_check.max_tokens, param_grad=mon.spot_check.param_grad,
             capture_dir=capture_dir, meta={"precision": precision, "beta_form": beta_form}, rank=_global_rank(),
-            fail_on_nonfinite=bool(mon.get("fail_on_nonfinite", True)))
+            fail_on_nonfinite=mon.fail_on_nonfinite)
         # a resumed run continues its cumulative counts from the checkpoint's step
         for key, value in (settings.get("resume_totals") or {}).items():
             instrument.metrics[key].total = float(value)
         inner = instrument
     else:
         inner = make_gkd_loss(precision, beta_form)
-    boundary = DtypeBoundary(inner, DTYPES_BY_NAME.get(settings.get("student_dtype")),
-                             DTYPES_BY_NAME.get(settings.get("teacher_dtype")))
+    boundary = DtypeBoundary(inner, DTYPES_BY_NAME.get(cfg.model.student_dtype),
+                             DTYPES_BY_NAME.get(cfg.model.teacher_dtype))
     return boundary, instrument
 
 
@@ -247,7 +255,7 @@ def _record_start(world_size: int, is_writer: bool) -> None:
     try:
         from harness.tracking import attach_to_wandb_run, package_versions
 
-        attach_to_wandb_run({**STATE.settings.get("harness_config", {}), "world_size": world_size,
+        attach_to_wandb_run({**STATE.settings["config"], "world_size": world_size,
                              "versions": package_versions()})
     except Exception as e:  # noqa: BLE001 - tracking never kills training
         logger.warning(f"could not add the harness config to the wandb run: {e}")
@@ -411,7 +419,7 @@ def install(settings: Dict[str, Any]) -> PluginState:
     boundary, instrument = build_loss(settings)
     rebound = rebind_gkd_loss(boundary)
     STATE = PluginState(settings=settings, boundary=boundary, instrument=instrument, rebound=rebound,
-                        fail_on_nonfinite=bool((settings.get("monitor") or {}).get("fail_on_nonfinite", True)))
+                        fail_on_nonfinite=settings_config(settings).monitor.fail_on_nonfinite)
     register_callbacks()
     _keep_harness_names_in_wandb()
     try:
@@ -424,7 +432,8 @@ def install(settings: Dict[str, Any]) -> PluginState:
         logger.info(f"rollout patches: {install_rollout_patches()}")
     except Exception as e:  # noqa: BLE001
         logger.info(f"rollout patches not applied: {e}")
-    logger.info(f"installed loss precision={settings['precision']} beta_form={settings['beta_form']} "
+    logger.info(f"installed loss precision={settings_config(settings).loss.precision} "
+                f"beta_form={settings_config(settings).loss.beta_form} "
                 f"monitor={'on' if instrument is not None else 'off'} rank={_global_rank()}")
     return STATE
 
