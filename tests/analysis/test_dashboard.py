@@ -1,0 +1,220 @@
+"""gkd-dashboard on a real smoke sweep (gkd-train -m experiment=smoke through ms-swift, 3 steps, wandb offline).
+
+The specs are checked against what the runs really logged, read independently of the dashboard code: each run's
+``metrics.jsonl`` (plain JSON lines) and its wandb offline file (the analysis package's record reader). Every
+metric a panel, a tolerance line, a column or an axis reads must be in every run's history on both sides; every
+config key the runs are grouped by or plotted against must be in every run's wandb config; the filters must
+select exactly this sweep's runs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis.criteria import load_criteria
+from analysis.load_offline import OfflineRun, find_offline_runs
+
+pytestmark = pytest.mark.slow
+
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def dashboard_sweep(tmp_path_factory) -> Path:
+    """The smoke sweep, trained once for this module. GKD_DASHBOARD_SWEEP=<multirun/smoke folder> reuses one made
+    by the same command. (To be switched to a shared session fixture when the suite has one.)"""
+    if os.environ.get("GKD_DASHBOARD_SWEEP"):
+        return Path(os.environ["GKD_DASHBOARD_SWEEP"])
+    root = tmp_path_factory.mktemp("dashboard_sweep")
+    env = dict(os.environ, GKD_OUTPUT_ROOT=str(root), HF_HUB_OFFLINE="1", WANDB_MODE="offline",
+               WANDB_SILENT="true", TOKENIZERS_PARALLELISM="false")
+    cmd = [shutil.which("gkd-train") or "gkd-train", "-m", "experiment=smoke", f"run.max_steps={STEPS}"]
+    proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return root / "multirun" / "smoke"
+
+
+def _dashboard(*args, env=None, timeout=300) -> subprocess.CompletedProcess:
+    exe = shutil.which("gkd-dashboard")
+    cmd = [exe] if exe else [sys.executable, "-m", "analysis.dashboard.cli"]
+    return subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True, timeout=timeout,
+                          env=env or dict(os.environ, WANDB_MODE="offline"))
+
+
+# --- what the runs logged (independent readers) ------------------------------------------------------------
+def _jsonl_keys(sweep: Path) -> dict:
+    out = {}
+    for path in sorted(sweep.glob("*/metrics.jsonl")):
+        keys = set()
+        for line in path.read_text().splitlines():
+            if line.strip():
+                keys |= set(json.loads(line))
+        out[path.parent.name] = keys - {"step"}
+    return out
+
+
+def _wandb_runs(sweep: Path) -> list:
+    return [OfflineRun(f) for f in find_offline_runs(sweep)]
+
+
+# --- what the specs reference -------------------------------------------------------------------------------
+_REF = re.compile(r"\$\{([^}]+)\}")
+
+
+def _accessor(acc: str, metrics: set, config: set) -> None:
+    section, name = acc.split(":", 1)
+    if section == "summary":
+        metrics.add(name)
+    elif section == "config":
+        assert name.endswith(".value"), acc
+        config.add(name[: -len(".value")])
+    else:
+        assert section == "run", acc
+
+
+def _panel_refs(panels: list, metrics: set, config: set) -> int:
+    for p in panels:
+        c = p["config"]
+        metrics.update(c.get("metrics") or [])
+        for e in c.get("expressions") or []:
+            metrics.update(_REF.findall(e))
+        for col in c.get("columns") or []:
+            _accessor(col["accessor"], metrics, config)
+        for axis in ("xAxis", "yAxis", "zAxis"):
+            if p["viewType"] == "Scatter Plot" and c.get(axis):
+                _accessor(c[axis], metrics, config)
+    return len(panels)
+
+
+def _runset_refs(runset: dict, metrics: set, config: set, filters: list) -> None:
+    for g in runset.get("grouping") or []:
+        assert g["section"] == "config" and g["name"].endswith(".value"), g
+        config.add(g["name"][: -len(".value")])
+    for col in (runset.get("runFeed") or {}).get("columnOrder") or []:
+        _accessor(col, metrics, config)
+    filters += (runset.get("filters") or {}).get("filters") or []
+
+
+def _spec_refs(spec: dict) -> tuple:
+    """-> (metric keys, config keys, filters, number of panels) referenced by the workspace and report specs."""
+    metrics, config, filters = set(), set(), []
+    section = spec["workspace"]["spec"]["section"]
+    n_panels = sum(_panel_refs(s["panels"], metrics, config) for s in section["panelBankConfig"]["sections"])
+    for rs in section["runSets"]:
+        _runset_refs(rs, metrics, config, filters)
+    for block in spec["report"]["spec"]["blocks"]:
+        if block.get("type") == "panel-grid":
+            meta = block["metadata"]
+            _panel_refs(meta["panelBankSectionConfig"]["panels"], metrics, config)
+            for rs in meta["runSets"]:
+                _runset_refs(rs, metrics, config, filters)
+    metrics.discard("_step")
+    return metrics, config, filters, n_panels
+
+
+@pytest.fixture(scope="module")
+def spec(dashboard_sweep, tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("dashboard") / "spec.json"
+    proc = _dashboard(dashboard_sweep, "--out", out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "left out:" in proc.stderr and "spot/param_grad_rel_l2" in proc.stderr  # param_grad is off in smoke
+    return json.loads(out.read_text())
+
+
+def test_every_panel_metric_is_in_every_run_history(dashboard_sweep, spec):
+    metrics, _, _, n_panels = _spec_refs(spec)
+    jsonl = _jsonl_keys(dashboard_sweep)
+    wruns = _wandb_runs(dashboard_sweep)
+    assert len(jsonl) == 3 and len(wruns) == 3
+    # the standard panels are there (a spec with no panels would pass the checks below vacuously)
+    assert {"train/loss", "train/grad_norm", "gkd/neg_loss_calls", "gkd/neg_loss_calls_total",
+            "gkd/nonfinite_calls_total", "spot/loss_abs_err", "spot/loss_fp64", "spot/grad_rel_l2",
+            "gkd/min_token_jsd"} <= metrics
+    assert n_panels >= 15
+    for run, keys in jsonl.items():
+        assert metrics <= keys, f"{run}/metrics.jsonl lacks {sorted(metrics - keys)}"
+    for r in wruns:
+        logged = {k for row in r.scan_history() for k in row}
+        assert metrics <= logged, f"wandb run {r.name} history lacks {sorted(metrics - logged)}"
+        assert metrics <= set(r.summary), f"wandb run {r.name} summary lacks {sorted(metrics - set(r.summary))}"
+    assert "spot/param_grad_rel_l2" not in metrics
+
+
+def test_every_grouping_and_filter_key_is_in_the_runs(dashboard_sweep, spec):
+    _, config, filters, _ = _spec_refs(spec)
+    wruns = _wandb_runs(dashboard_sweep)
+    assert {"harness.loss.precision", "harness.loss.beta_form", "harness.gkd.beta"} <= config
+    for r in wruns:
+        assert config <= set(r.config), f"wandb run {r.name} config lacks {sorted(config - set(r.config))}"
+    assert filters, "the runset must select the sweep's runs"
+    for f in filters:
+        key = (f["key"]["section"], f["key"]["name"])
+        if key == ("run", "group"):
+            assert f["op"] == "=" and all(r.group == f["value"] for r in wruns)
+        elif key == ("run", "tags"):
+            assert f["op"] == "IN" and all(set(f["value"]) <= set(r.tags) for r in wruns)
+        else:
+            assert key[0] == "config" and all(r.config.get(key[1]) == f["value"] for r in wruns), f
+    assert spec["sweep"]["group"] == "smoke" and spec["sweep"]["experiment"] == "smoke"
+    assert spec["sweep"]["n_runs"] == 3
+
+
+def test_tolerance_lines_are_the_signoff_criteria(spec):
+    crit = load_criteria()
+    lines = {e for p in spec["panels"] for e in (line["expression"] for line in p["lines"])}
+    assert "${spot/grad_rel_l2}*0 + %s" % format(crit.spot_tolerance.grad_rel_l2_max, ".10g") in lines
+    assert "${spot/loss_rel_err}*0 + %s" % format(crit.spot_tolerance.loss_rtol, ".10g") in lines
+    abs_line = next(e for e in lines if e.startswith("${spot/loss_fp64}*"))
+    scale, offset = re.fullmatch(r"\$\{spot/loss_fp64\}\*(\S+) \+ (\S+)", abs_line).groups()
+    assert float(scale) == crit.spot_tolerance.loss_rtol and float(offset) == crit.spot_tolerance.loss_atol
+    assert "${gkd/neg_loss_calls_total}*0 + %s" % format(crit.no_negative_patched.max_negative_calls, ".10g") \
+        in lines
+    # the workspace carries the same expressions as the summary
+    ws_exprs = {e for s in spec["workspace"]["spec"]["section"]["panelBankConfig"]["sections"]
+                for p in s["panels"] for e in p["config"].get("expressions") or []}
+    assert ws_exprs == lines
+
+
+def test_report_holds_the_verdict_table(dashboard_sweep, spec):
+    md = [b["content"] for b in spec["report"]["spec"]["blocks"] if b.get("type") == "markdown-block"]
+    assert len(md) == 1 and md[0].startswith("**Verdict: PASS**")
+    names = [c["name"] for c in spec["verdict"]["criteria"]]
+    assert names and all(f"| {name} |" in md[0] for name in names)
+    grids = [b for b in spec["report"]["spec"]["blocks"] if b.get("type") == "panel-grid"]
+    assert len(grids) == len({p["section"] for p in spec["panels"]})
+
+
+def test_offline_source_gives_the_same_panels(dashboard_sweep, spec, tmp_path):
+    out = tmp_path / "spec_offline.json"
+    proc = _dashboard(dashboard_sweep, "--source", "wandb-offline", "--out", out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    other = json.loads(out.read_text())
+    assert [(p["section"], p["title"]) for p in other["panels"]] == [(p["section"], p["title"]) for p in spec["panels"]]
+    assert other["runset"] == spec["runset"]
+
+
+def test_cli_words_and_exit_codes(tmp_path):
+    help_ = _dashboard("--help")
+    assert help_.returncode == 0 and "Exit codes:" in help_.stdout and "--push" in help_.stdout
+    version = _dashboard("--version")
+    assert version.returncode == 0 and version.stdout.startswith("gkd-dashboard ")
+    neither = _dashboard(tmp_path)
+    assert neither.returncode == 2 and "--out" in neither.stderr
+    missing = _dashboard(tmp_path / "nope", "--out", tmp_path / "s.json")
+    assert missing.returncode == 2 and str(tmp_path / "nope") in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+
+def test_push_without_a_server_fails_with_exit_1(dashboard_sweep, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(tmp_path), WANDB_BASE_URL="http://127.0.0.1:9", WANDB_MODE="online")
+    proc = _dashboard(dashboard_sweep, "--push", env=env, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and "gkd-dashboard:" in proc.stderr
