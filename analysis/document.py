@@ -7,6 +7,7 @@ Both renderings come from the same block list, so the HTML is the same report as
   level-2 heading;
 * puts every table in its own horizontally scrolling box (``div.table-wrap``) and wraps long text, so the page
   itself never scrolls sideways (checked at 1366 px in a real browser by ``tests/analysis/test_report_browser.py``);
+  a shadow at a box's edge shows that more columns lie that way;
 * embeds images as ``data:`` URIs and loads nothing from outside the file.
 
 Heading anchors follow GitHub's rule (:func:`slugify`), so the Markdown table of contents links work on GitHub too.
@@ -43,7 +44,11 @@ p,li,figcaption,h1,h2,h3{overflow-wrap:anywhere}
 .banner-detail{flex:1 1 30em;min-width:0;overflow-wrap:anywhere}
 nav.toc{background:#f6f8fa;border:1px solid #d0d7de;border-radius:6px;padding:0.5em 1em;margin:1em 0}
 nav.toc ol{margin:0.3em 0;padding-left:1.5em;columns:2 22em}
-.table-wrap{display:block;max-width:100%;overflow-x:auto;margin:0.5em 0 1em;border:1px solid #d0d7de}
+.table-wrap{display:block;max-width:100%;overflow-x:auto;margin:0.5em 0 1em;border:1px solid #d0d7de;
+ background:linear-gradient(to right,#fff 30%,rgba(255,255,255,0)) left/40px 100% no-repeat local,
+ linear-gradient(to left,#fff 30%,rgba(255,255,255,0)) right/40px 100% no-repeat local,
+ radial-gradient(farthest-side at 0 50%,rgba(0,0,0,.25),rgba(0,0,0,0)) left/14px 100% no-repeat scroll,
+ radial-gradient(farthest-side at 100% 50%,rgba(0,0,0,.25),rgba(0,0,0,0)) right/14px 100% no-repeat scroll}
 .table-wrap:focus{outline:2px solid #0969da}
 table{border-collapse:collapse;font-size:12px}
 td,th{border:1px solid #d8dee4;padding:2px 6px;text-align:left;vertical-align:top}

@@ -129,7 +129,7 @@ def screenshot(html_path: Path, png_path: Path, height: int = 1400, timeout: flo
     """Save a PNG of the top ``VIEWPORT[0]`` x ``height`` pixels of the rendered page."""
     png_path = Path(png_path).absolute()
     png_path.parent.mkdir(parents=True, exist_ok=True)
-    _run(["--hide-scrollbars", "--virtual-time-budget=10000", f"--screenshot={png_path}",
+    _run(["--run-all-compositor-stages-before-draw", "--virtual-time-budget=10000", f"--screenshot={png_path}",
           Path(html_path).absolute().as_uri()], timeout, size=(VIEWPORT[0], height))
     if not png_path.is_file():
         raise RuntimeError(f"chromium wrote no screenshot to {png_path}")
