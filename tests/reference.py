@@ -1,10 +1,13 @@
 """Independent FP64 reference for the generalized JSD and the GKD pipeline.
 
-Written from the formulas, not from the code under test: probabilities in FP64, the mixture built in
-probability space ``M = (1-β)·S + β·T``, and KL terms as sums of ``p·(log p − log q)``. Gradients come from
-FP64 autograd through these formulas.
+Written from the formulas, not from the code under test: log-probabilities in FP64, the mixture
+``M = (1-β)·S + β·T`` formed in log space (``logaddexp``, so it neither underflows at logit scales of 1e4 nor
+rounds below FP64), and KL terms as sums of ``p·(log p − log q)`` with ``0·log 0 = 0``. Gradients come from FP64
+autograd through these formulas.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -14,7 +17,8 @@ F64 = torch.float64
 def _kl(p_log: torch.Tensor, q_log: torch.Tensor) -> torch.Tensor:
     """KL(P‖Q) per row, ``[N, D] -> [N]``; terms with P = 0 contribute 0."""
     p = p_log.exp()
-    terms = torch.where(p > 0, p * (p_log - q_log), torch.zeros_like(p))
+    live = p > 0  # the dropped branch gets finite inputs too, so no NaN reaches a gradient
+    terms = torch.where(live, p * (torch.where(live, p_log, 0.0) - torch.where(live, q_log, 0.0)), 0.0)
     return terms.sum(-1)
 
 
@@ -32,8 +36,7 @@ def reference_jsd(s_logits, t_logits, beta: float, beta_form: str = "paper", tem
         return _kl(lt, ls)
     if beta == 1:
         return _kl(ls, lt)
-    m = (1 - beta) * ls.exp() + beta * lt.exp()
-    lm = m.log()
+    lm = torch.logaddexp(ls + math.log1p(-beta), lt + math.log(beta))  # log((1-β)·S + β·T)
     kl_t, kl_s = _kl(lt, lm), _kl(ls, lm)
     if beta_form == "paper":
         return beta * kl_t + (1 - beta) * kl_s
