@@ -8,10 +8,12 @@ cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 py=.venv/bin/python
 [ -x "$py" ] || py=python
+# the entry points (gkd-train, gkd-analyze, ...) the tests start are those of .venv, from a fresh shell too
+[ -d .venv/bin ] && export PATH="$PWD/.venv/bin:$PATH"
 "$py" -m pytest "$@"
 rc=$?
 if [ -x .venv-vllm/bin/python ]; then
-    .venv-vllm/bin/python -m pytest -m vllm tests/vllm -p no:cacheprovider
+    PATH="$PWD/.venv-vllm/bin:$PATH" .venv-vllm/bin/python -m pytest -m vllm tests/vllm -p no:cacheprovider
     lane=$?
     [ "$lane" -ne 0 ] && rc=$lane
 elif [ "${GKD_REQUIRE_VLLM_LANE:-0}" = "1" ]; then

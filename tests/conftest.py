@@ -26,3 +26,37 @@ def embedded_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def e2e_root(tmp_path_factory):
     return tmp_path_factory.mktemp("e2e_runs")
+
+
+def entry_point(name: str) -> str:
+    """A console script of this environment (next to the interpreter running the tests), found without PATH."""
+    import sys
+    from pathlib import Path
+
+    path = Path(sys.executable).parent / name
+    return str(path) if path.exists() else name
+
+
+SMOKE_GROUP = "smoke_session"
+SMOKE_STEPS = 3
+
+
+@pytest.fixture(scope="session")
+def smoke_sweep(tmp_path_factory, embedded_cache):
+    """One real smoke sweep per test session, shared by every test that needs one: ``gkd-train -m experiment=smoke``
+    (original, fp32, continuous; 3 steps each, captures on) through Hydra multirun and the real ms-swift CLI.
+    ``GKD_SMOKE_SWEEP=<folder>`` reuses a sweep made by the same command."""
+    import subprocess
+    from pathlib import Path
+
+    if os.environ.get("GKD_SMOKE_SWEEP"):
+        return Path(os.environ["GKD_SMOKE_SWEEP"])
+    root = tmp_path_factory.mktemp("smoke_sweep")
+    env = dict(os.environ, GKD_OUTPUT_ROOT=str(root), HF_HUB_OFFLINE="1", WANDB_SILENT="true", WANDB_MODE="offline")
+    cmd = [entry_point("gkd-train"), "-m", "experiment=smoke", f"run.max_steps={SMOKE_STEPS}", "monitor.capture=true",
+           f"tracking.wandb.group={SMOKE_GROUP}", "hydra.callbacks.sweep_status.progress_interval_s=0"]
+    proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=1500)
+    sweep = root / "multirun" / SMOKE_GROUP
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert len([p for p in sweep.iterdir() if (p / "summary.json").exists()]) == 3
+    return sweep
