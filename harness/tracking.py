@@ -147,6 +147,20 @@ def secret_values(tree: Any) -> List[str]:
     return sorted(set(values), key=lambda s: (-len(s), s))
 
 
+def secret_overrides(argv: Iterable[str]) -> List[str]:
+    """Keys of command-line overrides (``key=value``, ``+key=value``, ``++key=value``, sweeps ``key=a,b``) that
+    look like credentials and carry a value: ``["+tracking.wandb.api_key=abc", "gkd.beta=0.5"]`` ->
+    ``["tracking.wandb.api_key"]``. Checked on ``sys.argv`` before Hydra runs, a credential is refused before
+    Hydra prints, logs or saves it (folder names, .hydra/, multirun.yaml, the launcher's console lines)."""
+    keys = []
+    for arg in argv:
+        key, sep, value = str(arg).partition("=")
+        key = key.lstrip("+~")
+        if sep and not key.startswith("-") and is_secret_key(key) and value.strip("'\"") not in ("", "null"):
+            keys.append(key)
+    return keys
+
+
 #: Where each kind of credential belongs instead of the config.
 _SECRET_ENV_VARS = (("wandb", "WANDB_API_KEY"), ("hf", "HF_TOKEN"), ("hub", "HF_TOKEN"),
                     ("huggingface", "HF_TOKEN"), ("modelscope", "MODELSCOPE_API_TOKEN"))

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from harness.tracking import (REDACTED, design_record, find_secret_keys, flatten, is_secret_key, redact, redact_name,
-                              redact_text, resolve_wandb_mode, run_tags, secret_env_var, secret_refusal, secret_values,
-                              wandb_env, wandb_run_id)
+                              redact_text, resolve_wandb_mode, run_tags, secret_env_var, secret_overrides,
+                              secret_refusal, secret_values, wandb_env, wandb_run_id)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,6 +62,12 @@ def test_find_secret_keys_at_any_depth_with_the_env_var_to_use():
     msg = secret_refusal("tracking.wandb.api_key")
     assert "WANDB_API_KEY" in msg and "\n" not in msg
     assert is_secret_key("WANDB_API_KEY") and is_secret_key("token") and not is_secret_key("max_tokens")
+
+
+def test_secret_overrides_on_the_command_line():
+    argv = ["-m", "+tracking.wandb.api_key=abc", "++model.hub_token='hf_x'", "gkd.beta=0.5,0.9",
+            "monitor.spot_check.max_tokens=8", "tracking.wandb.api_key=null", "~run.password", "--multirun"]
+    assert secret_overrides(argv) == ["tracking.wandb.api_key", "model.hub_token"]
 
 
 def test_redact_text_covers_overrides_yaml_lines_and_values():
