@@ -66,7 +66,7 @@ def sweep_points(config: DictConfig) -> list[list[str]]:
     """
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
-    params = OmegaConf.select(config, "hydra.sweeper.params") or {}
+    params = config.hydra.sweeper.get("params") or {}
     lines = [f"{k}={v}" for k, v in params.items()]
     lines += list(OmegaConf.to_container(config.hydra.overrides.task, resolve=False))
     overrides = OverridesParser.create().parse_overrides(lines)
@@ -174,7 +174,7 @@ class SweepStatusCallback(Callback):
     # -- Hydra hooks
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._sweep_dir = Path(str(config.hydra.sweep.dir))
-        self._group = str(OmegaConf.select(config, "tracking.wandb.group", default="") or "")
+        self._group = str(config.tracking.wandb.group or "")
         try:
             names = [point_name(job, config) for job in sweep_points(config)]
         except Exception as e:  # noqa: BLE001 - a sweeper/override the basic expansion does not know
