@@ -600,8 +600,8 @@ class RunFolder:
         summary = {
             "status": "running", "error": None, "run_name": redact_name(str(run_name)), "group": group,
             "config": canonical_config(flat_config, exclude=()),
-            "fingerprint": config_fingerprint(flat_config, version), "harness_version": version, "dtypes_seen": {}, "versions": package_versions(),
-            "last_step": 0, "started_at": now_iso(), "ended_at": None, "wall_s": None,
+            "fingerprint": config_fingerprint(flat_config, version), "harness_version": version,
+            "dtypes_seen": {}, "versions": package_versions(), "last_step": 0, "started_at": now_iso(), "ended_at": None, "wall_s": None,
         }
         self._write_summary(summary)
         return summary
