@@ -21,6 +21,17 @@ CONFIG_NAME = "train"
 SCHEMA_MATCH_WARNING = r"(?s).*'hydra/launcher/submitit_\w+' is validated against ConfigStore schema"
 
 
+def register() -> None:
+    """Schemas into Hydra's ConfigStore and the harness's resolvers into OmegaConf (idempotent)."""
+    from omegaconf import OmegaConf
+
+    from harness.dist_env import local_gpu_count
+
+    register_schemas()
+    if not OmegaConf.has_resolver("gkd_local_gpus"):
+        OmegaConf.register_new_resolver("gkd_local_gpus", lambda nproc, device: local_gpu_count(nproc, device))
+
+
 def compose(overrides: Sequence[str]):
     """``configs/train.yaml`` composed with ``overrides`` (Hydra's compose API, hydra node included)."""
     from hydra import compose as hydra_compose
@@ -29,7 +40,7 @@ def compose(overrides: Sequence[str]):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    register_schemas()
+    register()
     with warnings.catch_warnings(), initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3",
                                                              job_name="gkd-train"):
         warnings.filterwarnings("ignore", message=SCHEMA_MATCH_WARNING)

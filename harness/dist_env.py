@@ -209,3 +209,18 @@ def detect_device(run_device: str, env: Mapping[str, str] | None = None) -> str:
     if cvd is not None and not [d for d in cvd.split(",") if d.strip() not in ("", "-1")]:
         return "cpu"
     return "cuda" if os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl") else "cpu"
+
+
+def local_gpu_count(nproc_per_node: Any, run_device: str, env: Mapping[str, str] | None = None) -> int:
+    """GPUs a submitit_local job must see: ``backend.nproc_per_node`` (or every visible GPU when null) when the
+    run's device is CUDA, else 0. submitit_local sets ``CUDA_VISIBLE_DEVICES`` to this many devices, and to the
+    empty string for 0, which hides every GPU from the job."""
+    env = os.environ if env is None else env
+    if detect_device(str(run_device), env) != "cuda":
+        return 0
+    if nproc_per_node not in (None, "None", "null"):
+        return int(nproc_per_node)
+    visible = _visible_gpus(env)
+    if visible is None:
+        visible = len([n for n in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", n)]) if os.path.isdir("/dev") else 0
+    return visible

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from harness.config import ConfigError, TrainConfig, flat_items, register_schemas, to_dict, to_typed
+from harness.config import ConfigError, TrainConfig, to_dict, to_typed
 from harness.launch_plan import LaunchPlan, build_plan, resolve_inputs
 
 log = logging.getLogger("gkd_harness.train")
@@ -274,9 +274,9 @@ def _job(cfg) -> Optional[int]:
 def _hydra_main() -> None:
     import hydra
 
-    from harness.compose import CONFIG_NAME, CONFIG_PATH
+    from harness.compose import CONFIG_NAME, CONFIG_PATH, register
 
-    register_schemas()
+    register()
     hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name=CONFIG_NAME)(_job)()
 
 

@@ -145,3 +145,14 @@ def test_build_plan_is_the_only_place_argv_is_made():
     assert train_mod.build_plan is build_plan
     src = Path(train_mod.__file__).read_text()
     assert "build_argv" not in src and "hf_argv" not in src and "megatron_argv" not in src
+
+
+def test_submitit_local_gives_cuda_points_their_gpus():
+    """Issue 11: with gpus_per_node null, submitit_local set CUDA_VISIBLE_DEVICES='' and hid every GPU."""
+    from harness.compose import compose
+
+    assert compose(["hydra/launcher=submitit_local", "run.device=cpu"]).hydra.launcher.gpus_per_node == 0
+    gpu = compose(["hydra/launcher=submitit_local", "run.device=cuda", "backend.nproc_per_node=4"])
+    assert gpu.hydra.launcher.gpus_per_node == 4
+    seed = compose(["hydra/launcher=submitit_local", "experiment=seed", "run.dataset=x/y", "run.device=cuda"])
+    assert seed.hydra.launcher.gpus_per_node == 8
