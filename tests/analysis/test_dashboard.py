@@ -27,23 +27,33 @@ STEPS = 3
 
 
 @pytest.fixture(scope="module")
-def dashboard_sweep(tmp_path_factory) -> Path:
-    """The smoke sweep, trained once for this module. GKD_DASHBOARD_SWEEP=<multirun/smoke folder> reuses one made
-    by the same command. (To be switched to a shared session fixture when the suite has one.)"""
+def dashboard_sweep(request, tmp_path_factory) -> Path:
+    """The smoke sweep: the suite's shared ``smoke_sweep`` where tests/conftest.py has one, else one trained here
+    once for this module. GKD_DASHBOARD_SWEEP=<multirun/GROUP folder> reuses a sweep made by the same command."""
     if os.environ.get("GKD_DASHBOARD_SWEEP"):
         return Path(os.environ["GKD_DASHBOARD_SWEEP"])
+    try:
+        return request.getfixturevalue("smoke_sweep")
+    except pytest.FixtureLookupError:
+        pass
     root = tmp_path_factory.mktemp("dashboard_sweep")
     env = dict(os.environ, GKD_OUTPUT_ROOT=str(root), HF_HUB_OFFLINE="1", WANDB_MODE="offline",
                WANDB_SILENT="true", TOKENIZERS_PARALLELISM="false")
-    cmd = [shutil.which("gkd-train") or "gkd-train", "-m", "experiment=smoke", f"run.max_steps={STEPS}"]
+    cmd = [_script("gkd-train"), "-m", "experiment=smoke", f"run.max_steps={STEPS}"]
     proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return root / "multirun" / "smoke"
 
 
+def _script(name: str) -> str:
+    """A console script of the environment running the tests (next to the interpreter), else from PATH."""
+    path = Path(sys.executable).parent / name
+    return str(path) if path.exists() else (shutil.which(name) or name)
+
+
 def _dashboard(*args, env=None, timeout=300) -> subprocess.CompletedProcess:
-    exe = shutil.which("gkd-dashboard")
-    cmd = [exe] if exe else [sys.executable, "-m", "analysis.dashboard.cli"]
+    exe = _script("gkd-dashboard")
+    cmd = [exe] if Path(exe).is_absolute() else [sys.executable, "-m", "analysis.dashboard.cli"]
     return subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True, timeout=timeout,
                           env=env or dict(os.environ, WANDB_MODE="offline"))
 
@@ -162,8 +172,12 @@ def test_every_grouping_and_filter_key_is_in_the_runs(dashboard_sweep, spec):
             assert f["op"] == "IN" and all(set(f["value"]) <= set(r.tags) for r in wruns)
         else:
             assert key[0] == "config" and all(r.config.get(key[1]) == f["value"] for r in wruns), f
-    assert spec["sweep"]["group"] == "smoke" and spec["sweep"]["experiment"] == "smoke"
-    assert spec["sweep"]["n_runs"] == 3
+    experiment = spec["sweep"]["experiment"]
+    if all(experiment in r.tags for r in wruns):  # runs tagged with their experiment are filtered by it
+        assert {"key": {"section": "run", "name": "tags"}, "op": "IN", "value": [experiment],
+                "disabled": False} in [{k: f[k] for k in ("key", "op", "value", "disabled")} for f in filters]
+    assert spec["sweep"]["group"] == wruns[0].group and spec["sweep"]["experiment"] == "smoke"
+    assert spec["sweep"]["n_runs"] == 3 and {r.group for r in wruns} == {wruns[0].group}
 
 
 def test_tolerance_lines_are_the_signoff_criteria(spec):
