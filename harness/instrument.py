@@ -421,14 +421,17 @@ class LossInstrument:
             shards = [torch.empty_like(stats) for _ in range(cp)]
             dist.all_gather(shards, stats, group=group)
             stats = torch.stack(shards)
-        rows = stats.reshape(-1, 5).tolist()  # the one device->host transfer
+        stats = stats.reshape(-1, 5)
+        # the loss as the trainer sees it: sum(total) / sum(num_valid) in the loss's own dtype (cp_reduce's
+        # arithmetic), on the device so the host reads everything in one transfer
+        t_sum, n_sum = stats[:, 0].sum(), stats[:, 1].sum()
+        loss_t = torch.where(n_sum > 0, t_sum.to(total.dtype) / n_sum.to(total.dtype), t_sum.to(total.dtype) * 0)
+        values = torch.cat([stats.flatten(), loss_t.to(torch.float64).reshape(1)]).tolist()  # the one transfer
+        rows, loss = [values[i:i + 5] for i in range(0, len(values) - 1, 5)], values[-1]
         total_v = sum(r[0] for r in rows)
         n = int(sum(r[1] for r in rows))
         neg_tokens, positions = sum(r[2] for r in rows), int(sum(r[3] for r in rows))
         min_token = _nan_min(r[4] for r in rows)
-        # the loss as the trainer sees it: total / num_valid in the loss's own dtype (cp_reduce's arithmetic)
-        loss = (float(torch.tensor(total_v, dtype=total.dtype) / torch.tensor(float(n), dtype=total.dtype)) if n
-                else 0.0 * total_v)
         finite = math.isfinite(total_v)
         m["gkd/loss_calls_total"].update(1)
         m["gkd/nonfinite_calls_total"].update(0 if finite else 1)

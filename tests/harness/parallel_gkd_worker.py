@@ -18,6 +18,9 @@ kl_div_fn=vocab_parallel_kl_div``), with ms-swift's own functions:
 * CP=2: student logits and labels are split along the sequence with ``split_cp_inputs`` (zigzag), the teacher
   with ms-swift's ``cp_slice_teacher_output`` (the teacher-API path); the local sums go through ``cp_reduce`` (the
   Megatron/Ray GKD loss's CP reduction).
+* CP=2 instrumented (layout ``cpi``): the same slices through ``harness.instrument.LossInstrument`` (one loss call
+  per CP rank, as the Megatron trainer makes them), its metrics computed with ms-swift's own
+  ``SwiftMixin.compute_custom_metrics`` (the logging-step reduction), next to ``cp_reduce`` of the call's total.
 """
 from __future__ import annotations
 
@@ -160,6 +163,30 @@ def run_cp_case(case: dict, inp: dict, fns) -> dict:
     return out
 
 
+def run_cp_instrument_case(case: dict, inp: dict, fns) -> dict:
+    """One training step's loss call at CP=2 through the instrument; returns (per rank) the logged metrics
+    (``logs``), the local ``total`` / ``n`` of this shard and ``cp_loss`` (``cp_reduce`` of the call's output)."""
+    from megatron.core import parallel_state as ps
+
+    from harness.instrument import LossInstrument, build_metrics
+    from harness.losses import make_gkd_loss_terms
+    from swift.rlhf_trainers.gkd_loss import TeacherOutput
+    from swift.trainers.mixin import SwiftMixin
+
+    size = ps.get_context_parallel_world_size()
+    student, teacher, labels = inp["student"], inp["teacher"], inp["labels"]
+    t_out = fns.cp_slice_teacher_output(TeacherOutput(full_logits=teacher, labels=labels.clone()), None, "zigzag")
+    split = lambda x: fns.split_cp_inputs(x, None, 1)  # noqa: E731
+    inst = LossInstrument(make_gkd_loss_terms(case["precision"], case["beta_form"]),
+                          make_gkd_loss_terms("fp64", case["beta_form"]), build_metrics())
+    s = split(student).contiguous().requires_grad_(True)
+    total, n = inst(s, t_out, split(labels), case["beta"], case["temperature"], **_loss_kwargs(fns, case))
+    local_total, local_n = total.detach().clone(), int(n)
+    cp_loss = fns.cp_reduce(total.detach().clone(), n, cp_size=size)
+    logs = SwiftMixin.compute_custom_metrics(inst.metrics)
+    return dict(logs=logs, total=local_total, n=local_n, cp_loss=cp_loss, device=str(inst.where.device))
+
+
 def main(in_path: str, out_dir: str) -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
     rank = dist.get_rank()
@@ -170,7 +197,8 @@ def main(in_path: str, out_dir: str) -> None:
     spec = torch.load(in_path, weights_only=True)
     results = {}
     for layout, sizes, runner in (("tp", dict(tensor_model_parallel_size=2), run_tp_case),
-                                  ("cp", dict(context_parallel_size=2), run_cp_case)):
+                                  ("cp", dict(context_parallel_size=2), run_cp_case),
+                                  ("cpi", dict(context_parallel_size=2), run_cp_instrument_case)):
         cases = [c for c in spec["cases"] if c["layout"] == layout]
         if not cases:
             continue

@@ -5,9 +5,11 @@ import math
 import pytest
 import torch
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from harness.instrument import (CumulativeSumMetric, LossInstrument, MaxMetric, MinMetric, RatioMetric, SumMetric,
-                                build_metrics, spot_check)
+from harness.instrument import (CumulativeSumMetric, LossInstrument, MaxMetric, MinMetric, NonFiniteError,
+                                RatioMetric, SumMetric, build_metrics, spot_check)
 from harness.losses import make_gkd_loss, make_gkd_loss_terms
 from tests.reference import reference_gkd, reference_jsd
 
@@ -176,3 +178,181 @@ def test_nonfinite_calls_are_counted():
     inst(s, TeacherOutput(full_logits=t, labels=labels), labels, BETA, T)
     m = computed(inst.metrics)
     assert m["gkd/nonfinite_calls_total"] == 1 and m["gkd/neg_loss_calls_total"] == 0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# NaN / Inf are recorded as themselves; fail_on_nonfinite
+# ----------------------------------------------------------------------------------------------------------
+def test_nonfinite_call_is_logged_as_nan_not_dropped():
+    s, t, labels = mixed_inputs(6)
+    s[0, 3, 0] = float("nan")
+    inst = make_instrument("fp32")
+    inst(s, TeacherOutput(full_logits=t, labels=labels), labels, BETA, T)
+    s2, t2, labels2 = mixed_inputs(7)
+    inst(s2, TeacherOutput(full_logits=t2, labels=labels2), labels2, BETA, T)  # a finite call in the same window
+    m = computed(inst.metrics)
+    assert m["gkd/loss_calls_total"] == 2 and m["gkd/nonfinite_calls_total"] == 1
+    assert math.isnan(m["gkd/jsd_loss"])  # the window's mean is NaN, never the finite call's value or 0
+    assert math.isnan(m["gkd/min_token_jsd"])
+
+
+def test_inf_call_is_logged_as_inf():
+    s, t, labels = mixed_inputs(6)
+    terms = make_gkd_loss_terms("fp32", "paper")
+
+    def inf_terms(*a, **k):
+        out = terms(*a, **k)
+        return type(out)(out.total + float("inf"), out.num_valid, out.per_position)
+
+    inst = LossInstrument(inf_terms, make_gkd_loss_terms("fp64", "paper"), build_metrics())
+    inst(s, TeacherOutput(full_logits=t, labels=labels), labels, BETA, T)
+    m = computed(inst.metrics)
+    assert m["gkd/jsd_loss"] == math.inf and m["gkd/nonfinite_calls_total"] == 1
+
+
+def test_nan_spot_check_is_a_failed_check_logged_as_nan():
+    s, t, labels = mixed_inputs(6)
+    s[0, 3, 0] = float("nan")
+    inst = make_instrument("fp32", spot_every=1, spot_max_tokens=1000)
+    inst(s, TeacherOutput(full_logits=t, labels=labels), labels, BETA, T)
+    m = computed(inst.metrics)
+    for name in ("spot/loss", "spot/loss_abs_err", "spot/loss_rel_err", "spot/grad_rel_l2", "spot/sign_mismatch"):
+        assert math.isnan(m[name]), name
+
+
+def test_min_max_metrics_keep_nan():
+    lo, hi = MinMetric(), MaxMetric()
+    for v in (0.5, float("nan"), 2.0):
+        lo.update(v), hi.update(v)
+    assert math.isnan(lo.compute()) and math.isnan(hi.compute())
+    lo.reset(), hi.reset()
+    lo.update(1.0), hi.update(1.0)
+    assert (lo.compute(), hi.compute()) == (1.0, 1.0)  # the flag is window state: reset clears it
+
+
+def test_fail_on_nonfinite_stops_naming_the_step():
+    s, t, labels = mixed_inputs(6)
+    s[0, 3, 0] = float("nan")
+    inst = make_instrument("fp32", fail_on_nonfinite=True)
+    inst.step = 7
+    with pytest.raises(NonFiniteError, match=r"non-finite GKD loss at step 7"):
+        inst(s, TeacherOutput(full_logits=t, labels=labels), labels, BETA, T)
+    assert computed(inst.metrics)["gkd/nonfinite_calls_total"] == 1  # recorded before stopping
+    ok = make_instrument("fp32", fail_on_nonfinite=True)
+    s2, t2, labels2 = mixed_inputs(7)
+    ok(s2, TeacherOutput(full_logits=t2, labels=labels2), labels2, BETA, T)  # finite: no error
+
+
+# ----------------------------------------------------------------------------------------------------------
+# where the metrics live: bound by training, never at import / build time
+# ----------------------------------------------------------------------------------------------------------
+def test_metric_device_is_bound_by_the_loss_inputs():
+    metrics = build_metrics()
+    where = metrics["gkd/jsd_loss"].where
+    assert where.device is None and all(m.where is where for m in metrics.values())
+    where.bind_rank_device("meta")  # train begin on a rank: fills an unset device
+    assert where.device == torch.device("meta") and where.source == "rank device"
+    inst = LossInstrument(make_gkd_loss_terms("fp32", "paper"), make_gkd_loss_terms("fp64", "paper"), metrics)
+    s, t, labels = mixed_inputs(0)
+    inst(s, TeacherOutput(full_logits=t, labels=labels), labels, BETA, T)
+    assert where.device == torch.device("cpu") and where.source == "loss inputs"  # the loss inputs win
+    where.bind_rank_device("meta")
+    assert where.device == torch.device("cpu")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# device-to-host synchronisations per loss call
+# ----------------------------------------------------------------------------------------------------------
+class HostSyncCounter(TorchDispatchMode):
+    """Counts the operations that make the host wait for a device, as they reach the dispatcher.
+
+    aten ops: ``_local_scalar_dense`` (``.item()``, ``float()``, ``int()``, ``bool()``), ``is_nonzero``, ``item``,
+    ``equal``, data-dependent output shapes (``nonzero``, ``masked_select``, ``unique*``, boolean-mask ``index`` /
+    ``index_put_``) and copies to the CPU. On a CPU-only machine every tensor is on the host, so the Python-level
+    transfers that never reach the dispatcher there (``Tensor.tolist``, ``.numpy``, ``.cpu``) are counted by the
+    companion :class:`HostReadCounter` (a ``TorchFunctionMode``); ``total`` is the sum of both.
+    """
+
+    SYNC_OPS = {"_local_scalar_dense", "is_nonzero", "item", "equal", "nonzero", "masked_select", "unique_dim",
+                "_unique", "_unique2", "unique_consecutive", "repeat_interleave"}
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func._schema.name.split("::")[-1]
+        if name in self.SYNC_OPS:
+            self.ops.append(name)
+        elif name in ("index", "index_put", "index_put_") and any(
+                isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
+                for i in (args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else ())):
+            self.ops.append(f"{name}[bool mask]")
+        elif name in ("_to_copy", "copy_"):
+            src = args[1] if name == "copy_" else args[0]
+            dst = args[0].device if name == "copy_" else kwargs.get("device")
+            if dst is not None and torch.device(dst).type == "cpu" and src.device.type != "cpu":
+                self.ops.append(f"{name}[to cpu]")
+        return func(*args, **kwargs)
+
+
+class HostReadCounter(TorchFunctionMode):
+    """Python-level reads of tensor data by the host (see :class:`HostSyncCounter`)."""
+
+    READS = {"tolist", "numpy", "cpu", "__array__"}
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in self.READS:
+            self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def count_host_syncs(fn, *args, **kwargs) -> list[str]:
+    """The host-sync operations of one call of ``fn`` (both counters' records, in order of the modes)."""
+    reads, syncs = HostReadCounter(), HostSyncCounter()
+    with reads, syncs:
+        fn(*args, **kwargs)
+    return reads.ops + syncs.ops
+
+
+def test_sync_counter_sees_each_kind_of_host_read():
+    x = torch.randn(4)
+    for fn, expect in ((lambda: x.sum().item(), 1), (lambda: float(x[0]), 1), (lambda: bool(x[0] > 0), 1),
+                       (lambda: x.tolist(), 1), (lambda: x[x > 0], 1), (lambda: x.nonzero(), 1),
+                       (lambda: (x * 2).exp(), 0)):
+        assert len(count_host_syncs(fn)) == expect
+
+
+@pytest.mark.parametrize("precision", ["native", "fp32"])
+@pytest.mark.parametrize("teacher_kind", ["full", "topk"])
+def test_instrument_adds_one_host_sync_per_loss_call_and_monitor_off_adds_none(tmp_path, precision, teacher_kind):
+    """Monitoring on: the plugin's loss (dtype boundary + instrument, spot checks off) = the bare loss's own
+    synchronisations + exactly 1. Monitoring off: the plugin's loss (dtype boundary only) adds 0."""
+    from harness.plugin import build_loss
+
+    s, t, labels = mixed_inputs(3, b=2, s=9, v=96)
+    teacher = TeacherOutput(full_logits=t, labels=labels)
+    if teacher_kind == "topk":
+        teacher = teacher.to_topk(8)
+    args = (s.clone().requires_grad_(True), teacher, labels, BETA, T)
+    bare = count_host_syncs(make_gkd_loss(precision, "paper"), *args)
+    from harness.compose import point_config
+    from harness.train import plugin_settings
+
+    ov = ["loss=fp32" if precision == "fp32" else "loss=original", "monitor.spot_check.every_n_steps=0"]
+    settings = plugin_settings(*point_config(ov, run_dir=tmp_path))
+    on, inst = build_loss(settings)
+    assert inst is not None
+    with_monitor = count_host_syncs(on, *args)
+    assert len(with_monitor) == len(bare) + 1, (bare, with_monitor)
+    assert with_monitor.count("tolist") == bare.count("tolist") + 1  # the instrument's one transfer
+    settings["config"]["monitor"]["enabled"] = False
+    off, none = build_loss(settings)
+    assert none is None
+    assert count_host_syncs(off, *args) == bare

@@ -71,6 +71,16 @@ def _make_inputs() -> dict:
     cp_labels = torch.full((1, 8), -100, dtype=torch.long)
     cp_labels[0, [0, 1, 6, 7]] = 1
     inputs["cp_empty"] = dict(student=student, teacher=teacher, labels=cp_labels)
+    # CP=2 instrumented: rank 0's positions {0,1,6,7} have a BF16 near-copy teacher (native JSD < 0 there), rank 1's
+    # {2,3,4,5} a distinct one (JSD ~0.3 each): rank 0's partial total is negative, the CP-reduced total positive.
+    g = torch.Generator().manual_seed(7)
+    student = (torch.randn(1, 8, 64, generator=g) * 2).bfloat16().float()
+    teacher = student + torch.randn(1, 8, 64, generator=g) * 0.03
+    far = [2, 3, 4, 5]
+    teacher[0, far] = student[0, far] * 0.5 + 1.5 * torch.randn(len(far), 64, generator=g)
+    inputs["cp_mixed"] = dict(student=student, teacher=teacher.bfloat16(), labels=torch.ones(1, 8, dtype=torch.long))
+    near = (student + torch.randn(1, 8, 64, generator=g) * 0.03).bfloat16()  # every position near: reduced < 0
+    inputs["cp_near"] = dict(student=student, teacher=near, labels=torch.ones(1, 8, dtype=torch.long))
     return inputs
 
 
@@ -79,6 +89,8 @@ INPUT_SETTINGS = {  # temperature, top-k size, row chunk size passed to the loss
     "near": dict(temperature=0.9, topk=16, chunk_size=4),
     "far": dict(temperature=2.0, topk=8, chunk_size=4),
     "cp_empty": dict(temperature=1.0, topk=16, chunk_size=512),
+    "cp_mixed": dict(temperature=1.0, topk=16, chunk_size=512),
+    "cp_near": dict(temperature=1.0, topk=16, chunk_size=512),
 }
 
 
@@ -103,7 +115,10 @@ NATIVE_CASES = [
     _case("tp", "near", "topk", "native", "paper", 0.5),
 ]
 SEED_FP32 = _case("tp", "seed", "full", "fp32", "paper", 0.5)
-ALL_CASES = PATCHED_CASES + CP_EMPTY_CASES + NATIVE_CASES + [SEED_FP32]
+CP_INSTRUMENT_CASES = [_case("cpi", inputs, "full", precision, "paper", 0.5)
+                       for inputs, precision in (("cp_mixed", "native"), ("cp_near", "native"), ("cp_mixed", "fp32"),
+                                                 ("cp_empty", "fp32"))]
+ALL_CASES = PATCHED_CASES + CP_EMPTY_CASES + NATIVE_CASES + [SEED_FP32] + CP_INSTRUMENT_CASES
 
 
 # ---------------------------------------------------------------------------
@@ -276,3 +291,41 @@ def test_cp2_patched_matches_fp64(parallel_results, case):
         local_ref = torch.gather(ref_per, 1, r["positions"])
         local_labels = torch.gather(inp["labels"], 1, r["positions"])
         _assert_per_position(r["per_position"], local_ref[local_labels != -100])
+
+
+# ---------------------------------------------------------------------------
+# CP = 2 through the instrument: one loss call per step, judged on the CP-reduced total
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CP_INSTRUMENT_CASES, ids=lambda c: c["name"])
+def test_cp2_instrument_counts_one_call_judged_on_the_reduced_total(parallel_results, case):
+    """Both CP ranks call the loss once on their slices (one training step): the instrument counts one loss call,
+    its ``gkd/jsd_loss`` is ms-swift's ``cp_reduce`` of the shards' totals, and its sign decides
+    ``gkd/neg_loss_calls`` even where one shard's partial total has the other sign."""
+    inputs, ranks = parallel_results
+    rs = [ranks[0][case["name"]], ranks[1][case["name"]]]
+    assert rs[0]["logs"] == rs[1]["logs"]  # every rank logs the job's values
+    assert all(r["device"] == "cpu" for r in rs)  # the metrics live on the loss inputs' device
+    logs, cp_loss = rs[0]["logs"], float(rs[0]["cp_loss"])
+    assert torch.equal(rs[0]["cp_loss"], rs[1]["cp_loss"])
+    assert logs["gkd/loss_calls_total"] == 1.0
+    assert logs["gkd/nonfinite_calls_total"] == 0.0
+    assert logs["gkd/jsd_loss"] == pytest.approx(cp_loss, rel=1e-6, abs=1e-12)
+    assert logs["gkd/neg_loss_calls"] == logs["gkd/neg_loss_calls_total"] == float(cp_loss < 0)
+    # independent FP64 reference of the reduced mean (full, unsharded tensors)
+    inp = inputs[case["inputs"]]
+    ref_total, ref_n, _, _ = _reference(inp, case)
+    assert sum(r["n"] for r in rs) == ref_n
+    if case["precision"] == "fp32":
+        assert abs(cp_loss - ref_total / ref_n) <= loss_tol(ref_total, ref_n) / ref_n
+    if case["precision"] == "fp32":  # no position of the patched loss is negative beyond its tolerance
+        assert logs["gkd/min_token_jsd"] >= -loss_tol(0.0, 1)
+    if case["inputs"] == "cp_mixed" and case["precision"] == "native":
+        # the situation the old per-shard judgement got wrong: rank 0's partial total < 0, the step's loss > 0
+        assert float(rs[0]["total"]) < 0 < float(rs[1]["total"]) and cp_loss > 0
+        assert logs["gkd/neg_loss_calls_total"] == 0.0
+    if case["inputs"] == "cp_near" and case["precision"] == "native":
+        assert cp_loss < 0 and logs["gkd/neg_loss_calls_total"] == 1.0
+    if case["inputs"] == "cp_empty":
+        assert [r["n"] for r in rs] == [ref_n, 0]

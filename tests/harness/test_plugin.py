@@ -33,11 +33,16 @@ def restore_swift():
     plugin.STATE = saved[4]
 
 
-def settings(tmp_path, precision="fp32", monitor=True, **extra):
-    return {"run_dir": str(tmp_path), "precision": precision, "beta_form": "paper", "student_dtype": "float32",
-            "teacher_dtype": "bfloat16", "backend": "hf", "harness_config": {},
-            "monitor": {"enabled": monitor, "spot_every": 1, "spot_max_tokens": 64, "param_grad": False,
-                        "capture": False}, **extra}
+def settings(tmp_path, precision="fp32", monitor=True, overrides=(), **extra):
+    """The plugin settings ``gkd-train`` writes (``harness.train.plugin_settings``) for the default config with
+    ``loss.precision=precision``, spot checks on every step (or ``monitor=off``) and ``overrides``."""
+    from harness.compose import point_config
+    from harness.train import plugin_settings
+
+    ov = ["loss=fp32" if precision == "fp32" else "loss=original"]
+    ov += (["monitor.spot_check.every_n_steps=1", "monitor.spot_check.max_tokens=64"] if monitor else ["monitor=off"])
+    cfg, run_dir = point_config([*ov, *overrides], run_dir=tmp_path)
+    return {**plugin_settings(cfg, run_dir), **extra}
 
 
 def inputs(seed=0):
@@ -115,7 +120,7 @@ def test_settings_from_env_file(tmp_path, monkeypatch, restore_swift):
     monkeypatch.setenv(plugin.SETTINGS_ENV, str(path))
     plugin.STATE = None
     state = plugin.ensure_installed()
-    assert state is not None and state.settings["precision"] == "fp32"
+    assert state is not None and plugin.settings_config(state.settings).loss.precision == "fp32"
     assert plugin.ensure_installed() is state  # once per process
 
 
