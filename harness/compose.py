@@ -7,6 +7,7 @@ typed config with ``run.output_dir`` set to the folder Hydra would give it.
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
@@ -84,6 +85,23 @@ def run_dir_for(master, job_overrides: Sequence[str], multirun: bool) -> Path:
     return Path(str(cfg.hydra.run.dir))
 
 
+@dataclass(frozen=True)
+class Point:
+    """One job as its ``gkd-train`` process sees it: the typed config, its run folder, the ``experiment=`` choice."""
+
+    cfg: TrainConfig
+    run_dir: Path
+    experiment: Optional[str]
+
+
+def compose_point(job_overrides: Sequence[str], run_dir: Optional[Path] = None, multirun: bool = False) -> Point:
+    """:func:`point_config` plus the ``experiment=`` choice (a wandb tag)."""
+    master = compose(job_overrides)
+    cfg, run_dir = _point_from(master, job_overrides, run_dir, multirun)
+    choice = master.hydra.runtime.choices.get("experiment")
+    return Point(cfg, run_dir, str(choice) if choice not in (None, "null") else None)
+
+
 def point_config(job_overrides: Sequence[str], run_dir: Optional[Path] = None,
                  multirun: bool = False) -> tuple[TrainConfig, Path]:
     """(typed config, run folder) of one job, as its ``gkd-train`` process would see them.
@@ -94,9 +112,12 @@ def point_config(job_overrides: Sequence[str], run_dir: Optional[Path] = None,
     Raises:
         ConfigError: a missing or ill-typed value, naming its key.
     """
+    return _point_from(compose(job_overrides), job_overrides, run_dir, multirun)
+
+
+def _point_from(master, job_overrides: Sequence[str], run_dir: Optional[Path], multirun: bool):
     from omegaconf import OmegaConf
 
-    master = compose(job_overrides)
     data = OmegaConf.to_container(master, resolve=False)
     data.pop("hydra", None)
     given = str(data["run"].get("output_dir", ""))
@@ -110,4 +131,4 @@ def point_config(job_overrides: Sequence[str], run_dir: Optional[Path] = None,
 
 
 __all__ = ["CONFIG_MODULE", "CONFIG_PATH", "CONFIG_NAME", "SCHEMA_MATCH_WARNING", "compose", "override_dirname",
-           "run_dir_for", "point_config"]
+           "run_dir_for", "point_config", "compose_point", "Point", "register"]

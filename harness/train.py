@@ -70,22 +70,32 @@ def _wandb_mode(cfg: TrainConfig, dry_run: bool) -> str:
     return mode if dry_run else resolve_wandb_mode(mode)
 
 
-def _wandb_vars(cfg: TrainConfig, mode: str, run_dir: Path, run_name: str) -> Dict[str, str]:
+def _wandb_vars(cfg: TrainConfig, mode: str, run_dir: Path, run_name: str,
+                experiment: Optional[str]) -> Dict[str, str]:
     import dataclasses
 
-    from harness.tracking import wandb_env
+    from harness.run_folder import config_fingerprint
+    from harness.tracking import experiment_name, flatten, redact, wandb_env
 
-    return wandb_env(dataclasses.asdict(cfg.tracking.wandb), mode, run_dir, run_name)
+    return wandb_env(dataclasses.asdict(cfg.tracking.wandb), mode, run_dir, run_name,
+                     precision=cfg.loss.precision, beta_form=cfg.loss.beta_form,
+                     experiment=experiment or experiment_name(),
+                     fingerprint=config_fingerprint(flatten(redact(to_dict(cfg)))))
 
 
 def make_plan(cfg: TrainConfig, run_dir: Path, base_env: Optional[Dict[str, str]] = None, dry_run: bool = False,
-              extra_args: Sequence[str] = (), settings_path: Optional[Path] = None) -> LaunchPlan:
-    """The launch plan of this node for ``cfg`` (nothing is built in a dry run)."""
+              extra_args: Sequence[str] = (), settings_path: Optional[Path] = None,
+              experiment: Optional[str] = None) -> LaunchPlan:
+    """The launch plan of this node for ``cfg`` (nothing is built in a dry run).
+
+    ``experiment``: the ``experiment=`` choice (a wandb tag); None reads it from the running Hydra app.
+    """
     base_env = dict(os.environ if base_env is None else base_env)
     run_name = run_name_for(cfg, run_dir)
     mode = _wandb_mode(cfg, dry_run)
-    return build_plan(cfg, base_env, run_dir, run_name, mode, _wandb_vars(cfg, mode, run_dir, run_name),
-                      settings_path, resolve_inputs(cfg, build=not dry_run), extra_args=extra_args)
+    wandb_vars = _wandb_vars(cfg, mode, run_dir, run_name, experiment)
+    return build_plan(cfg, base_env, run_dir, run_name, mode, wandb_vars, settings_path,
+                      resolve_inputs(cfg, build=not dry_run), extra_args=extra_args)
 
 
 def _last_error_line(log_path: Path) -> str:
@@ -144,84 +154,103 @@ def _execute(plan: LaunchPlan, log_path: Path, stream: bool) -> None:
         raise _failure(plan.argv, rc, log_path)
 
 
-def dry_run(cfg: TrainConfig, run_dir: Path, base_env: Optional[Dict[str, str]] = None) -> str:
+def dry_run(cfg: TrainConfig, run_dir: Path, base_env: Optional[Dict[str, str]] = None,
+            experiment: Optional[str] = None) -> str:
     """The plan as text (argv and torchrun variables); loads nothing, starts nothing, writes nothing."""
-    plan = make_plan(cfg, run_dir, base_env=base_env, dry_run=True)
+    plan = make_plan(cfg, run_dir, base_env=base_env, dry_run=True, experiment=experiment)
     return f"# gkd-train dry run: run folder {run_dir}\n" + plan.render()
 
 
-def train(cfg: Any) -> Dict[str, Any]:
+def train(cfg: Any, experiment: Optional[str] = None) -> Dict[str, Any]:
     """Run one GKD training through ms-swift; returns the final ``summary.json`` content.
 
-    Multi-node: every node runs this; only the main node (``harness.dist_env.is_main_node``) owns the run folder's
-    config.yaml / summary.json (the rank that computes the loss writes metrics.jsonl from inside ms-swift). Other
-    nodes start their ms-swift process with node-local plugin settings and raise if it fails.
+    Multi-node: every node runs this; only the main node (``harness.dist_env.is_main_node``) owns the run folder
+    (its lock, config.yaml, summary.json; the rank that computes the loss writes metrics.jsonl from inside
+    ms-swift). Other nodes start their ms-swift process with node-local plugin settings and raise if it fails.
 
     Raises:
         ConfigError: an invalid config (before any model loads or anything is written).
+        RunFolderError: the folder is owned by a live run, holds a completed run of another config, or cannot be
+            written (the message names the folder / file).
         TrainingFailed: ms-swift failed, or the run did not meet the harness's checks.
     """
-    from harness.checkpoints import resume_args
     from harness.dist_env import is_main_node
-    from harness.tracking import RunFolder, flatten, redact
     from harness.validate import validate_config
 
     cfg = to_typed(cfg)
     validate_config(cfg)
     run_dir = Path(cfg.run.output_dir).expanduser().resolve()
     if cfg.run.dry_run:
-        sys.stdout.write(dry_run(cfg, run_dir))
+        sys.stdout.write(dry_run(cfg, run_dir, experiment=experiment))
         return {"status": "dry_run"}
-    make_plan(cfg, run_dir, dry_run=True)  # the layout's own checks, before anything is built or written
+    make_plan(cfg, run_dir, dry_run=True, experiment=experiment)  # the layout's checks, before anything is written
+    if not is_main_node(dict(os.environ)):
+        return _train_other_node(cfg, run_dir, experiment)
+    from harness.run_folder import RunFolder
 
     folder = RunFolder(run_dir)
-    if folder.is_completed():
-        log.info(f"{run_dir}: summary.json says completed, skipping (sweep resume)")
-        return folder.read_summary()
-    flat = flatten(redact(to_dict(cfg)))
-    run_name = run_name_for(cfg, run_dir)
+    with folder.lock():
+        return _train_main_node(cfg, run_dir, folder, experiment)
+
+
+def _train_other_node(cfg: TrainConfig, run_dir: Path, experiment: Optional[str]) -> Dict[str, Any]:
+    from harness.checkpoints import resume_args
+    from harness.run_folder import RunFolder
+
     env = dict(os.environ)
-    # run.resume: continue an unfinished run from its newest complete ms-swift checkpoint
-    resume = resume_args(cfg.run.resume, run_dir) if folder.read_summary() else []
+    node = env.get("NODE_RANK") or env.get("SLURM_NODEID", "?")
+    settings_path = Path(tempfile.mkdtemp(prefix=f"gkd-node{node}-")) / PLUGIN_SETTINGS_FILE
+    settings_path.write_text(json.dumps(plugin_settings(cfg, run_dir), indent=1))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    plan = make_plan(cfg, run_dir, extra_args=resume_args(cfg.run.resume, run_dir), settings_path=settings_path,
+                     experiment=experiment)
+    _execute(plan, run_dir / f"swift.node{node}.log", stream=cfg.run.verbose)
+    return RunFolder(run_dir).read_summary_quietly() or {}
 
-    if not is_main_node(env):
-        node = env.get("NODE_RANK") or env.get("SLURM_NODEID", "?")
-        settings_path = Path(tempfile.mkdtemp(prefix=f"gkd-node{node}-")) / PLUGIN_SETTINGS_FILE
-        settings_path.write_text(json.dumps(plugin_settings(cfg, run_dir), indent=1))
-        run_dir.mkdir(parents=True, exist_ok=True)
-        plan = make_plan(cfg, run_dir, extra_args=resume, settings_path=settings_path)
-        _execute(plan, run_dir / f"swift.node{node}.log", stream=cfg.run.verbose)
-        return folder.read_summary() or {}
 
+def _train_main_node(cfg: TrainConfig, run_dir: Path, folder, experiment: Optional[str]) -> Dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    from harness.checkpoints import resume_args
+    from harness.tracking import flatten, redact
+
+    flat = flatten(redact(to_dict(cfg)))
+    prior = folder.check_prior(flat, overwrite=cfg.run.overwrite, resume=cfg.run.resume)
+    if prior.action == "skip":
+        log.info(f"{run_dir}: completed earlier with the same config, skipping")
+        return prior.summary
+    resume = resume_args(True, run_dir) if prior.action == "resume" else []
+    if prior.action == "restart":
+        if prior.differing:
+            log.info(f"{run_dir}: the earlier attempt differs in {', '.join(prior.differing)}")
+        reason = "run.overwrite=true" if cfg.run.overwrite else "an unfinished attempt is restarted"
+        previous = folder.archive_previous_attempt(reason=reason)
+        if previous is not None:
+            log.info(f"{run_dir}: the earlier attempt moved to {previous}")
+    _save_hydra_files(run_dir)
     if resume:
         ckpt_step = int(Path(resume[1]).name.split("-")[-1])
         kept = folder.truncate_metrics(ckpt_step)
         log.info(f"{run_dir}: resuming from {resume[1]} (metrics kept up to step {ckpt_step}: {kept} lines)")
         folder.update_summary(status="running", error=None, ended_at=None, resumed_from=resume[1])
     else:
-        previous = folder.archive_previous_attempt()
-        if previous is not None:
-            log.info(f"{run_dir}: an earlier attempt did not complete; its files moved to {previous}")
         folder.create()
-        from omegaconf import OmegaConf
-
         folder.write_config(OmegaConf.to_yaml(OmegaConf.create(redact(to_dict(cfg)))))
-        folder.start_summary(run_name, cfg.tracking.wandb.group, flat)
+        folder.start_summary(run_name_for(cfg, run_dir), cfg.tracking.wandb.group, flat)
     try:
-        settings_path = run_dir / PLUGIN_SETTINGS_FILE
         settings = plugin_settings(cfg, run_dir)
         if resume:
             from harness.metric_names import CUMULATIVE_METRICS
-            from harness.tracking import read_metrics
+            from harness.run_folder import read_metrics
 
             rows = read_metrics(folder.metrics_path)
             settings["resume_totals"] = {k: rows[-1][k] for k in CUMULATIVE_METRICS if rows and k in rows[-1]}
-        settings_path.write_text(json.dumps(settings, indent=1))
-        plan = make_plan(cfg, run_dir, extra_args=resume, settings_path=settings_path)
+        settings_path = folder.write_json(PLUGIN_SETTINGS_FILE, settings)
+        plan = make_plan(cfg, run_dir, extra_args=resume, settings_path=settings_path, experiment=experiment)
         folder.update_summary(wandb_mode=plan.env.get("WANDB_MODE", "disabled"),
                               inputs={"student": plan.inputs.student, "teacher": plan.inputs.teacher,
                                       "dataset": plan.inputs.dataset})
-        (run_dir / "command.json").write_text(json.dumps({"argv": plan.argv, "env": plan.shown_env()}, indent=1))
+        folder.write_json("command.json", {"argv": plan.argv, "env": plan.shown_env()})
         _execute(plan, run_dir / "swift.log", stream=cfg.run.verbose)
         seen = (folder.read_summary() or {}).get("world_size")
         if seen is None:
@@ -231,9 +260,23 @@ def train(cfg: Any) -> Dict[str, Any]:
             raise TrainingFailed(f"expected a process group of {expected} ranks but training saw world size {seen}: "
                                  "ranks trained alone (on CPU, --use_cpu true is required for gloo DDP)")
     except BaseException as e:
-        folder.finish_summary("failed", f"{type(e).__name__}: {e}")
+        folder.record_failure(f"{type(e).__name__}: {e}")
         raise
     return folder.finish_summary("completed", None)
+
+
+def _save_hydra_files(run_dir: Path) -> None:
+    """Hydra's .hydra/ files, written once the run owns its folder and will run (``hydra.output_subdir`` is null,
+    so a skipped point's .hydra/ stays untouched); nothing outside a Hydra app."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        HydraConfig.get()
+    except Exception:  # noqa: BLE001 - not inside a Hydra app
+        return
+    from harness.run_folder import save_hydra_files
+
+    save_hydra_files(run_dir, _TASK_CFG[0] if _TASK_CFG else None)
 
 
 # ------------------------------------------------------------------------------------------------ entry point
@@ -256,14 +299,31 @@ def _verbose(cfg: Any) -> bool:
         return False
 
 
+_TASK_CFG: list = []  # the Hydra task config of this job (for .hydra/ files written by the harness)
+
+
+def _exit_code(e: BaseException) -> tuple[int, str]:
+    from harness.run_folder import ConfigMismatch, RunFolderBusy
+
+    if isinstance(e, ConfigError):
+        return EXIT_CONFIG, "invalid config"
+    if isinstance(e, (RunFolderBusy, ConfigMismatch)):
+        return EXIT_CONFIG, "refused"
+    return EXIT_FAILED, "run failed"
+
+
 def _job(cfg) -> Optional[int]:
-    """The Hydra job: :func:`train`, with one-line errors. A single run exits 2 (config) or 1 (failed run); in a
-    sweep the error is re-raised so Hydra records the point as failed and the other points go on."""
+    """The Hydra job: :func:`train`, with one-line errors. A single run exits 2 (config error, busy or mismatched
+    folder) or 1 (failed run); in a sweep the error is re-raised so Hydra records the point as failed and the
+    other points go on."""
+    from harness.run_folder import RunFolderError
+    from harness.tracking import experiment_name
+
+    _TASK_CFG[:] = [cfg]
     try:
-        summary = train(cfg)
-    except (ConfigError, TrainingFailed) as e:
-        code = EXIT_CONFIG if isinstance(e, ConfigError) else EXIT_FAILED
-        what = "invalid config" if code == EXIT_CONFIG else "run failed"
+        summary = train(cfg, experiment=experiment_name())
+    except (ConfigError, TrainingFailed, RunFolderError) as e:
+        code, what = _exit_code(e)
         print(f"gkd-train: {what}: {e}", file=sys.stderr)
         if _verbose(cfg) or _is_multirun():
             raise
@@ -295,17 +355,18 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if "--version" in args:
         print(f"gkd-train (gkd-harness) {harness_version()}")
         return
-    from harness.validate import refuse_credential_overrides
+    from harness.tracking import secret_overrides, secret_refusal
 
     overrides = [a for a in args if not a.startswith("-")]
     try:
-        refuse_credential_overrides(overrides)
+        for key in secret_overrides(overrides):
+            raise ConfigError(key, secret_refusal(key))
         dry = (_flag_value(overrides, "run.dry_run") or "").lower() in ("true", "1", "yes")
         if dry and not any(a in ("-m", "--multirun") or a.startswith("--") for a in args):
-            from harness.compose import point_config
+            from harness.compose import compose_point
 
-            cfg, run_dir = point_config(overrides)
-            train(cfg)
+            point = compose_point(overrides)
+            train(point.cfg, experiment=point.experiment)
             return
     except ConfigError as e:
         print(f"gkd-train: invalid config: {e}", file=sys.stderr)

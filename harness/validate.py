@@ -16,36 +16,13 @@ from typing import Any, Optional
 
 from harness.config import (
     BACKENDS, BETA_FORMS, DEVICES, DTYPE_NAMES, EMBEDDED, PRECISIONS, WANDB_MODES, ConfigError,
-    MegatronBackendConfig, TrainConfig, flat_items,
+    MegatronBackendConfig, TrainConfig, flat_items, to_dict,
 )
 from harness.rollout_config import validate_rollout
+from harness.tracking import find_secret_keys, secret_refusal
 
-#: config keys whose last part looks like a credential (never accepted: use the environment variable instead)
-CREDENTIAL_WORDS = ("api_key", "apikey", "token", "password", "secret")
 #: the smallest vocabulary the byte-level embedded tokenizer can have (256 bytes + chat tokens + merges)
 MIN_EMBEDDED_VOCAB = 300
-
-
-def is_credential_key(key: str) -> bool:
-    """True for ``tracking.wandb.api_key``, ``hub_token``, ``password`` ...; false for ``max_tokens``."""
-    last = key.rsplit(".", 1)[-1].lower().lstrip("+~")
-    if last.endswith("tokens") or last.startswith("max_"):
-        return False
-    return any(last == w or last.endswith("_" + w) or last.endswith(w) for w in CREDENTIAL_WORDS)
-
-
-def refuse_credential_overrides(overrides) -> None:
-    """Refuse ``key=value`` overrides whose key looks like a credential, before Hydra writes anything.
-
-    Raises:
-        ConfigError: naming the key and the environment variable to use instead.
-    """
-    for item in overrides:
-        key = str(item).split("=", 1)[0]
-        if "=" in str(item) and is_credential_key(key):
-            hint = "WANDB_API_KEY" if "wandb" in key.lower() else "the tool's own environment variable (e.g. HF_TOKEN)"
-            raise ConfigError(key.lstrip("+~"), f"credentials are never accepted as config values (they would land in "
-                              f"the run folder and in wandb); set {hint} in the environment instead")
 
 
 def is_local_path(value: str) -> bool:
@@ -136,8 +113,8 @@ def validate_config(cfg: TrainConfig) -> None:
     """Raise :class:`ConfigError` (a ValueError naming the key) for the first invalid value in ``cfg``."""
     for key, value in flat_items(cfg).items():
         _finite(key, value)
-        if is_credential_key(key):
-            raise ConfigError(key, "credentials are never accepted as config values; use the environment")
+    for key in find_secret_keys(to_dict(cfg)):
+        raise ConfigError(key, secret_refusal(key))
 
     if cfg.loss.precision not in PRECISIONS:
         raise ConfigError("loss.precision", f"must be one of {list(PRECISIONS)}, got {cfg.loss.precision!r}")
@@ -226,5 +203,5 @@ def validate_config(cfg: TrainConfig) -> None:
     validate_rollout(cfg)
 
 
-__all__ = ["validate_config", "refuse_credential_overrides", "is_credential_key", "model_vocab_size",
+__all__ = ["validate_config", "model_vocab_size",
            "is_local_path", "ConfigError", "EMBEDDED"]

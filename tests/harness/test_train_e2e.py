@@ -13,17 +13,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from harness.capture import load_capture
+from harness.compose import point_config
 from harness.losses import make_gkd_loss
-from harness.train import CONFIG_DIR, train
-from harness.tracking import read_metrics
+from harness.run_folder import read_metrics
+from harness.train import train
+from tests.conftest import entry_point
 from tests.reference import reference_gkd
 
 pytestmark = pytest.mark.slow
 
 STEPS = 3
+RESUME_STEPS = 12  # long enough to be killed after step 3 with a checkpoint behind it
 RUNS = {
     # name: (overrides, world size)
     "original": (["loss=original", "monitor.capture=true", "monitor.spot_check.param_grad=true"], 1),
@@ -36,10 +38,8 @@ RUNS = {
 
 
 def compose_cfg(out_dir, overrides):
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return compose("train", overrides=[f"run.output_dir={out_dir}", f"run.max_steps={STEPS}", "gkd.beta=0.5",
-                                           "gkd.temperature=0.9", "tracking.wandb.mode=offline",
-                                           "tracking.wandb.group=e2e", *overrides])
+    return point_config([f"run.output_dir={out_dir}", f"run.max_steps={STEPS}", "gkd.beta=0.5", "gkd.temperature=0.9",
+                         "tracking.wandb.mode=offline", "tracking.wandb.group=e2e", *overrides])[0]
 
 
 @pytest.fixture(scope="session")
@@ -191,17 +191,65 @@ def test_completed_run_is_skipped(run):
 
 
 def test_cli_rejects_bad_config_naming_the_key(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "harness.train", f"run.output_dir={tmp_path / 'r'}", "gkd.beta=1.5"],
+    proc = subprocess.run([entry_point("gkd-train"), f"run.output_dir={tmp_path / 'r'}", "gkd.beta=1.5"],
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0
-    assert "gkd.beta" in proc.stderr + proc.stdout
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "gkd-train: invalid config: gkd.beta: must lie in [0, 1], got 1.5"
+    assert "Traceback" not in proc.stdout + proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_completed_folder_with_another_config_is_refused_listing_the_keys(run, tmp_path):
+    """Issue 12 item 4: a changed path-valued key (model.teacher) used to be skipped as "completed"."""
+    out, summary, _ = run("fp32")
+    other = tmp_path / "teacher"
+    import shutil
+
+    shutil.copytree(summary["inputs"]["teacher"], other)
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    args = [f"run.output_dir={out}", f"run.max_steps={STEPS}", "gkd.beta=0.5", "gkd.temperature=0.9",
+            "tracking.wandb.mode=offline", "tracking.wandb.group=e2e", *RUNS["fp32"][0]]
+    proc = subprocess.run([entry_point("gkd-train"), *args, f"model.teacher={other}"], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "model.teacher" in proc.stderr and "run.overwrite=true" in proc.stderr and "Traceback" not in proc.stderr
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before  # nothing touched
+    same = subprocess.run([entry_point("gkd-train"), *args], capture_output=True, text=True, timeout=300)
+    assert same.returncode == 0, same.stderr
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before  # skipped, .hydra/ untouched
+
+
+def test_a_second_run_into_a_live_folder_exits_at_once_naming_the_owner(embedded_cache, tmp_path):
+    """Issue 12 item 3: the second run used to move the live run's files away and swap its plugin settings."""
+    out = tmp_path / "D"
+    env = {**os.environ, "GKD_HARNESS_CACHE": str(embedded_cache)}
+    first = subprocess.Popen([entry_point("gkd-train"), "run.max_steps=4", f"run.output_dir={out}",
+                              "tracking.wandb.mode=disabled"], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while not (out / ".lock").exists():
+            assert time.time() < deadline and first.poll() is None, first.stderr.read() if first.poll() else "timeout"
+            time.sleep(0.2)
+        second = subprocess.run([entry_point("gkd-train"), "run.max_steps=4", "loss=original",
+                                 f"run.output_dir={out}", "tracking.wandb.mode=disabled"], env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2, second.stderr
+        assert str(out) in second.stderr and f"pid {first.pid}" in second.stderr.replace("pid=", "pid ")
+        assert first.wait(timeout=900) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["config"]["loss.precision"] == "fp32"
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert not (out / "previous_attempts").exists()
 
 
 def test_sigkill_mid_training_keeps_metrics_and_marks_failed_then_resumes(embedded_cache, tmp_path):
     out = tmp_path / "killed"
     env = {**os.environ, "GKD_HARNESS_CACHE": str(embedded_cache)}
-    args = [sys.executable, "-m", "harness.train", f"run.output_dir={out}", "run.max_steps=60", "run.save_steps=2",
+    args = [entry_point("gkd-train"), f"run.output_dir={out}", f"run.max_steps={RESUME_STEPS}", "run.save_steps=2",
             "loss=original", "tracking.wandb.mode=offline"]
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -228,5 +276,5 @@ def test_sigkill_mid_training_keeps_metrics_and_marks_failed_then_resumes(embedd
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "completed" and "checkpoint-" in summary["resumed_from"]
     rows = read_metrics(out / "metrics.jsonl")
-    assert [r["step"] for r in rows] == list(range(1, 61))
-    assert rows[-1]["gkd/loss_calls_total"] == 60  # cumulative counts continue across the restart
+    assert [r["step"] for r in rows] == list(range(1, RESUME_STEPS + 1))
+    assert rows[-1]["gkd/loss_calls_total"] == RESUME_STEPS  # cumulative counts continue across the restart
