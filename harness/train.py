@@ -147,11 +147,46 @@ def _failure(argv: List[str], rc: int, log_path: Path) -> TrainingFailed:
                           f"{_last_error_line(log_path)} (log: {log_path})")
 
 
-def _execute(plan: LaunchPlan, log_path: Path, stream: bool) -> None:
-    log.info("running: " + " ".join(plan.argv))
-    rc = _run_subprocess(plan.argv, plan.process_env(os.environ), log_path, stream)
+def _execute(plan: LaunchPlan, log_path: Path, stream: bool, progress_of: Optional[tuple] = None) -> None:
+    """Run the plan; ms-swift's output goes to ``log_path`` (and the console when ``stream``). ``progress_of``
+    (label, metrics.jsonl, max_steps) shows a live progress line for a single run."""
+    import threading
+
+    log.debug("running: " + " ".join(plan.argv))
+    stop = threading.Event()
+    watcher = None
+    if progress_of is not None and not stream and not _is_multirun():
+        watcher = threading.Thread(target=_show_progress, args=(*progress_of, stop), daemon=True)
+        watcher.start()
+    try:
+        rc = _run_subprocess(plan.argv, plan.process_env(os.environ), log_path, stream)
+    finally:
+        stop.set()
+        if watcher is not None:
+            watcher.join(timeout=5)
     if rc != 0:
         raise _failure(plan.argv, rc, log_path)
+
+
+def _show_progress(label: str, metrics: Path, max_steps: int, stop, every_s: float = 2.0) -> None:
+    """A single run's live progress line, fed from its metrics.jsonl until ``stop`` is set."""
+    from harness.progress import ProgressDisplay, Snapshot
+    from harness.run_folder import last_metrics_step
+
+    display = ProgressDisplay()
+
+    def snapshot(final: bool) -> Snapshot:
+        step = last_metrics_step(metrics) if metrics.exists() else 0
+        finished = final and step >= max_steps
+        return Snapshot(label=f"run {label}", total=1, done=int(finished), failed=int(final and not finished),
+                        running=None if final else label, step=step, max_steps=max_steps)
+
+    try:
+        while not stop.wait(every_s):
+            display.update(snapshot(False))
+        display.update(snapshot(True))
+    finally:
+        display.close()
 
 
 def dry_run(cfg: TrainConfig, run_dir: Path, base_env: Optional[Dict[str, str]] = None,
@@ -251,7 +286,8 @@ def _train_main_node(cfg: TrainConfig, run_dir: Path, folder, experiment: Option
                               inputs={"student": plan.inputs.student, "teacher": plan.inputs.teacher,
                                       "dataset": plan.inputs.dataset})
         folder.write_json("command.json", {"argv": plan.argv, "env": plan.shown_env()})
-        _execute(plan, run_dir / "swift.log", stream=cfg.run.verbose)
+        _execute(plan, run_dir / "swift.log", stream=cfg.run.verbose,
+                 progress_of=(run_name_for(cfg, run_dir), folder.metrics_path, cfg.run.max_steps))
         seen = (folder.read_summary() or {}).get("world_size")
         if seen is None:
             raise TrainingFailed("the harness plugin never reported (was --external_plugins loaded?)")

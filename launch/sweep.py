@@ -22,6 +22,7 @@ import atexit
 import json
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, TextIO
@@ -30,6 +31,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+
+from harness.progress import ProgressDisplay, Snapshot, render
 
 STATUS_FILE = "job_return.json"
 
@@ -155,6 +158,7 @@ class SweepStatusCallback(Callback):
         self._sweep_dir = Path(".")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._started = time.monotonic()
         self._reported = False
 
     # submitit launchers pickle the Hydra context (callbacks included) into every job: ship settings only
@@ -192,6 +196,7 @@ class SweepStatusCallback(Callback):
             f"{todo} to run"
         )
         self._stop.clear()
+        self._started = time.monotonic()
         self._reported = False
         atexit.register(self._report)
         if self.progress_interval_s > 0:
@@ -220,24 +225,27 @@ class SweepStatusCallback(Callback):
         self._report()
 
     # -- progress and final report
-    def progress_line(self) -> str:
+    def snapshot(self) -> Snapshot:
         points = self.statuses()
-        done = sum(p.status == "completed" for p in points)
-        failed = sum(p.status == "failed" for p in points)
-        line = f"[sweep {self._group}] {done}/{len(points)} done, {failed} failed"
         running = [p for p in points if p.status == "running"]
-        for p in running:
-            line += f" | running {p.name or '(no overrides)'} step {p.step if p.step is not None else 0}/" \
-                    f"{p.max_steps or '?'}"
-        return line
+        cur = running[0] if running else None
+        return Snapshot(label=f"sweep {self._group}", total=len(points),
+                        done=sum(p.status == "completed" for p in points),
+                        failed=sum(p.status == "failed" for p in points),
+                        running=cur.name if cur else None, step=cur.step if cur else None,
+                        max_steps=cur.max_steps if cur else None)
+
+    def progress_line(self) -> str:
+        return render(self.snapshot(), time.monotonic() - self._started)
 
     def _progress_loop(self) -> None:
-        last = ""
-        while not self._stop.wait(self.progress_interval_s):
-            line = self.progress_line()
-            if line != last:
-                self._print(line)
-                last = line
+        display = ProgressDisplay(stream=self.stream or sys.stdout)
+        display.started = self._started
+        try:
+            while not self._stop.wait(self.progress_interval_s):
+                display.update(self.snapshot())
+        finally:
+            display.close()
 
     def _report(self) -> None:
         if self._reported or not self._points:
