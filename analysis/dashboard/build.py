@@ -71,6 +71,12 @@ def _panel(spec: PanelSpec):
 
 
 # --- runset -----------------------------------------------------------------------------------------------
+def _filter(facts: SweepFacts):
+    """The runset filter: the expressions of :func:`runset_filters` joined by AND ("" for none)."""
+    exprs = [f for _, f in runset_filters(facts)]
+    return expr.And(*exprs) if exprs else ""
+
+
 def runset_filters(facts: SweepFacts) -> list:
     """-> [(description dict, wandb filter expression)]: the sweep's group, and the experiment tag when every
     run carries it."""
@@ -107,7 +113,7 @@ def build_workspace(sections: Sequence[Section], facts: SweepFacts, name: Option
         sections=[ws.Section(name=s.name, panels=[_panel(p) for p in s.panels], is_open=True) for s in sections],
         settings=ws.WorkspaceSettings(x_axis="Step", max_runs=MAX_RUNS, smoothing_type="none"),
         runset_settings=ws.RunsetSettings(
-            filters=[f for _, f in runset_filters(facts)],
+            filters=_filter(facts),
             groupby=[expr.Config(n.config_path(k)) for k in keys],
             pinned_columns=_columns(keys),
         ),
@@ -135,7 +141,7 @@ def _runset(facts: SweepFacts, with_project: bool) -> wr.Runset:
         entity=(facts.entity or "") if with_project else "",
         project=facts.project if with_project else "",
         name=f"group {facts.group}" if facts.group else "sweep",
-        filters=[f for _, f in runset_filters(facts)],
+        filters=_filter(facts),
         groupby=[f"config.{n.config_path(k)}" for k in grouping(facts)],
     )
 

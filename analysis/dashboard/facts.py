@@ -83,8 +83,8 @@ def _hydra_experiment(run_folder: Path) -> Optional[str]:
 
 
 def _owning_run_folder(path: Path, root: Path) -> Optional[Path]:
-    """The run folder (holding ``summary.json`` or ``.hydra/``) above a wandb file, not above ``root``."""
-    for p in path.parents:
+    """The run folder (holding ``summary.json`` or ``.hydra/``) at or above ``path``, not above ``root``."""
+    for p in (path, *path.parents):
         if (p / "summary.json").exists() or (p / ".hydra").is_dir():
             return p
         if p == root:
@@ -149,7 +149,7 @@ def facts_from_folder(root: os.PathLike, source: str = "local", group: Optional[
                                 + (f" for group {group!r}" if group else ""))
         sweep = tabulate(runs_from_wandb(wruns), source=f"wandb-offline:{root}")
         group = _one([r.group for r in wruns], "group", str(root), group)
-        folders = [_owning_run_folder(Path(r.path), root) for r in wruns if getattr(r, "path", None)]
+        folders = [_owning_run_folder(Path(r.path_str), root) for r in wruns if getattr(r, "path_str", None)]
         experiment = experiment or _one([_hydra_experiment(f) for f in folders if f], "experiment", str(root))
         local_keys, local_config = _history_keys(sweep), frozenset()
     else:

@@ -1,4 +1,5 @@
-"""gkd-dashboard on a real smoke sweep (gkd-train -m experiment=smoke through ms-swift, 3 steps, wandb offline).
+"""gkd-dashboard on a real smoke sweep (gkd-train -m experiment=smoke through ms-swift, 3 steps, wandb offline),
+and on the contract-shaped synthetic sweep (run folders only, 4 β x 2 forms x 2 precisions).
 
 The specs are checked against what the runs really logged, read independently of the dashboard code: each run's
 ``metrics.jsonl`` (plain JSON lines) and its wandb offline file (the analysis package's record reader). Every
@@ -19,9 +20,8 @@ from pathlib import Path
 import pytest
 
 from analysis.criteria import load_criteria
+from analysis.dashboard.cli import main as dashboard_main
 from analysis.load_offline import OfflineRun, find_offline_runs
-
-pytestmark = pytest.mark.slow
 
 STEPS = 3
 
@@ -138,6 +138,7 @@ def spec(dashboard_sweep, tmp_path_factory) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_every_panel_metric_is_in_every_run_history(dashboard_sweep, spec):
     metrics, _, _, n_panels = _spec_refs(spec)
     jsonl = _jsonl_keys(dashboard_sweep)
@@ -157,6 +158,7 @@ def test_every_panel_metric_is_in_every_run_history(dashboard_sweep, spec):
     assert "spot/param_grad_rel_l2" not in metrics
 
 
+@pytest.mark.slow
 def test_every_grouping_and_filter_key_is_in_the_runs(dashboard_sweep, spec):
     _, config, filters, _ = _spec_refs(spec)
     wruns = _wandb_runs(dashboard_sweep)
@@ -180,6 +182,7 @@ def test_every_grouping_and_filter_key_is_in_the_runs(dashboard_sweep, spec):
     assert spec["sweep"]["n_runs"] == 3 and {r.group for r in wruns} == {wruns[0].group}
 
 
+@pytest.mark.slow
 def test_tolerance_lines_are_the_signoff_criteria(spec):
     crit = load_criteria()
     lines = {e for p in spec["panels"] for e in (line["expression"] for line in p["lines"])}
@@ -196,6 +199,7 @@ def test_tolerance_lines_are_the_signoff_criteria(spec):
     assert ws_exprs == lines
 
 
+@pytest.mark.slow
 def test_report_holds_the_verdict_table(dashboard_sweep, spec):
     md = [b["content"] for b in spec["report"]["spec"]["blocks"] if b.get("type") == "markdown-block"]
     assert len(md) == 1 and md[0].startswith("**Verdict: PASS**")
@@ -205,6 +209,7 @@ def test_report_holds_the_verdict_table(dashboard_sweep, spec):
     assert len(grids) == len({p["section"] for p in spec["panels"]})
 
 
+@pytest.mark.slow
 def test_offline_source_gives_the_same_panels(dashboard_sweep, spec, tmp_path):
     out = tmp_path / "spec_offline.json"
     proc = _dashboard(dashboard_sweep, "--source", "wandb-offline", "--out", out)
@@ -226,9 +231,50 @@ def test_cli_words_and_exit_codes(tmp_path):
     assert "Traceback" not in missing.stderr
 
 
-def test_push_without_a_server_fails_with_exit_1(dashboard_sweep, tmp_path):
+def test_push_without_a_server_fails_with_exit_1(synthetic_sweep_dir, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(HOME=str(tmp_path), WANDB_BASE_URL="http://127.0.0.1:9", WANDB_MODE="online")
-    proc = _dashboard(dashboard_sweep, "--push", env=env, timeout=120)
+    proc = _dashboard(synthetic_sweep_dir, "--push", env=env, timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr and "gkd-dashboard:" in proc.stderr
+
+
+def test_run_folders_without_wandb_files(synthetic_sweep_dir, tmp_path, capsys):
+    """Run folders alone (no wandb files): keys from metrics.jsonl and summary.json, all four β on the β view."""
+    out = tmp_path / "spec.json"
+    assert dashboard_main([str(synthetic_sweep_dir), "--out", str(out)]) == 0
+    assert "no wandb offline files" in capsys.readouterr().err
+    spec = json.loads(out.read_text())
+    metrics, config, filters, n_panels = _spec_refs(spec)
+    jsonl = _jsonl_keys(synthetic_sweep_dir)
+    assert len(jsonl) == 16 and n_panels >= 16
+    for run, keys in jsonl.items():
+        assert metrics <= keys, f"{run}/metrics.jsonl lacks {sorted(metrics - keys)}"
+    for summary in synthetic_sweep_dir.glob("*/summary.json"):
+        data = json.loads(summary.read_text())
+        carried = {"harness." + k for k in _flat(data["config"])}
+        assert config <= carried, f"{summary} config lacks {sorted(config - carried)}"
+        assert filters and all({k: f[k] for k in ("key", "op", "value")} == {
+            "key": {"section": "run", "name": "group"}, "op": "=", "value": data["group"]} for f in filters)
+    assert spec["left_out"] == [] and "spot/param_grad_rel_l2" in metrics  # the synthetic runs measure it
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def test_several_groups_in_one_folder_need_group(sweep_copy, tmp_path, capsys):
+    summary = next(iter(sorted(sweep_copy.glob("*/summary.json"))))
+    data = json.loads(summary.read_text())
+    summary.write_text(json.dumps(dict(data, group="other")))
+    assert dashboard_main([str(sweep_copy), "--out", str(tmp_path / "s.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--group" in err and str(sweep_copy) in err and "Traceback" not in err
+    assert dashboard_main([str(sweep_copy), "--group", "other", "--out", str(tmp_path / "s.json")]) == 0
+    assert json.loads((tmp_path / "s.json").read_text())["sweep"]["n_runs"] == 1
