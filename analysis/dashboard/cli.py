@@ -33,17 +33,11 @@ def _version() -> str:
         return "unknown"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # usage errors: one line, exit 2 (as argparse does), no traceback
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_UNUSABLE, f"{self.prog}: {message}\n")
-
-
 def _parser() -> argparse.ArgumentParser:
     doc = __doc__.split("\n\n")
-    p = _Parser(prog="gkd-dashboard", description=doc[0] + "\n\n" + doc[2],
-                epilog="\n\n".join(doc[3:]), formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("sweep", help="sweep folder, folder of wandb offline runs, or ENTITY/PROJECT")
+    p = argparse.ArgumentParser(prog="gkd-dashboard", description="\n\n".join(doc[:3]),
+                                epilog="\n\n".join(doc[3:]), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sweep", metavar="SWEEP", help="sweep folder, folder of wandb offline runs, or ENTITY/PROJECT")
     p.add_argument("--out", type=Path, metavar="FILE", help="write the workspace and report specs to FILE (JSON)")
     p.add_argument("--push", action="store_true", help="save the workspace and the report to wandb, print URLs")
     p.add_argument("--source", choices=("local", "wandb-offline", "wandb"), default="local",
@@ -94,7 +88,11 @@ def main(argv: Optional[list] = None) -> int:
     sections, left_out = keep_available(standard_sections(criteria), facts.metric_keys)
     for note in left_out:
         print(f"left out: {note}", file=sys.stderr)
-    verdict, results = evaluate(facts.sweep, criteria)
+    try:
+        verdict, results = evaluate(facts.sweep, criteria)
+    except UnusableInput as e:
+        print(f"gkd-dashboard: unusable input: {e}", file=sys.stderr)
+        return EXIT_UNUSABLE
     workspace = build_workspace(sections, facts, args.name)
     n_panels = sum(len(s.panels) for s in sections)
     if args.out:

@@ -278,3 +278,18 @@ def test_several_groups_in_one_folder_need_group(sweep_copy, tmp_path, capsys):
     assert "--group" in err and str(sweep_copy) in err and "Traceback" not in err
     assert dashboard_main([str(sweep_copy), "--group", "other", "--out", str(tmp_path / "s.json")]) == 0
     assert json.loads((tmp_path / "s.json").read_text())["sweep"]["n_runs"] == 1
+
+
+def test_criteria_file_sets_the_lines_and_a_bad_one_is_exit_2(synthetic_sweep_dir, tmp_path, capsys):
+    good = tmp_path / "good.yaml"
+    good.write_text("spot_tolerance:\n  grad_rel_l2_max: 0.0025\n")
+    out = tmp_path / "s.json"
+    assert dashboard_main([str(synthetic_sweep_dir), "--criteria", str(good), "--out", str(out)]) == 0
+    lines = {line["expression"] for p in json.loads(out.read_text())["panels"] for line in p["lines"]}
+    assert "${spot/grad_rel_l2}*0 + 0.0025" in lines
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("spot_tolerance:\n  grad_rel_l2_maxx: 1\n")
+    assert dashboard_main([str(synthetic_sweep_dir), "--criteria", str(bad), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "grad_rel_l2_maxx" in err and "Traceback" not in err
+
