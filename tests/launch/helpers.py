@@ -10,31 +10,30 @@ import warnings
 from pathlib import Path
 from typing import Sequence
 
-from omegaconf import OmegaConf
-
-from launch.slurm import SCHEMA_MATCH_WARNING
+from harness.compose import CONFIG_MODULE, SCHEMA_MATCH_WARNING, compose as compose_train, point_config, register
+from harness.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
 
 
 def compose(overrides, config_name="train"):
-    """Hydra's compose API on the repo's config tree (``train`` with its hydra node, or any other config)."""
+    """Hydra's compose API on the packaged config tree (``gkd_harness_configs``): ``train`` with its hydra node
+    (``harness.compose.compose``), or any other config of the tree composed on its own (e.g. ``signoff/default``)."""
+    if config_name == "train":
+        return compose_train(overrides)
     from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from hydra import initialize_config_module
 
-    with warnings.catch_warnings(), initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+    register()
+    with warnings.catch_warnings(), initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
         warnings.filterwarnings("ignore", message=SCHEMA_MATCH_WARNING)
-        return hydra_compose(config_name=config_name, overrides=list(overrides),
-                             return_hydra_config=config_name == "train")
+        return hydra_compose(config_name=config_name, overrides=list(overrides))
 
 
-def task_config(cfg, run_dir="/tmp/run"):
-    """The job's view of a composed config: hydra node dropped, run.output_dir as Hydra would set it."""
-    data = OmegaConf.to_container(cfg, resolve=False)
-    data.pop("hydra", None)
-    data["run"]["output_dir"] = str(run_dir)
-    return OmegaConf.create(data)
+def task_config(overrides: Sequence[str], run_dir="/tmp/run", multirun: bool = False) -> TrainConfig:
+    """The typed config a ``gkd-train`` job of ``overrides`` sees (real Hydra composition), run folder ``run_dir``."""
+    return point_config(list(overrides), run_dir=Path(run_dir), multirun=multirun)[0]
 
 
 def harness_env(output_root: Path, **extra: str) -> dict[str, str]:
@@ -96,3 +95,17 @@ def wandb_offline_run(run_dir: Path):
             history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
                             for item in rec.history.item})
     return run, history
+
+
+def with_value(cfg: TrainConfig, key: str, value) -> TrainConfig:
+    """A copy of ``cfg`` with the dotted ``key`` set to ``value``, rebuilt through ``harness.config.from_dict`` (for
+    values a Hydra override cannot express, such as an empty string where the job would see its run folder)."""
+    from harness.config import from_dict, to_dict
+
+    data = to_dict(cfg)
+    node = data
+    *parents, last = key.split(".")
+    for part in parents:
+        node = node[part]
+    node[last] = value
+    return from_dict(data)
