@@ -52,9 +52,9 @@ def test_default_config_is_valid():
     ("backend.name", "deepspeed"), ("backend.nproc_per_node", "0"),
     ("run.max_steps", "0"), ("run.seed", "x"), ("run.grad_accum", "0"), ("run.per_device_batch_size", "0"),
     ("run.learning_rate", "-1.0"), ("run.device", "tpu"), ("run.save_steps", "0"),
-    # booleans: OmegaConf's own coercion accepts true/false, yes/no, on/off and 1/0; anything else is refused
+    # booleans: OmegaConf's own coercion accepts true/false, yes/no, on/off and integers; words else are refused
     ("run.resume", "maybe"),
-    ("monitor.enabled", "2"), ("monitor.spot_check.every_n_steps", "-1"), ("monitor.spot_check.max_tokens", "0"),
+    ("monitor.enabled", "often"), ("monitor.spot_check.every_n_steps", "-1"), ("monitor.spot_check.max_tokens", "0"),
     ("monitor.spot_check.param_grad", "often"), ("monitor.capture", "sometimes"),
     ("tracking.wandb.mode", "cloud"), ("tracking.wandb.tags", "'a,b'"),
     ("rollout.engine", "sglang"),
