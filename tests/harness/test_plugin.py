@@ -5,6 +5,7 @@ counter equals the number of training steps); here the real ``GKDTrainer._comput
 """
 import json
 import logging
+import math
 import types
 
 import pytest
@@ -131,3 +132,232 @@ def test_resumed_run_continues_cumulative_counts(tmp_path, restore_swift):
     state.boundary(s, TeacherOutput(full_logits=t, labels=labels), labels, 0.5, 0.9)
     assert state.instrument.metrics["gkd/loss_calls_total"].compute() == 7.0
     assert state.instrument.metrics["gkd/neg_loss_calls_total"].compute() == 4.0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# no device query at import / install (ms-swift imports plugins before it sets each rank's device)
+# ----------------------------------------------------------------------------------------------------------
+DEVICE_QUERY_PROBE = r"""
+import json, os, sys
+import torch
+
+counts = {}
+
+
+def counting(name, fn):
+    def wrapper(*a, **k):
+        counts[name] = counts.get(name, 0) + 1
+        return fn(*a, **k)
+    return wrapper
+
+
+for name in ("current_device", "set_device", "_lazy_init"):
+    setattr(torch.cuda, name, counting(f"torch.cuda.{name}", getattr(torch.cuda, name)))
+import swift.utils
+import swift.utils.torch_utils
+
+original = swift.utils.torch_utils.get_current_device
+wrapped = counting("swift.utils.get_current_device", original)
+for mod in list(sys.modules.values()):  # every module that already bound the function by name
+    if getattr(mod, "__dict__", {}).get("get_current_device") is original:  # no getattr: lazy modules import
+        setattr(mod, "get_current_device", wrapped)
+
+from swift.utils import import_external_file  # exactly how ms-swift loads --external_plugins
+
+import_external_file(sys.argv[1])
+from harness import plugin
+
+assert plugin.STATE is not None and plugin.STATE.instrument is not None, "the plugin did not install"
+print("COUNTS=" + json.dumps(counts))
+"""
+
+
+def test_importing_and_installing_the_plugin_queries_no_device(tmp_path):
+    """Counting wrappers around ``torch.cuda.current_device`` / ``set_device`` / ``_lazy_init`` and ms-swift's
+    ``get_current_device`` (every binding of it): loading the plugin file as ms-swift does, with settings, so it
+    installs the instrumented loss, calls none of them (the old ``build_metrics`` called get_current_device 4x)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps(settings(tmp_path)))
+    env = dict(os.environ, **{plugin.SETTINGS_ENV: str(path)})
+    proc = subprocess.run([sys.executable, "-c", DEVICE_QUERY_PROBE, str(Path(plugin.__file__).resolve())], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    counts = json.loads(proc.stdout.split("COUNTS=")[-1].splitlines()[0])
+    assert counts == {}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Megatron: same names as HF, records on the rank that owns the wandb run
+# ----------------------------------------------------------------------------------------------------------
+MEGATRON_LOG_PROBE = r"""
+import importlib, importlib.util, json, os, sys
+from types import SimpleNamespace
+
+# Import-only stand-in for Transformer Engine's absence: mcore_bridge's package __init__ runs its patcher, which
+# imports transformer_engine (no CPU build). The real package is loaded with that one call skipped; the Megatron
+# callback modules under test (swift.megatron.callbacks.*) are ms-swift's own code, unchanged.
+spec = importlib.util.find_spec("mcore_bridge")
+pkg = importlib.util.module_from_spec(spec)
+sys.modules["mcore_bridge"] = pkg
+importlib.import_module("mcore_bridge.patcher").apply_patch = lambda: None
+spec.loader.exec_module(pkg)
+
+import torch
+from swift.rlhf_trainers.gkd_loss import TeacherOutput
+
+from harness import plugin
+
+settings = json.load(open(os.environ[plugin.SETTINGS_ENV]))
+state = plugin.install(settings)
+from swift.megatron.callbacks import megatron_callbacks_map
+
+# ms-swift builds trainer.callbacks from args.callbacks = [--callbacks..., 'print', 'default_flow', *report_to]
+# and BaseMegatronTrainer.call_event('on_log', logs=logs) calls each in that order; the trainer itself needs
+# Transformer Engine, so a namespace with the attributes the callbacks read stands in for it.
+run_dir = settings["run_dir"]
+trainer = SimpleNamespace(args=SimpleNamespace(output_dir=run_dir, wandb_exp_name="megatron-names",
+                                               wandb_project="gkd-harness-test"),
+                          state=SimpleNamespace(iteration=0))
+callbacks = [megatron_callbacks_map[name](trainer) for name in ("gkd_harness", "wandb")]
+for cb in callbacks:
+    cb.on_train_begin()
+for cb in callbacks:
+    cb.on_step_begin()
+g = torch.Generator().manual_seed(0)
+s = torch.randn(2, 6, 32, generator=g) * 2
+labels = torch.randint(0, 32, (2, 6), generator=g)
+state.boundary(s, TeacherOutput(full_logits=s + 0.01 * torch.randn(2, 6, 32, generator=g), labels=labels), labels,
+               0.5, 0.9)
+trainer.state.iteration = 1
+logs = {"loss": 0.25, "grad_norm": 1.5, "learning_rate": 1e-5}
+for cb in callbacks:
+    cb.on_log(logs)
+for cb in callbacks:
+    cb.on_train_end()
+print("LOGS=" + json.dumps(sorted(logs)))
+"""
+
+
+def _wandb_history_keys(run_dir):
+    """Keys of the history rows and the config keys of the offline wandb run under ``run_dir``."""
+    from analysis.wandb_file import read_records
+
+    files = sorted(run_dir.rglob("run-*.wandb"))
+    history, config = set(), set()
+    for f in files:
+        for rec in read_records(f):
+            kind = rec.WhichOneof("record_type")
+            if kind == "history":
+                history |= {item.key or "/".join(item.nested_key) for item in rec.history.item}
+            elif kind == "config":
+                config |= {item.key or "/".join(item.nested_key) for item in rec.config.update}
+    return files, history, config
+
+
+@pytest.mark.parametrize("rank", [1, 0])
+def test_megatron_logs_harness_metrics_under_the_hf_names(tmp_path, rank):
+    """ms-swift's own Megatron wandb callback (its ``rewrite_logs`` turns ``gkd/x`` into ``train/gkd_x``) logs the
+    harness metrics under their DESIGN names, the names HF logs; ``metrics.jsonl``, the dtypes in summary.json and
+    the harness config on the wandb run come from the last rank (the one with the wandb run, on the last pipeline
+    stage), and nothing from the others. ``RANK``/``WORLD_SIZE`` say which rank the process is (no process group)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from transformers.integrations import integration_utils as iu
+
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps(settings(tmp_path)))
+    env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", WANDB_MODE="offline",
+               WANDB_DIR=str(tmp_path / "wandb"), **{plugin.SETTINGS_ENV: str(path)})
+    proc = subprocess.run([sys.executable, "-c", MEGATRON_LOG_PROBE], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    logged = json.loads(proc.stdout.split("LOGS=")[-1].splitlines()[0])
+    assert "gkd/loss_calls_total" in logged and "spot/loss" in logged  # the harness callback added its metrics
+    files, history, config = _wandb_history_keys(tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text()) if (tmp_path / "summary.json").exists() else {}
+    if rank == 0:  # not the last rank: no wandb run, no records
+        assert files == [] and not (tmp_path / "metrics.jsonl").exists() and "dtypes_seen" not in summary
+        return
+    # the names HF gives the same logs (the plugin's wrapper of transformers' rewrite_logs, installed here)
+    plugin._keep_harness_names_in_wandb()
+    hf_names = set(iu.rewrite_logs({k: 1.0 for k in logged}))
+    assert {k for k in history if not k.startswith("_")} == hf_names
+    assert {"gkd/jsd_loss", "gkd/loss_calls_total", "spot/grad_rel_l2", "train/loss", "train/grad_norm"} <= history
+    assert not any(k.startswith("train/gkd_") or k.startswith("train/spot_") for k in history)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 1 and records[0]["step"] == 1 and records[0]["gkd/loss_calls_total"] == 1.0
+    assert set(records[0]) - {"step"} == {k for k in hf_names if not k.startswith("train/learning")} | {
+        "train/learning_rate"}
+    assert summary["dtypes_seen"] == {"student": "float32", "teacher": "bfloat16"}
+    assert any(k.startswith("harness.") for k in config)  # the harness config is on this rank's wandb run
+
+
+# ----------------------------------------------------------------------------------------------------------
+# NaN / Inf in the logs; fail_on_nonfinite
+# ----------------------------------------------------------------------------------------------------------
+def _hf_callback(state_args):
+    cls = plugin._make_hf_callback()
+    return cls(state_args, types.SimpleNamespace())
+
+
+@pytest.mark.parametrize("key", ["loss", "grad_norm"])
+def test_nonfinite_logged_loss_or_grad_norm_stops_the_run_naming_the_step(tmp_path, restore_swift, key):
+    from harness.instrument import NonFiniteError
+
+    plugin.install(settings(tmp_path))
+    cb = _hf_callback(types.SimpleNamespace())
+    state = types.SimpleNamespace(global_step=2, is_world_process_zero=True)
+    cb.on_log(None, state, None, logs={"loss": 0.1, "grad_norm": 1.0, "learning_rate": 1e-5})  # finite: fine
+    with pytest.raises(NonFiniteError, match=rf"non-finite {key} \(nan\) at step 3"):
+        state.global_step = 3
+        cb.on_log(None, state, None, logs={"loss": 0.1, "grad_norm": 1.0, "learning_rate": 1e-5, key: float("nan")})
+    # the non-finite value reached metrics.jsonl as itself before the run stopped
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert math.isnan(rows[-1][f"train/{key}"]) and rows[-1]["step"] == 3
+
+
+def test_fail_on_nonfinite_off_logs_nan_and_continues(tmp_path, restore_swift):
+    state = plugin.install(settings(tmp_path, overrides=["monitor.fail_on_nonfinite=false"]))
+    s, t, labels = inputs()
+    s[0, 3, 0] = float("nan")
+    state.boundary(s, TeacherOutput(full_logits=t, labels=labels), labels, 0.5, 0.9)  # no error
+    cb = _hf_callback(types.SimpleNamespace())
+    cb.on_log(None, types.SimpleNamespace(global_step=1, is_world_process_zero=True), None,
+              logs={"loss": float("nan"), "grad_norm": float("inf")})
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert math.isnan(rows[-1]["train/loss"]) and rows[-1]["train/grad_norm"] == math.inf
+
+
+def test_first_nonfinite_loss_call_stops_the_run(tmp_path, restore_swift):
+    from harness.instrument import NonFiniteError
+
+    state = plugin.install(settings(tmp_path))
+    state.instrument.step = 4
+    s, t, labels = inputs()
+    s[0, 3, 0] = float("inf")
+    with pytest.raises(NonFiniteError, match="non-finite GKD loss at step 4"):
+        state.boundary(s, TeacherOutput(full_logits=t, labels=labels), labels, 0.5, 0.9)
+
+
+def test_hf_nan_filter_is_turned_off_at_train_begin(tmp_path, restore_swift):
+    """transformers' ``logging_nan_inf_filter`` (default True) replaces a NaN/Inf step loss by the window's mean,
+    which is 0.0 right after a log: the run would log ``train/loss: 0.0``. The callback turns it off."""
+    from transformers import TrainingArguments
+
+    plugin.install(settings(tmp_path))
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to=[])
+    assert args.logging_nan_inf_filter is True
+    trainer = types.SimpleNamespace(custom_metrics={"train": {}}, model=torch.nn.Linear(2, 2))
+    cb = plugin._make_hf_callback()(args, trainer)
+    cb.on_train_begin(args, types.SimpleNamespace(global_step=0, is_world_process_zero=True), None)
+    assert args.logging_nan_inf_filter is False
+    assert plugin.STATE.instrument.where.device == torch.device("cpu")  # bound to the rank's device at train begin
+    assert set(trainer.custom_metrics["train"]) >= {"gkd/jsd_loss", "gkd/loss_calls_total"}
