@@ -182,9 +182,27 @@ def _kappa(zs: torch.Tensor, zt: torch.Tensor, s_log: torch.Tensor, t_log: torch
     (s_log[argmax zs] − t_log[argmax zt])`` never forms ``max + log Σ`` (which rounds at ulp(max): 1e-3 for
     logits of 1e4).
     """
+    return _kappa_argmax(zs, zt, s_log, t_log)[0]
+
+
+def _kappa_argmax(zs, zt, s_log, t_log):
+    """``(κ [C, 1], argmax of zs [C, 1])``; see :func:`_kappa`."""
     m_s, j_s = zs.max(-1, keepdim=True)
     m_t, j_t = zt.max(-1, keepdim=True)
-    return (m_t - m_s) + (s_log.gather(-1, j_s) - t_log.gather(-1, j_t))
+    return (m_t - m_s) + (s_log.gather(-1, j_s) - t_log.gather(-1, j_t)), j_s
+
+
+def _zero_sum_at_argmax(grad: torch.Tensor, j: torch.Tensor, p_j: torch.Tensor) -> torch.Tensor:
+    """In rows whose student argmax ``j`` ``[C, 1]`` has ``p_j > 1/2``, set ``grad[j] = −Σ_{i≠j} grad[i]`` (in place).
+
+    The JSD is invariant under adding a constant to a row of student logits, so each row of its gradient sums
+    to 0. At the argmax of a nearly one-hot row (logits / T in the thousands) ``p·h − p·Σ p·h`` cancels to
+    rounding (``1 − p_j`` below ulp(1)), while the other entries are products of small factors; their sum is
+    accurate. ``grad`` ``[C, D]`` in the compute dtype, equal student/teacher vocabularies.
+    """
+    at_j = grad.gather(-1, j)
+    others = grad.sum(-1, keepdim=True).sub_(at_j)
+    return grad.scatter_(-1, j, torch.where(p_j > 0.5, others.neg_(), at_j))
 
 
 def _log_ratio(zs: torch.Tensor, zt: torch.Tensor, s_log: torch.Tensor, t_log: torch.Tensor) -> torch.Tensor:
@@ -371,7 +389,7 @@ def _jsd_stable_and_grad(zs: torch.Tensor, zt: torch.Tensor, beta: float, beta_f
     """
     s_log = torch.log_softmax(zs, -1)
     t_log = torch.log_softmax(zt, -1)
-    kappa = _kappa(zs, zt, s_log, t_log)
+    kappa, j_s = _kappa_argmax(zs, zt, s_log, t_log)
     d = zt.sub_(zs).sub_(kappa)  # (zt − zs) − κ, in zt's storage
     del zs, zt
     far = (kappa.abs() > _KAPPA_MAX).squeeze(-1)
@@ -454,7 +472,9 @@ def _jsd_stable_and_grad(zs: torch.Tensor, zt: torch.Tensor, beta: float, beta_f
                 ph = y.mul_((1.0 - beta) * (2.0 * beta - 1.0)).sub_(ell, alpha=beta).mul_(p)
         del xs
     if ph is not None:
+        p_j = p.gather(-1, j_s)
         ph.sub_(p.mul_(ph.sum(-1, keepdim=True)))
+        _zero_sum_at_argmax(ph, j_s, p_j)
     return loss, ph
 
 

@@ -82,4 +82,23 @@ def reference_gkd(student_logits, labels, beta, temperature, beta_form="paper", 
     (grad, ) = torch.autograd.grad(loss, s_all, allow_unused=True)
     if grad is None:
         grad = torch.zeros_like(s_all)
+    if teacher_full is not None and teacher_full.shape[-1] == student_logits.shape[-1]:
+        grad = _zero_sum_at_argmax(grad, student_logits, labels)
     return float(total.detach()), n, grad
+
+
+def _zero_sum_at_argmax(grad: torch.Tensor, student_logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Replace each active row's gradient at the student's argmax by minus the sum of the row's other entries.
+
+    The loss is invariant under adding a constant to a row of student logits (equal vocabularies), so each row
+    of the exact gradient sums to 0. At the argmax of a nearly one-hot row (logits / T of thousands) autograd
+    forms ``p·(1 − p)``-like differences that FP64 cannot resolve (``1 − p ≈ 1e-27``), while every other entry is
+    a product of small factors, accurate to FP64 rounding. Elsewhere the change is at FP64 rounding level.
+    """
+    grad = grad.clone()
+    rows = labels != -100
+    g, j = grad[rows], student_logits.detach()[rows].double().argmax(-1, keepdim=True)
+    at_j = g.gather(-1, j)
+    g.scatter_(-1, j, -(g.sum(-1, keepdim=True) - at_j))
+    grad[rows] = g
+    return grad

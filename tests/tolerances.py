@@ -31,6 +31,12 @@ LOSS_ATOL_PER_POSITION = 1e-6
 # Measured maximum 9.1e-6 (TP) / 7.4e-6 (single process): 10× headroom, a tenth of the 1e-3 acceptance bound.
 GRAD_REL_L2_FP32_STUDENT = 1e-4
 
+# gkd_loss at T = 1e-3: dividing ordinary logits by T in FP32 rounds each scaled logit at ulp(|z/T|) ≈ 2.4e-4
+# before any loss arithmetic (the reference divides in FP64). Measured ≤ 2.8e-4 gradient error (textbook FP32:
+# 4.9e-3); on the FP32-scaled tensors themselves the fp32 loss meets GRAD_REL_L2_FP32_STUDENT. Bound: the issue's
+# acceptance bound for FP32 students, 1e-3.
+GRAD_REL_L2_AFTER_FP32_DIVISION = 1e-3
+
 # FP64 path against the FP64 reference (different but exact formulas): measured 1.5e-10 / 1.3e-11.
 FP64_RTOL = 1e-9
 FP64_GRAD_REL_L2 = 1e-9
@@ -46,8 +52,14 @@ def loss_tol(ref_total: float, n: int) -> float:
 
 
 def grad_tol(ref_grad: torch.Tensor, student_dtype: torch.dtype) -> float:
-    """Allowed relative L2 error of the student-logit gradient for a student of ``student_dtype``."""
-    if student_dtype in (torch.float32, torch.float64):
+    """Allowed relative L2 error of the student-logit gradient for a student of ``student_dtype``.
+
+    The gradient is returned in the student's dtype, so the bound is ``GRAD_REL_L2_FP32_STUDENT`` plus
+    ``LOW_PRECISION_GRAD_FACTOR`` times the rounding of the FP64 reference to that dtype. For an FP32 student
+    that rounding is ~6e-8 (negligible) unless the gradient itself lies in FP32's subnormal range (|g| < 1.2e-38,
+    e.g. nearly one-hot rows at T = 1e-3 with disjoint argmaxes), where no FP32 arithmetic can do better.
+    """
+    if student_dtype == torch.float64:
         return GRAD_REL_L2_FP32_STUDENT
     ref = ref_grad.double()
     rounding = float((ref.to(student_dtype).double() - ref).norm() / ref.norm())
