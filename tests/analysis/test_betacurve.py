@@ -1,5 +1,5 @@
-"""FP64 D(β): the analysis' own NumPy formula against report 001's published numbers, ms-swift's upstream
-jsd_loss run in FP64, and harness.losses' fp64 variants."""
+"""FP64 D(β): the β-curve runs the harness's own fp64 loss (harness.losses); checked against report 001's
+published numbers, the independent FP64 reference (tests/reference.py) and ms-swift's upstream jsd_loss in FP64."""
 from __future__ import annotations
 
 import numpy as np
@@ -52,13 +52,31 @@ def test_paper_form_matches_upstream_jsd_loss_in_fp64(beta):
 
 @pytest.mark.parametrize("form", ["paper", "continuous"])
 @pytest.mark.parametrize("beta", [0.0, 0.01, 0.5, 0.8, 1.0])
-def test_matches_harness_fp64_variant(form, beta):
-    from harness.losses import make_jsd_loss
+def test_matches_independent_reference(form, beta):
+    from tests.reference import reference_jsd
 
     s, t = _random_logits(1)
-    ours = generalized_jsd_fp64(s, t, beta, form).sum()
-    harness = make_jsd_loss("fp64", form)(s, t, beta).item()
-    assert ours == pytest.approx(harness, rel=1e-12, abs=1e-15)
+    ours = generalized_jsd_fp64(s, t, beta, form, temperature=0.7)
+    ref = reference_jsd(s, t, beta, form, temperature=0.7).numpy()
+    np.testing.assert_allclose(ours, ref, rtol=1e-12, atol=1e-15)
+
+
+def test_is_the_harness_fp64_loss():
+    """No second copy of the formula: the curve's value is harness.losses' fp64 total, bit for bit."""
+    from harness.losses import make_jsd_loss
+
+    s, t = _random_logits(4)
+    for form in ("paper", "continuous"):
+        total = make_jsd_loss("fp64", form)(s / 0.9, t / 0.9, 0.3).item()
+        assert generalized_jsd_fp64(s, t, 0.3, form, 0.9).sum() == pytest.approx(total, rel=1e-15, abs=0)
+
+
+def test_accepts_bf16_and_numpy_inputs_cast_exactly():
+    s, t = _random_logits(5)
+    sb, tb = s.bfloat16(), t.bfloat16()
+    a = generalized_jsd_fp64(sb, tb, 0.9, "paper")
+    b = generalized_jsd_fp64(sb.double().numpy(), tb.double().numpy(), 0.9, "paper")
+    assert a.dtype == np.float64 and np.array_equal(a, b)
 
 
 def test_forms_coincide_exactly_at_0_half_1():

@@ -122,3 +122,68 @@ def test_analysis_run_logged_offline(synthetic_sweep_dir, tmp_path, monkeypatch)
     # the training loaders skip analysis runs
     with pytest.raises(UnusableInput, match="no training runs"):
         load_wandb_offline(tmp_path / "wb")
+
+
+_ATTEMPT = textwrap.dedent("""
+    import math, os, sys, wandb
+    name, group, how, run_id, first, last, offset = sys.argv[1:8]
+    first, last, offset = int(first), int(last), float(offset)
+    run = wandb.init(project="gkd-harness", group=group, job_type="train", name=name, mode="offline",
+                     id=run_id, resume="allow", config={"loss": {"precision": "fp32", "beta_form": "paper"},
+                     "gkd": {"beta": 0.5}, "run": {"seed": 0, "max_steps": 6}})
+    for step in range(first, last + 1):
+        run.log({"train/loss": offset + 0.01 / step, "train/grad_norm": math.nan if step == 5 else 0.1 + step,
+                 "gkd/nonfinite_calls_total": 0, "step": step})
+    if how == "raise":
+        raise RuntimeError("killed")     # exit code 1: this attempt is 'failed'
+    if how == "kill":
+        os._exit(1)                      # hard kill: wandb may have flushed nothing
+    run.finish()
+""")
+
+
+@pytest.fixture(scope="module")
+def resumed_root(tmp_path_factory):
+    """byid/: a run killed at step 4 and resumed from step 3 under the same wandb id (+ an unrelated run);
+    sweep/point/: a run folder whose first attempt (own id) was hard-killed and whose second ran 1..6."""
+    root = tmp_path_factory.mktemp("wandb_resumed")
+    point = root / "sweep" / "point"
+    point.mkdir(parents=True)
+    (point / "summary.json").write_text('{"status": "completed"}')  # marks a harness run folder
+    jobs = [(root / "byid", ("fp32-resumed", "g", "raise", "resume1", "1", "4", "0")),
+            (root / "byid", ("fp32-resumed", "g", "ok", "resume1", "3", "6", "1")),
+            (root / "byid", ("other", "g", "ok", "other1", "1", "6", "0")),
+            (point, ("point", "g", "kill", "p-attempt1", "1", "3", "0")),
+            (point, ("point", "g", "ok", "p-attempt2", "1", "6", "2"))]
+    for wandb_dir, argv in jobs:
+        wandb_dir.mkdir(exist_ok=True)
+        env = dict(os.environ, WANDB_DIR=str(wandb_dir), WANDB_MODE="offline", WANDB_SILENT="true")
+        subprocess.run([sys.executable, "-c", _ATTEMPT, *argv], env=env, timeout=300, check=False,
+                       capture_output=True)
+    return root
+
+
+def test_resumed_run_with_same_id_is_one_run(resumed_root):
+    """On main this loaded as two runs (one failed), so no_failed_runs failed a run that completed."""
+    assert len(find_offline_runs(resumed_root / "byid")) == 3
+    sw = load_wandb_offline(resumed_root / "byid", group="g")
+    runs = sw.runs.set_index("run")
+    assert sorted(runs.index) == ["fp32-resumed", "other"]
+    assert runs.loc["fp32-resumed", "outcome"] == "completed" and runs.loc["fp32-resumed", "status"] == "completed"
+    assert "2 wandb attempts merged" in runs.loc["fp32-resumed", "problems"]
+    h = sw.run_history("fp32-resumed")
+    assert h.index.tolist() == [1, 2, 3, 4, 5, 6]
+    # steps 1-2 from the first attempt, 3-6 from the resumed one (later attempt wins per step)
+    assert h["train/loss"].tolist() == [0.01, 0.005] + [1 + 0.01 / s for s in (3, 4, 5, 6)]
+    # a logged NaN stays NaN and is listed; it is not 0, not dropped
+    assert np.isnan(h.loc[5, "train/grad_norm"]) and h.loc[6, "train/grad_norm"] == 6.1
+    assert sorted(sw.nonfinite[["run", "step", "metric"]].values.tolist()) == [
+        ["fp32-resumed", 5, "train/grad_norm"], ["other", 5, "train/grad_norm"]]
+
+
+def test_attempts_in_one_run_folder_are_one_run(resumed_root):
+    sw = load_wandb_offline(resumed_root / "sweep")
+    assert sw.runs["run"].tolist() == ["point"]
+    r = sw.runs.iloc[0]
+    assert r["outcome"] == "completed" and r["path"] == str(resumed_root / "sweep" / "point")
+    assert sw.run_history("point")["train/loss"].tolist() == [2 + 0.01 / s for s in range(1, 7)]
