@@ -39,6 +39,7 @@ METRIC_UNITS = {
 _DIFF_UNITS = {"train/loss": "nats per position", "gkd/jsd_loss": "nats per position",
                "train/grad_norm": "L2 norm"}
 _LOG_FLOOR = 1e-12
+_MAX_MARKED_RUNS = 3  # runs of one variant in a panel drawn individually with markers; more: median + faint
 _RC = {"font.size": 10, "axes.titlesize": 10, "axes.labelsize": 10, "legend.fontsize": 9,
        "xtick.labelsize": 9, "ytick.labelsize": 9, "figure.titlesize": 11}
 _MAX_WIDTH_IN = 11.0  # 1650 px at 150 dpi: shown at ~1150 px in the HTML, text stays >= 9 px
@@ -113,11 +114,15 @@ def _paired_difference(sweep, runs: pd.DataFrame, metric: str) -> list:
     """
     from analysis.compare import _pairs
 
-    h = sweep.history
+    pairs = _pairs(runs, "loss.precision", "native", "fp32")
+    if not pairs:
+        return []
+    h = sweep.history[["run", "step", metric]].dropna()
+    by_run = dict(tuple(h.groupby("run", sort=False)))
+    empty = h.iloc[0:0]
     out = []
-    for native, fp32 in _pairs(runs, "loss.precision", "native", "fp32"):
-        a = h.loc[h["run"] == native, ["step", metric]].dropna()
-        b = h.loc[h["run"] == fp32, ["step", metric]].dropna()
+    for native, fp32 in pairs:
+        a, b = by_run.get(native, empty)[["step", metric]], by_run.get(fp32, empty)[["step", metric]]
         m = a.merge(b, on="step", suffixes=("_n", "_f")).sort_values("step")
         if m.empty:
             continue
@@ -127,8 +132,31 @@ def _paired_difference(sweep, runs: pd.DataFrame, metric: str) -> list:
     return out
 
 
+def _draw_series(ax, series: list, style: dict):
+    """Draw ``[(steps [n], values [n])]`` of one variant on ``ax``; returns the line for the legend (or None).
+
+    Up to :data:`_MAX_MARKED_RUNS` series: each with the variant's markers. More: each as a faint line, plus
+    the median over the series per step with markers, so that many seeds stay readable."""
+    if not series:
+        return None
+    marked = dict(style)
+    if len(series) <= _MAX_MARKED_RUNS:
+        ln = None
+        for x, y in series:
+            (ln,) = ax.plot(x, y, lw=1.0, alpha=0.9, markevery=max(1, len(x) // 10), **marked)
+        return ln
+    faint = {k: v for k, v in style.items() if k in ("color", "linestyle")}
+    for x, y in series:
+        ax.plot(x, y, lw=0.6, alpha=0.25, **faint)
+    table = pd.concat([pd.Series(y, index=x) for x, y in series], axis=1)
+    med = table.median(axis=1).sort_index()
+    (ln,) = ax.plot(med.index.to_numpy(), med.to_numpy(), lw=1.6, markevery=max(1, len(med) // 10), **marked)
+    return ln
+
+
 def plot_curves(sweep, metric: str, path: Path, max_panels: int = 16) -> Optional[Path]:
-    """``metric`` against the optimizer step: one panel per β, one line per run in its variant's style.
+    """``metric`` against the optimizer step: one panel per β, one line per run in its variant's style
+    (a variant with more than 3 runs in a panel: faint run lines and their median with markers).
 
     Where the sweep has native/fp32 pairs (runs equal in every other config key), a panel under each β
     shows native − fp32 step by step: the two curves often coincide to the eye, the difference does not.
@@ -161,12 +189,10 @@ def plot_curves(sweep, metric: str, path: Path, max_panels: int = 16) -> Optiona
             for prec, form in _variants(sel):
                 st = variant_style(prec, form)
                 grp = sel[(sel["loss.precision"].astype(str) == prec) & (sel["loss.beta_form"].astype(str) == form)]
-                for r in grp["run"]:
-                    if r not in by_run:
-                        continue
-                    d = by_run[r]
-                    (ln,) = ax.plot(d["step"], d[metric], lw=1.0, alpha=0.85,
-                                    markevery=max(1, len(d) // 10), **st)
+                series = [(by_run[r]["step"].to_numpy(), by_run[r][metric].to_numpy(dtype=float))
+                          for r in grp["run"] if r in by_run]
+                ln = _draw_series(ax, series, st)
+                if ln is not None:
                     handles.setdefault(variant_label(prec, form), ln)
             ax.set_title(f"β = {beta:g} ({len(sel)} runs)")
             ax.set_ylabel(METRIC_UNITS.get(metric, metric) if col == 0 else "")
@@ -178,16 +204,12 @@ def plot_curves(sweep, metric: str, path: Path, max_panels: int = 16) -> Optiona
             ax.tick_params(labelbottom=False)
             dax = fig.add_subplot(gs[row * per_row + 1, col], sharex=ax)
             dax.axhline(0.0, color="0.3", lw=0.8)
-            drawn = False
-            for b, form, steps, diff in diffs:
-                if b != beta:
-                    continue
-                st = _DIFF_STYLES.get(form, _DIFF_STYLES["paper"])
-                label = f"native − fp32 · {form}"
-                (ln,) = dax.plot(steps, diff, lw=1.0, markevery=max(1, len(steps) // 10), **st)
-                handles.setdefault(label, ln)
-                drawn = True
-            if not drawn:
+            here = [d for d in diffs if d[0] == beta]
+            for form in sorted({d[1] for d in here}):
+                ln = _draw_series(dax, [(st_, df_) for _, f, st_, df_ in here if f == form],
+                                  _DIFF_STYLES.get(form, _DIFF_STYLES["paper"]))
+                handles.setdefault(f"native − fp32 · {form}", ln)
+            if not here:
                 dax.text(0.5, 0.5, "no native/fp32 pair", transform=dax.transAxes, ha="center", va="center",
                          color="0.4")
             dax.set_xlabel("optimizer step")
@@ -195,7 +217,9 @@ def plot_curves(sweep, metric: str, path: Path, max_panels: int = 16) -> Optiona
             dax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
             dax.grid(alpha=0.3)
         more = f"; first {len(shown)} of {len(betas)} β values" if len(shown) < len(betas) else ""
-        fig.suptitle(f"{metric} per optimizer step, one line per run{more}")
+        many = " (more than 3 runs of a variant: faint lines = runs, marked line = median)"
+        busiest = runs.groupby(["gkd.beta", "loss.precision", "loss.beta_form"], dropna=False).size().max()
+        fig.suptitle(f"{metric} per optimizer step{more}" + (many if busiest > _MAX_MARKED_RUNS else ""))
         _legend(fig, list(handles.values()), list(handles.keys()))
         return _save(fig, path)
 

@@ -211,3 +211,20 @@ def test_nothing_to_plot_returns_none(tmp_path):
     assert plots.plot_negatives(pd.DataFrame(columns=["neg_loss_calls"]), tmp_path / "n.png") is None
     assert plots.plot_spot_errors(pd.DataFrame(), tmp_path / "s.png") is None
     assert not (tmp_path / "n.png").exists() and not (tmp_path / "s.png").exists()
+
+
+def test_curves_many_seeds_marked_median(tmp_path, figs):
+    """More than 3 runs of a variant in a panel: faint run lines plus the per-step median with markers."""
+    root = tmp_path / "sweep"
+    for seed in range(5):
+        write_run(root / f"s{seed}", beta=0.5, beta_form="paper", precision="fp32", seed=seed, steps=10,
+                  spot_every=0)
+    png = plots.plot_curves(load_sweep(root), "train/loss", tmp_path / "loss.png")
+    fig = figs[png.name]
+    _check_common(fig, png)
+    (ax,) = [a for a in fig.axes if a.has_data()]
+    marked = [ln for ln in ax.get_lines() if ln.get_marker() not in ("None", None, "")]
+    assert len(marked) == 1 and len(ax.get_lines()) == 6
+    want = np.median([[r["train/loss"] for r in _metrics(root / f"s{seed}")] for seed in range(5)], axis=0)
+    np.testing.assert_allclose(marked[0].get_ydata(), want, rtol=1e-12)
+    assert "marked line = median" in fig.get_suptitle()
