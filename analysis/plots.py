@@ -12,6 +12,7 @@ Conventions shared by every figure:
 """
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
@@ -381,7 +382,8 @@ def plot_beta_curve(fp64_curve: pd.DataFrame, training: pd.DataFrame, path: Path
         ax.set_xlabel("β")
         ax.set_ylabel("D(β), mean per position (nats, FP64)")
         src = fp64_curve["source"].iloc[0] if "source" in fp64_curve else ""
-        ax.set_title(f"FP64 D(β) on {src} inputs")
+        per_line = int(fig.get_figwidth() / panels * 11)  # ~11 characters of 10-pt text per inch
+        ax.set_title(textwrap.fill(f"FP64 D(β) on {src} inputs", per_line, break_long_words=True))
         ax.grid(alpha=0.3)
         for ax, m in zip(axes.flat[1:], show):
             for prec, form in _variants(training):
