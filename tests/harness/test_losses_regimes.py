@@ -157,12 +157,15 @@ def test_extreme_temperatures(pair, temp, beta, form, near):
 
 
 @pytest.mark.parametrize("mode", ["full", "topk"])
-@pytest.mark.parametrize("near", [True, False])
+@pytest.mark.parametrize("noise", [0.03, 1.0, 8.0])
 @pytest.mark.parametrize("form", ["paper", "continuous"])
 @pytest.mark.parametrize("beta", [1e-6, 1 - 1e-6])
 @pytest.mark.parametrize("pair", [("fp32", "bf16"), ("fp32", "fp32"), ("bf16", "bf16")])
-def test_beta_within_1e6_of_an_endpoint(pair, beta, form, near, mode):
-    case = make_case(*pair, mode, near, seed_of("beta-end", pair, beta, form, near, mode))
+def test_beta_within_1e6_of_an_endpoint(pair, beta, form, noise, mode):
+    """Teacher = student + noise·randn; noise 8 puts teacher mass where the student has e^-14 or less (the
+    mixture ratio M/T ≈ β: ``1 + u`` cancels in the ψ form)."""
+    case = make_case(*pair, mode, noise == 0.03, seed_of("beta-end", pair, beta, form, noise, mode),
+                     noise_far=noise)
     ref_total, n, ref_grad = reference_gkd(case.student, case.labels, beta, 0.9, form, **case.ref_kwargs)
     s = case.student.clone().requires_grad_(True)
     total, num = make_gkd_loss("fp32", form)(s, case.teacher, case.labels, beta, 0.9)
@@ -175,10 +178,11 @@ def test_beta_within_1e6_of_an_endpoint(pair, beta, form, near, mode):
                                        (1 - 1e-6, "continuous")])
 def test_issue_repro_beta_endpoints_vs_textbook(beta, form):
     """Issue figures: continuous at β=1e-6 was 5.6e-4 relative off FP64; paper at β=1−1e-6 had a 2.1e-3
-    logit-gradient error. Both must now be within tolerance and no worse than 2× textbook FP32."""
+    logit-gradient error. On independent logits of std 8 the code before the fix measured 2.1e-4 and 4.0e-3.
+    Both must now be within tolerance and no worse than 2× textbook FP32."""
     g = torch.Generator().manual_seed(2)
-    s = torch.randn(8, 96, generator=g) * 2
-    t = s + torch.randn(8, 96, generator=g)
+    s = torch.randn(8, 96, generator=g) * 8
+    t = torch.randn(8, 96, generator=g) * 8
     ref, ref_g = _ref_jsd_and_grad(s, t, beta, form)
     val, grad = _jsd_and_grad(make_jsd_loss("fp32", form), s, t, beta)
     tb_val, tb_grad = _jsd_and_grad(make_jsd_loss("native", form), s, t, beta)
