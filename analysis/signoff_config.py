@@ -152,7 +152,10 @@ def _describe(tp: Any) -> str:
     if origin is typing.Union:
         return " or ".join("null" if a is type(None) else _describe(a) for a in args)
     if origin in (tuple, Tuple):
-        return f"a list of {_describe(args[0])}"
+        inner = args[0]
+        if typing.get_origin(inner) is Literal:
+            return f"a list of values in {_describe(inner)}"
+        return "a list of " + {float: "numbers", int: "integers", str: "strings"}.get(inner, _describe(inner))
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
 
 

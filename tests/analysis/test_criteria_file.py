@@ -56,9 +56,9 @@ def test_override_merges_and_accepts_yaml12_floats(tmp_path):
     ("spot_tolerance: 3\n", "criteria key 'spot_tolerance' must be a mapping, got 3"),
     ("no_nonfinite:\n  required: 'yes'\n", "'no_nonfinite.required' must be true or false, got 'yes'"),
     ("original_shows_defect:\n  require: most\n", "'original_shows_defect.require' must be all | any, got 'most'"),
-    ("beta_forms_unchanged:\n  betas: [0.0, 1.5]\n", "'beta_forms_unchanged.betas' must be a non-empty list of a "
-                                                     "number >= 0 and <= 1, got [0.0, 1.5]"),
-    ("patched_precisions: []\n", "'patched_precisions' must be a non-empty list of native | fp32 | fp64"),
+    ("beta_forms_unchanged:\n  betas: [0.0, 1.5]\n", "'beta_forms_unchanged.betas' must be a non-empty list of "
+                                                     "numbers >= 0 and <= 1, got [0.0, 1.5]"),
+    ("patched_precisions: []\n", "'patched_precisions' must be a non-empty list of values in native | fp32 | fp64"),
     ("report:\n  first_steps: 0\n", "'report.first_steps' must be an integer >= 1, got 0"),
     ("- a\n- b\n", "expected a mapping"),
     ("spot_tolerance: {loss_rtol: [\n", "not valid YAML"),

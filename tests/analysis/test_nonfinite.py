@@ -16,7 +16,7 @@ import numpy as np
 from analysis.cli import main
 from analysis.load import load_sweep
 
-RUN = "b0.5_paper_fp32_T0.9_s0"
+RUN = "b0.9_paper_fp32_T0.9_s0"  # β=0.9: no paper/continuous pair, so only the NaN can fail the sweep
 
 
 def _nan_run(run: Path, from_step: int = 8) -> list:
@@ -61,7 +61,7 @@ def test_nan_patched_run_fails_naming_no_nonfinite(sweep_copy, tmp_path, capsys)
     out = capsys.readouterr().out
     v = _verdict(tmp_path / "r")
     assert rc == 1 and v["verdict"] == "fail"
-    assert "no_nonfinite" in v["failed_criteria"] and "spot_tolerance" in v["failed_criteria"]
+    assert v["failed_criteria"] == ["no_nonfinite", "spot_tolerance"]
     nf = _criterion(v, "no_nonfinite")
     assert nf["measured"].startswith(f"{len(steps)} non-finite loss calls, {len(steps)} steps with a non-finite")
     assert f"{RUN}: {len(steps)} non-finite loss calls" in nf["details"]
