@@ -44,7 +44,7 @@ p,li,figcaption,h1,h2,h3{overflow-wrap:anywhere}
 .banner-detail{flex:1 1 30em;min-width:0;overflow-wrap:anywhere}
 nav.toc{background:#f6f8fa;border:1px solid #d0d7de;border-radius:6px;padding:0.5em 1em;margin:1em 0}
 nav.toc ol{margin:0.3em 0;padding-left:1.5em;columns:2 22em}
-.table-wrap{display:block;max-width:100%;overflow-x:auto;margin:0.5em 0 1em;border:1px solid #d0d7de;
+.table-wrap{display:block;width:fit-content;max-width:100%;overflow-x:auto;margin:0.5em 0 1em;border:1px solid #d0d7de;
  background:linear-gradient(to right,#fff 30%,rgba(255,255,255,0)) left/40px 100% no-repeat local,
  linear-gradient(to left,#fff 30%,rgba(255,255,255,0)) right/40px 100% no-repeat local,
  radial-gradient(farthest-side at 0 50%,rgba(0,0,0,.25),rgba(0,0,0,0)) left/14px 100% no-repeat scroll,

@@ -51,7 +51,7 @@ def test_html_banner_toc_tables():
     assert "<td class='pass'>pass</td>" in h and "<td class='fail'>fail</td>" in h
     assert f"<td class='long'>{'x' * 80}</td>" in h
     assert "<title>Sign-off &lt;test&gt;</title>" in h
-    assert ".table-wrap{display:block;max-width:100%;overflow-x:auto" in h
+    assert ".table-wrap{display:block;width:fit-content;max-width:100%;overflow-x:auto" in h
     assert ".banner.pass{background:#1a7f37}" in h and ".banner.fail{background:#cf222e}" in h
 
 
