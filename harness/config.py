@@ -74,6 +74,7 @@ class EmbeddedConfig:
     teacher_noise: float = MISSING
     seed: int = MISSING
     num_samples: int = MISSING
+    tokenizer: str = "bytes"  # bytes (local BPE) | qwen3 | qwen35 (real Qwen vocabulary, harness.qwen_tokenizer)
 
 
 @dataclass
@@ -301,13 +302,21 @@ def _short(e: Exception) -> str:
 
 
 # The concrete class of a polymorphic group, chosen by the value that tells them apart.
+# The discriminating value is checked first: with an unknown one, the error must name it (rollout.engine), not
+# a key the fallback class happens not to have.
 def _backend_class(data: Mapping[str, Any]) -> type:
+    if data.get("name") not in BACKENDS:
+        raise ConfigError("backend.name", f"must be one of {list(BACKENDS)}, got {data.get('name')!r}")
     return MegatronBackendConfig if data.get("name") == "megatron" else HFBackendConfig
 
 
 def _rollout_class(data: Mapping[str, Any]) -> type:
+    if data.get("engine") not in ROLLOUT_ENGINES:
+        raise ConfigError("rollout.engine", f"must be one of {list(ROLLOUT_ENGINES)}, got {data.get('engine')!r}")
     if data.get("engine") == "vllm":
         mode = (data.get("vllm") or {}).get("mode")
+        if mode not in VLLM_MODES:
+            raise ConfigError("rollout.vllm.mode", f"must be one of {list(VLLM_MODES)}, got {mode!r}")
         return VllmServerRolloutConfig if mode == "server" else VllmColocateRolloutConfig
     if data.get("engine") == "hf":
         return OnPolicyRolloutConfig

@@ -158,3 +158,16 @@ def test_validation_of_a_bad_value_is_fast_and_imports_neither_torch_nor_swift()
                           timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert float(proc.stdout.strip().splitlines()[-1]) < 2.0
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["backend=megatron", "backend.name=ds"], "backend.name"),
+    (["rollout=hf", "gkd.lmbda=1", "rollout.engine=sglang"], "rollout.engine"),
+    (["rollout=vllm_colocate", "gkd.lmbda=1", "rollout.vllm.mode=remote"], "rollout.vllm.mode"),
+])
+def test_unknown_discriminator_is_named_not_a_key_of_the_fallback_class(overrides, key):
+    """backend.name / rollout.engine / rollout.vllm.mode pick the group's dataclass; an unknown value is the error
+    (before the fix: ``rollout.log_completions: unknown key``, ``backend.bf16: unknown key``)."""
+    with pytest.raises(ConfigError) as err:
+        point_config(overrides, run_dir="/tmp/unused")
+    assert err.value.key == key and "must be one of" in str(err.value), str(err.value)

@@ -1,26 +1,29 @@
-"""harness.rollout: validation of the rollout group, mapping to ms-swift arguments and subprocess environment.
+"""harness.rollout_config: validation of the rollout group, mapping to ms-swift arguments and subprocess environment.
 
-Runs in the main venv (no vLLM needed); the real vLLM runs are in ``tests/vllm/``.
+Configs are composed for real (``harness.compose.point_config``). Runs in the main venv (no vLLM needed); the real
+vLLM runs are in ``tests/vllm/``. What is installed inside ms-swift's ranks is ``test_rollout_patches.py``.
 """
 from __future__ import annotations
 
-import importlib.util
+import dataclasses
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
-from harness import rollout
-from harness.rollout import (disable_vllm_cpu_prepack, install_rollout_patches, rollout_args, rollout_engine_name,
-                             rollout_env, validate_rollout)
-
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
+from harness.compose import point_config
+from harness.config import ConfigError
+from harness.rollout_config import (VLLM_CPU_MIN_HEAD_DIM, needs_torchrun, rollout_args, rollout_engine_name,
+                                    rollout_env, validate_rollout)
+from harness.train import make_plan
 
 
 def compose_cfg(*overrides: str):
-    with initialize_config_dir(CONFIG_DIR, version_base="1.3"):
-        return compose("train", overrides=["run.output_dir=/tmp/unused", *overrides])
+    return point_config(list(overrides), run_dir="/tmp/unused")[0]
+
+
+def plan_env(cfg, base_env=None) -> dict[str, str]:
+    """The variables the launch plan adds for ``cfg`` on a node with ``base_env`` (dry run: nothing built)."""
+    return make_plan(cfg, Path(cfg.run.output_dir), base_env=base_env or {}, dry_run=True).env
 
 
 def flag(args: list[str], name: str):
@@ -42,14 +45,16 @@ def test_default_is_off_policy_and_changes_nothing():
     cfg = compose_cfg()
     assert cfg.rollout.engine == "none" and cfg.gkd.lmbda == 0
     validate_rollout(cfg)
-    assert rollout_args(cfg) == ["--use_vllm", "false"]
+    assert rollout_args(cfg) == ["--lmbda", "0.0", "--use_vllm", "false"]
     assert rollout_env(cfg, device="cpu") == {}
+    assert not needs_torchrun(cfg)
 
 
 def test_vllm_colocate_maps_to_swift_args():
     cfg = compose_cfg("rollout=vllm_colocate", "model=tiny_vllm", "gkd.lmbda=1", "rollout.max_completion_length=24",
                       "rollout.vllm.gpu_memory_utilization=0.45", "rollout.vllm.tensor_parallel_size=1",
                       "rollout.max_model_len=1024")
+    validate_rollout(cfg)
     args = rollout_args(cfg)
     assert flag(args, "--use_vllm") == "true"
     assert flag(args, "--vllm_mode") == "colocate"
@@ -63,8 +68,15 @@ def test_vllm_colocate_maps_to_swift_args():
     assert_known_swift_flags(args)
 
 
+def test_vllm_colocate_default_memory_share_is_the_yaml_one():
+    """configs/rollout/vllm_colocate.yaml is the one home of the default (code once said 0.9, the YAML 0.3)."""
+    cfg = compose_cfg("rollout=vllm_colocate", "model=tiny_vllm", "gkd.lmbda=1")
+    assert float(flag(rollout_args(cfg), "--vllm_gpu_memory_utilization")) == 0.3
+
+
 def test_vllm_server_maps_to_swift_args():
     cfg = compose_cfg("rollout=vllm_server", "gkd.lmbda=0.5", "rollout.vllm.server.base_url=http://10.0.0.5:8000")
+    validate_rollout(cfg)
     args = rollout_args(cfg)
     assert flag(args, "--vllm_mode") == "server"
     assert flag(args, "--vllm_server_base_url") == "http://10.0.0.5:8000"
@@ -72,6 +84,7 @@ def test_vllm_server_maps_to_swift_args():
     assert flag(args, "--vllm_gpu_memory_utilization") is None  # colocate-only setting not sent
     cfg = compose_cfg("rollout=vllm_server", "gkd.lmbda=1", "rollout.vllm.server.host=[h1,h2]",
                       "rollout.vllm.server.port=[8000,8001]")
+    validate_rollout(cfg)
     args = rollout_args(cfg)
     assert flag(args, "--vllm_server_host") == ["h1", "h2"]
     assert flag(args, "--vllm_server_port") == ["8000", "8001"]
@@ -80,21 +93,22 @@ def test_vllm_server_maps_to_swift_args():
 
 def test_hf_engine_is_on_policy_without_vllm():
     cfg = compose_cfg("rollout=hf", "gkd.lmbda=0.25")
+    validate_rollout(cfg)
     args = rollout_args(cfg)
     assert flag(args, "--use_vllm") == "false"
     assert float(flag(args, "--lmbda")) == 0.25
     assert "--vllm_mode" not in args
     assert rollout_env(cfg, device="cpu") == {"GKD_ROLLOUT_ENGINE": "hf"}
+    assert not needs_torchrun(cfg)
     assert_known_swift_flags(args)
 
 
 def test_tiny_vllm_model_has_cpu_attention_head_dim():
     cfg = compose_cfg("model=tiny_vllm")
-    assert cfg.model.embedded.head_dim >= rollout.VLLM_CPU_MIN_HEAD_DIM
+    assert cfg.model.embedded.head_dim >= VLLM_CPU_MIN_HEAD_DIM
     tiny = compose_cfg()
     # only head_dim differs from the tiny default
-    a = OmegaConf.to_container(cfg.model)
-    b = OmegaConf.to_container(tiny.model)
+    a, b = dataclasses.asdict(cfg.model), dataclasses.asdict(tiny.model)
     a["embedded"].pop("head_dim"), b["embedded"].pop("head_dim")
     assert a == b
 
@@ -109,7 +123,7 @@ def test_tiny_vllm_model_has_cpu_attention_head_dim():
     (["rollout=vllm_colocate", "gkd.lmbda=1.5"], "gkd.lmbda"),
     (["rollout=vllm_server", "gkd.lmbda=1"], "rollout.vllm.server.base_url"),
     (["rollout=vllm_colocate", "gkd.lmbda=1", "rollout.vllm.mode=remote"], "rollout.vllm.mode"),
-    (["rollout=vllm_colocate", "gkd.lmbda=1", "rollout.engine=sglang"], "rollout.engine"),
+    (["rollout=hf", "gkd.lmbda=1", "rollout.engine=sglang"], "rollout.engine"),
     (["rollout=vllm_colocate", "gkd.lmbda=1", "rollout.vllm.gpu_memory_utilization=1.5"],
      "rollout.vllm.gpu_memory_utilization"),
     (["rollout=vllm_colocate", "gkd.lmbda=1", "rollout.vllm.tensor_parallel_size=0"],
@@ -127,12 +141,10 @@ def test_tiny_vllm_model_has_cpu_attention_head_dim():
     (["rollout=vllm_colocate", "gkd.lmbda=1", "rollout.vllm.device=cpu", "model=tiny"], "model.embedded.head_dim"),
 ])
 def test_invalid_combinations_name_the_key(overrides, key):
-    cfg = compose_cfg("model=tiny_vllm", *overrides)
-    with pytest.raises(ValueError) as err:
-        validate_rollout(cfg)
-    assert f"`{key}`" in str(err.value), str(err.value)
-    with pytest.raises(ValueError):
-        rollout_args(cfg)  # never maps an invalid config
+    """An unknown engine or vLLM mode fails when the job types its config, the rest in ``validate_rollout``."""
+    with pytest.raises(ConfigError) as err:
+        validate_rollout(compose_cfg("model=tiny_vllm", *overrides))
+    assert err.value.key == key and str(err.value).startswith(f"{key}: "), str(err.value)
 
 
 def test_cpu_lane_config_is_valid_and_equal_temperature_is_accepted():
@@ -145,14 +157,14 @@ def test_head_dim_of_a_local_student_is_read_from_its_config(tmp_path):
     (tmp_path / "config.json").write_text('{"hidden_size": 64, "num_attention_heads": 4}')  # head_dim 16
     cfg = compose_cfg("rollout=vllm_colocate", "gkd.lmbda=1", "rollout.vllm.device=cpu",
                       f"model.student={tmp_path}")
-    with pytest.raises(ValueError, match="`model.student`=16"):
+    with pytest.raises(ConfigError, match=r"^model\.student: 16 is below vLLM's CPU attention minimum"):
         validate_rollout(cfg)
 
 
 def test_validate_config_delegates_to_rollout():
     from harness.validate import validate_config
 
-    with pytest.raises(ValueError, match="gkd.lmbda"):
+    with pytest.raises(ConfigError, match=r"^gkd\.lmbda"):
         validate_config(compose_cfg("rollout=vllm_colocate", "model=tiny_vllm", "gkd.lmbda=0"))
 
 
@@ -160,10 +172,11 @@ def test_swift_argv_carries_rollout_flags_once():
     from harness.swift_args import ResolvedInputs, hf_argv
 
     cfg = compose_cfg("rollout=vllm_colocate", "gkd.lmbda=1", "model=tiny_vllm")
-    argv = hf_argv(cfg, ResolvedInputs("/s", "/t", "/d.jsonl"), "/tmp/run", device="cpu")
-    assert argv.count("--lmbda") == 1 and argv.count("--use_vllm") == 1
+    argv = hf_argv(cfg, ResolvedInputs("/s", "/t", "/d.jsonl"), "/tmp/run", device="cpu", wandb_mode="offline")
+    assert argv.count("--lmbda") == 1 and argv.count("--use_vllm") == 1 and argv.count("--temperature") == 1
     assert flag(argv, "--vllm_mode") == "colocate"
-    off = hf_argv(compose_cfg(), ResolvedInputs("/s", "/t", "/d.jsonl"), "/tmp/run", device="cpu")
+    off = hf_argv(compose_cfg(), ResolvedInputs("/s", "/t", "/d.jsonl"), "/tmp/run", device="cpu",
+                  wandb_mode="offline")
     assert flag(off, "--use_vllm") == "false" and float(flag(off, "--lmbda")) == 0.0
 
 
@@ -175,49 +188,34 @@ def test_cpu_vllm_env_carries_the_workarounds():
     env = rollout_env(cfg, device="cpu")
     assert env["VLLM_PLUGINS"] == "none"            # ms-swift's vLLM plugin imports torchvision
     assert env["GKD_VLLM_CPU_NO_PREPACK"] == "1"    # weight sync needs the original linear weights
-    assert env["NPROC_PER_NODE"] == "1"             # colocate: external_launcher needs torch.distributed
     assert env["GKD_ROLLOUT_ENGINE"] == "vllm-colocate"
     assert int(env["VLLM_CPU_KVCACHE_SPACE"]) >= 1
+    # colocate: external_launcher needs torch.distributed even for one process -> ms-swift's torchrun path
+    assert needs_torchrun(cfg)
+    plan = plan_env(compose_cfg("rollout=vllm_colocate", "gkd.lmbda=1", "model=tiny_vllm", "run.device=cpu"))
+    assert plan["NPROC_PER_NODE"] == "1" and plan["NNODES"] == "1"
+    assert plan["VLLM_PLUGINS"] == "none" and plan["GKD_ROLLOUT_ENGINE"] == "vllm-colocate"
 
 
 def test_gpu_vllm_env_has_no_cpu_workarounds():
     cfg = compose_cfg("rollout=vllm_colocate", "gkd.lmbda=1", "backend.nproc_per_node=4",
                       "rollout.vllm.tensor_parallel_size=2", "rollout.vllm.device=cuda")
+    validate_rollout(cfg)
     env = rollout_env(cfg, device="cuda")
-    assert env == {"GKD_ROLLOUT_ENGINE": "vllm-colocate", "NPROC_PER_NODE": "4"}
-    # nproc_per_node null: one per visible GPU as in launch.env, but always emitted (torchrun path)
+    assert env == {"GKD_ROLLOUT_ENGINE": "vllm-colocate"}
+    assert plan_env(cfg)["NPROC_PER_NODE"] == "4"
+    # nproc_per_node null: one per visible GPU in SLURM, else 1, but always emitted (torchrun path)
     auto = compose_cfg("rollout=vllm_colocate", "gkd.lmbda=1", "backend.nproc_per_node=null", "rollout.vllm.device=cpu",
-                       "model=tiny_vllm")
-    assert rollout_env(auto, device="cpu")["NPROC_PER_NODE"] == "1"
+                       "model=tiny_vllm", "run.device=cpu")
+    assert rollout_env(auto, device="cpu")["GKD_ROLLOUT_ENGINE"] == "vllm-colocate"
+    assert plan_env(auto)["NPROC_PER_NODE"] == "1"
     server = compose_cfg("rollout=vllm_server", "gkd.lmbda=1", "rollout.vllm.server.host=h")
     assert rollout_env(server, device="cuda") == {"GKD_ROLLOUT_ENGINE": "vllm-server"}
-    assert rollout_engine_name(server) == "vllm-server"
-
-
-# --------------------------------------------------------------------------------------------------------
-# in-process pieces
-# --------------------------------------------------------------------------------------------------------
-def test_install_rollout_patches_is_inert_without_the_env(monkeypatch):
-    monkeypatch.delenv("GKD_VLLM_CPU_NO_PREPACK", raising=False)
-    monkeypatch.delenv("GKD_ROLLOUT_ENGINE", raising=False)
-    assert install_rollout_patches() == []
-
-
-def test_prepack_switch_reports_whether_vllm_is_here():
-    # main venv: no vLLM, nothing patched; .venv-vllm: patched (tests/vllm/test_weight_sync.py checks the effect)
-    assert disable_vllm_cpu_prepack() is (importlib.util.find_spec("vllm") is not None)
-
-
-def test_token_count_of_flat_and_multi_turn_responses():
-    assert rollout._num_tokens([5, 6, 7]) == 3
-    assert rollout._num_tokens([[5, 6], [7, 8, 9]]) == 5
-    assert rollout._num_tokens([]) == 0 and rollout._num_tokens(None) == 0
+    assert rollout_engine_name(server) == "vllm-server" and not needs_torchrun(server)
 
 
 def assert_known_swift_flags(args: list[str]) -> None:
     """Every ``--flag`` is a field of ms-swift's RLHFArguments (so ms-swift would not reject it)."""
-    import dataclasses
-
     from swift.arguments import RLHFArguments
 
     fields = {f.name for f in dataclasses.fields(RLHFArguments)}
