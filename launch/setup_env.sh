@@ -6,10 +6,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+# Headless Chromium renders the sign-off report in tests/analysis/test_report_browser.py (Debian package)
+if ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1 \
+            || echo "setup_env: could not install chromium (the report's browser test needs it)" >&2
+    else
+        echo "setup_env: install Debian's chromium package for the report's browser test" >&2
+    fi
+fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 . .venv/bin/activate
-pip install -q "torch==2.13.0"
-pip install -q -e ".[test,parallel-cpu]" "torch==2.13.0"
+# -qq: errors only (the README's main command stays short); pip still fails loudly
+pip install -qq "torch==2.13.0"
+pip install -qq -e ".[test,parallel-cpu]" "torch==2.13.0"
 python - <<'PY'
 import torch, swift, megatron.core, wandb, hydra
 assert torch.__version__.endswith("+cpu"), f"expected the CPU torch, got {torch.__version__}"
