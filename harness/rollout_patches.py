@@ -142,7 +142,7 @@ def _publish(trainer: Any, values: dict[str, float]) -> None:
             metrics["train"][k].update(float(v))
     run_dir = _run_dir()
     if run_dir and _is_rank0() and STATS is not None:
-        from harness.tracking import RunFolder
+        from harness.run_folder import RunFolder
 
         RunFolder(run_dir).update_summary(rollout=STATS.as_dict())
 

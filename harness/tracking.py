@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 from urllib.parse import urlparse
 
-WANDB_MODES = ("online", "offline", "disabled")
+from harness.config import WANDB_MODES  # noqa: E402
 # whole-name matches: api_key, WANDB_API_KEY, hub_token, token, secret, password (not max_tokens, token_budget)
 _SECRET_RE = re.compile(r"(^|[._-])(\w*api_?key|\w*_?token|\w*secret|\w*password|\w*passwd)$", re.IGNORECASE)
 REDACTED = "<redacted>"
@@ -33,23 +33,7 @@ REDACTED = "<redacted>"
 REDACTED_NAME = "REDACTED"
 
 #: HF ``logs`` keys -> DESIGN names (the rest of the harness keys already carry their DESIGN names).
-HF_KEY_MAP = {"loss": "train/loss", "grad_norm": "train/grad_norm", "learning_rate": "train/learning_rate"}
-HARNESS_PREFIXES = ("gkd/", "spot/", "rollout/")
-
-#: wandb summaries: worst values of the counts and the spot-check errors.
-WANDB_SUMMARIES = {
-    "gkd/neg_loss_calls_total": "max",
-    "gkd/nonfinite_calls_total": "max",
-    "gkd/loss_calls_total": "max",
-    "gkd/neg_loss_calls": "max",
-    "gkd/neg_token_frac": "max",
-    "gkd/min_token_jsd": "min",
-    "spot/loss_abs_err": "max",
-    "spot/loss_rel_err": "max",
-    "spot/grad_rel_l2": "max",
-    "spot/sign_mismatch": "max",
-    "spot/param_grad_rel_l2": "max",
-}
+from harness.metric_names import HARNESS_PREFIXES, HF_KEY_MAP, WANDB_SUMMARIES  # noqa: E402 - the one owner
 
 
 # ----------------------------------------------------------------------------------------------------------

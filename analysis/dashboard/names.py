@@ -1,10 +1,8 @@
 """The names the dashboards are built from: metric keys (as logged to wandb and ``metrics.jsonl``) and the
 harness config keys the runs carry in wandb.
 
-Metric names are the DESIGN names ("Metric names": the same keys on every backend, in wandb and in
-``metrics.jsonl``). They are spelled here rather than imported because the modules that log them
-(``harness.instrument`` imports torch and ms-swift, 14 s; ``harness.tracking`` maps HF's ``loss`` to
-``train/loss``) do not export one table of them; a dashboard must not import a training stack.
+Metric names come from ``harness.metric_names``, the one module that owns them (torch-free, so a dashboard
+never imports a training stack); the same keys are used on every backend, in wandb and in ``metrics.jsonl``.
 
 Config keys: the harness adds its flattened config to each wandb run under the prefix ``harness.``
 (``harness.tracking.attach_to_wandb_run``): ``loss.precision`` is ``harness.loss.precision`` in wandb. wandb
@@ -21,22 +19,16 @@ __all__ = [
     "wandb_config_key", "config_path",
 ]
 
-# --- metric names (DESIGN "Metric names") --------------------------------------------------------------
-TRAIN_LOSS = "train/loss"
-TRAIN_GRAD_NORM = "train/grad_norm"
-JSD_LOSS = "gkd/jsd_loss"
-NEG_CALLS = "gkd/neg_loss_calls"                 # loss calls with JSD < 0 in the logging window, all ranks
-NEG_CALLS_TOTAL = "gkd/neg_loss_calls_total"     # cumulative
-LOSS_CALLS_TOTAL = "gkd/loss_calls_total"
-NEG_TOKEN_FRAC = "gkd/neg_token_frac"            # share of positions with per-position JSD < 0
-MIN_TOKEN_JSD = "gkd/min_token_jsd"
-NONFINITE_TOTAL = "gkd/nonfinite_calls_total"
-SPOT_LOSS_FP64 = "spot/loss_fp64"
-SPOT_ABS_ERR = "spot/loss_abs_err"
-SPOT_REL_ERR = "spot/loss_rel_err"
-SPOT_GRAD_REL_L2 = "spot/grad_rel_l2"
-SPOT_SIGN_MISMATCH = "spot/sign_mismatch"
-SPOT_PARAM_GRAD_REL_L2 = "spot/param_grad_rel_l2"  # only with monitor.spot_check.param_grad=true
+# --- metric names: owned by harness.metric_names (torch-free), re-exported under the dashboard's names -------
+from harness.metric_names import (  # noqa: E402
+    JSD_LOSS, LOSS_CALLS_TOTAL, MIN_TOKEN_JSD, NEG_TOKEN_FRAC, SPOT_GRAD_REL_L2, SPOT_LOSS_FP64,
+    SPOT_PARAM_GRAD_REL_L2, SPOT_SIGN_MISMATCH, TRAIN_GRAD_NORM, TRAIN_LOSS,
+)
+from harness.metric_names import NEG_LOSS_CALLS as NEG_CALLS  # noqa: E402
+from harness.metric_names import NEG_LOSS_CALLS_TOTAL as NEG_CALLS_TOTAL  # noqa: E402
+from harness.metric_names import NONFINITE_CALLS_TOTAL as NONFINITE_TOTAL  # noqa: E402
+from harness.metric_names import SPOT_LOSS_ABS_ERR as SPOT_ABS_ERR  # noqa: E402
+from harness.metric_names import SPOT_LOSS_REL_ERR as SPOT_REL_ERR  # noqa: E402
 
 # --- config keys ---------------------------------------------------------------------------------------
 #: Prefix of the harness config in a wandb run's config (``harness.tracking.attach_to_wandb_run``).
