@@ -1,8 +1,8 @@
-"""launch.resume: the newest complete ms-swift checkpoint of a run folder."""
+"""harness.checkpoints: the newest complete ms-swift checkpoint of a run folder (requeue -> resume)."""
 
 import os
 
-from launch.resume import latest_checkpoint, resume_args
+from harness.checkpoints import latest_checkpoint, resume_args
 
 
 def _ckpt(root, rel, complete=True, mtime=None):
