@@ -109,10 +109,10 @@ def endpoint_jumps(curve: pd.DataFrame) -> pd.DataFrame:
 
 
 def report001_inputs() -> tuple:
-    """The inputs of report 001's NumPy example (seed 7, vocabulary 300) as ``[1, 300]`` float64 arrays.
+    """The β-curve's fixed synthetic inputs (seed 7, vocabulary 300) as ``[1, 300]`` float64 arrays.
 
     On these, paper D(0.001)=0.0019, D(0.999)=0.0020; continuous D(0.001)=1.9069, D(0.999)=2.0119;
-    KL(T‖S)=1.9262, KL(S‖T)=2.0450 (the report's table).
+    KL(T‖S)=1.9262, KL(S‖T)=2.0450 (the table in docs/beta.md; tests/analysis/test_betacurve.py checks it).
     """
     rng = np.random.default_rng(7)
     z = rng.normal(0, 1.5, 300)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.betacurve import fp64_beta_curve, report001_inputs
 from analysis.compare import negatives_table, spot_table, step_agreement
 from analysis.records import Sweep
 from analysis.signoff_config import CRITERIA_NAMES, SignoffCriteria, load_criteria
@@ -226,19 +227,17 @@ def _agreement_result(name, title, agreement: pd.DataFrame, c: Any, no_pairs: st
 
 
 def beta_forms_unchanged(sweep: Sweep, cfg: SignoffCriteria, c: Any) -> Result:
-    from analysis.betacurve import fp64_beta_curve, report001_inputs
-
     title = "β ∈ {" + ", ".join(f"{b:g}" for b in c.betas) + "} unchanged between paper and continuous forms"
     runs = sweep.runs[sweep.runs["gkd.beta"].isin(c.betas)]
     agreement = step_agreement(sweep, "loss.beta_form", "paper", "continuous", runs=runs, metrics=c.metrics,
                                rtol=c.rtol, atol=c.atol)
     res = _agreement_result("beta_forms_unchanged", title, agreement, c,
                             "no paired paper/continuous runs at these β")
-    # The formula itself, in FP64 on report 001's inputs: the forms must coincide exactly at these β.
+    # The formula itself, in FP64 on the β-curve's fixed inputs: the forms must coincide exactly at these β.
     s, t = report001_inputs()
     curve = fp64_beta_curve(s, t, c.betas).pivot(index="beta", columns="form", values="D")
     diff = float((curve["paper"] - curve["continuous"]).abs().max())
-    res.details.append(f"FP64 formula check (report 001 inputs): max |D_paper - D_continuous| over these β = {diff:.3g}")
+    res.details.append(f"FP64 formula check (fixed synthetic inputs): max |D_paper - D_continuous| over these β = {diff:.3g}")
     if diff > c.atol:
         res.status = "fail"
     return res

@@ -189,7 +189,7 @@ def _write_report(sweep: Sweep, report_dir: Path, cfg: SignoffCriteria, captures
     forms = forms_agreement(sweep, cfg.beta_forms_unchanged.betas)
     precs = precision_agreement(sweep)
     s, t = report001_inputs()
-    curve = fp64_beta_curve(s, t, rcfg.beta_curve_betas, source="report-001 synthetic")
+    curve = fp64_beta_curve(s, t, rcfg.beta_curve_betas, source="fixed synthetic (seed 7, V=300)")
     captures = find_captures(sweep) if captures is None else captures
     cap_curve, capture_error = None, None
     if captures:
@@ -263,7 +263,8 @@ def _write_report(sweep: Sweep, report_dir: Path, cfg: SignoffCriteria, captures
     doc.image(png["spot"], "spot-check errors per variant, log scale")
 
     doc.heading("β-curve: paper vs continuous form")
-    doc.para("FP64 D(β) on fixed inputs (report 001's example), so the curve shows the formula, not training noise. "
+    doc.para("FP64 D(β) on fixed synthetic inputs (seed 7, vocabulary 300), so the curve shows the formula, not "
+             "training noise. "
              "The paper form β·KL(T‖M)+(1−β)·KL(S‖M) falls to ≈ min(β, 1−β)·KL next to the endpoints while the "
              "endpoint branches return the full KLs (a jump); the continuous form (1−β)·KL(T‖M)+β·KL(S‖M) meets them.")
     doc.table(curve.pivot(index="beta", columns="form", values="D").reset_index(), caption="FP64 D(β)")

@@ -1,5 +1,5 @@
-"""FP64 D(β): the β-curve runs the harness's own fp64 loss (harness.losses); checked against report 001's
-published numbers, the independent FP64 reference (tests/reference.py) and ms-swift's upstream jsd_loss in FP64."""
+"""FP64 D(β): the β-curve runs the harness's own fp64 loss (harness.losses); checked against the table in
+docs/beta.md, the independent FP64 reference (tests/reference.py) and ms-swift's upstream jsd_loss in FP64."""
 from __future__ import annotations
 
 import numpy as np
