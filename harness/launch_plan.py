@@ -79,7 +79,8 @@ def format_command(argv: Sequence[str], wrap: bool = False, indent: str = "") ->
     head: List[str] = []
     groups: List[List[str]] = []
     for tok in argv:
-        if tok.startswith("--"):
+        # a script after a flag's value (torchrun's route file) starts its own line
+        if tok.startswith("--") or (tok.endswith(".py") and groups and len(groups[-1]) >= 2):
             groups.append([tok])
         elif groups:
             groups[-1].append(tok)

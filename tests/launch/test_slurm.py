@@ -105,4 +105,20 @@ def test_wrapped_command_is_the_same_command():
             "--output_dir", "/runs/a=1,b=2/swift"]
     text = format_command(argv, wrap=True)
     assert shlex.split(text.replace("\\\n", " ")) == argv
-    assert "\n      /x/rlhf.py \\" in text and "--external_plugins /x/plugin.py \\" in text
+    assert "\n    /x/rlhf.py \\" in text and "--external_plugins /x/plugin.py \\" in text
+
+
+def test_node_plan_is_the_plan_gkd_train_builds_on_that_node(tmp_path):
+    """launch.slurm prints harness.train.make_plan's plan under the node's SLURM variables: same argv, same torchrun
+    variables (one copy of the layout arithmetic)."""
+    from harness.compose import point_config
+    from harness.train import make_plan
+    from launch.slurm import node_plan
+
+    cfg, run_dir = point_config(["experiment=seed", "run.dataset=x/y"], run_dir=tmp_path / "run")
+    for node in (0, 1):
+        plan = node_plan(cfg, run_dir, node, 2, 8)
+        direct = make_plan(cfg, run_dir, base_env=node_slurm_env(node, 2, 8), dry_run=True)
+        assert plan.argv == direct.argv and plan.layout.env() == direct.layout.env()
+        assert plan.layout.world_size == 16 and plan.data_parallel_size == 16
+        assert plan.argv[plan.argv.index("--global_batch_size") + 1] == "16"
