@@ -147,7 +147,8 @@ def group_attempts(runs: list) -> list:
     """Group :class:`OfflineRun` s into runs: same run id, or same run folder (transitively).
 
     Returns a list of runs: an :class:`OfflineRun` where a run has one attempt, else a :class:`MergedRun`
-    (attempts ordered by start time, then by their ``offline-run-<time>-<id>`` folder name)."""
+    (attempts ordered by start time, then by their ``offline-run-<time>-<id>`` folder name). A run inside a
+    harness run folder gets that folder as its ``path_str`` (where ``captures/`` are), else its file."""
     parent = list(range(len(runs)))
 
     def find(i: int) -> int:
@@ -170,6 +171,9 @@ def group_attempts(runs: list) -> list:
     out = []
     for members in groups.values():
         if len(members) == 1:
+            folder = _run_folder(members[0].path)
+            if folder is not None:
+                members[0].path_str = str(folder)
             out.append(members[0])
             continue
         members.sort(key=lambda a: (a.start_time or 0.0, a.path.parent.name))

@@ -117,3 +117,14 @@ def test_usage_error_is_exit_2(capsys):
     with pytest.raises(SystemExit) as e:
         main(["somewhere"])  # --report missing
     assert e.value.code == 2
+
+
+def test_sweep_where_every_point_failed_at_config_gets_a_fail_verdict(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    names = _config_failed_points(sweep)
+    assert main([str(sweep), "--report", str(tmp_path / "r")]) == 1
+    assert capsys.readouterr().err == ""
+    v = json.loads((tmp_path / "r" / "verdict.json").read_text())
+    assert v["runs_by_outcome"] == {"failed": 2} and sorted(r["run"] for r in v["runs"]) == sorted(names)
+    assert "no_failed_runs" in v["failed_criteria"]
