@@ -22,6 +22,9 @@ APP = textwrap.dedent(
     import json, os, sys
     from pathlib import Path
     import hydra
+    from harness.compose import register
+
+    register()  # the harness's resolvers (configs/hydra/launcher/submitit_local.yaml's gkd_local_gpus)
 
     @hydra.main(version_base="1.3", config_path="configs", config_name="train")
     def main(cfg):
@@ -57,7 +60,8 @@ TRAIN = textwrap.dedent(
       - hydra: default
       - _self_
     gkd: {beta: 0.5}
-    run: {max_steps: 3, output_dir: "${hydra:runtime.output_dir}", fail_beta: -1}
+    run: {max_steps: 3, output_dir: "${hydra:runtime.output_dir}", fail_beta: -1, device: cpu}
+    backend: {nproc_per_node: 1}
     tracking: {wandb: {group: unit, mode: offline}}
     """
 )
@@ -127,4 +131,6 @@ def test_progress_line_reports_done_failed_and_current_step(tmp_path):
         (tmp_path / name).mkdir()
         (tmp_path / name / "summary.json").write_text(json.dumps({"status": status, "config": {"run.max_steps": 20}}))
     (tmp_path / "b" / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 7)))
-    assert cb.progress_line() == "[sweep g] 1/3 done, 0 failed | running b step 7/20"
+    line = cb.progress_line()
+    assert line.startswith("[sweep g] 1/3 points done, 0 failed | b step 7/20 | "), line
+    assert " elapsed, ETA " in line
