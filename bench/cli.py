@@ -9,9 +9,11 @@ figure is a ratio against a baseline measured in the same run: the ratio of medi
 ``[q1(x)/q3(base), q3(x)/q1(base)]``. Peak memory is measured in separate fresh worker processes
 (see :mod:`bench.measure`). The table goes to stdout and to ``--out`` with the machine and the command.
 
-Groups: ``topk``, ``full``, ``spot_topk``, ``spot_full`` (:mod:`bench.cases`), ``e2e`` (tiny real
-``gkd-train`` runs, monitoring on vs off, :mod:`bench.e2e`), ``analysis`` (the sign-off report over a
-synthetic sweep of 200 runs x 2,000 steps).
+Groups: ``topk``, ``full``, ``spot_topk``, ``spot_full`` (:mod:`bench.cases`), ``instr`` (the instrumented ÷
+bare loss call side by side in one process, the amortised spot check and the host synchronisations per call,
+:mod:`bench.instrument_cost`), ``analysis`` (the sign-off report over a synthetic sweep of 200 runs x 2,000
+steps), and, only when asked for (``--only e2e``), ``e2e`` (tiny real ``gkd-train`` runs, monitoring on vs off,
+:mod:`bench.e2e`: a step of the tiny model is too short to resolve a few per cent on a shared CPU).
 """
 from __future__ import annotations
 
@@ -29,8 +31,9 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 RESULT_TAG = "GKD_BENCH_RESULT "
-GROUPS = ("topk", "full", "spot_topk", "spot_full", "e2e", "analysis")
-DEFAULT_GROUPS_QUICK = ("topk", "full", "spot_topk", "spot_full", "analysis")
+GROUPS = ("topk", "full", "spot_topk", "spot_full", "instr", "e2e", "analysis")
+DEFAULT_GROUPS = ("topk", "full", "spot_topk", "spot_full", "instr", "analysis")
+DEFAULT_GROUPS_QUICK = DEFAULT_GROUPS
 MEMORY_GROUPS = ("topk", "full")
 NOTES_MARKER = "<!-- notes below are kept when the benchmark regenerates this file -->"
 
@@ -53,7 +56,12 @@ GOALS = (
     Goal("full/fp32", "time_ratio", 1.30, "full-vocab time fp32 ÷ upstream ≤ 1.3"),
     Goal("spot_topk/check", "time_ratio", 3.0, "spot check ÷ one loss fwd+bwd (top-k) ≤ 3"),
     Goal("spot_full/check", "time_ratio", 3.0, "spot check ÷ one loss fwd+bwd (full vocab) ≤ 3"),
-    Goal("e2e/monitor_on", "time_ratio", 1.03, "step time monitoring on ÷ off ≤ 1.03"),
+    Goal("instr_topk/instrumented", "time_ratio", 1.03,
+         "instrumented ÷ bare loss call, top-k (N=16,384, k=64), spot checks off ≤ 1.03"),
+    Goal("instr_full/instrumented", "time_ratio", 1.03,
+         "instrumented ÷ bare loss call, full vocab (N=512, V=151,936), spot checks off ≤ 1.03"),
+    Goal("instr_topk/instrumented", "syncs_added", 1, "device→host syncs added per loss call, monitoring on = 1"),
+    Goal("instr_topk/monitor_off", "syncs_added", 0, "device→host syncs added per loss call, monitoring off = 0"),
     Goal("analysis/report", "seconds", 10.0, "sign-off report, 200 runs × 2,000 steps ≤ 10 s"),
 )
 
@@ -71,6 +79,8 @@ def group_cases(group: str) -> List[str]:
         return [f"{group}/{v}" for v in LOSS_CASES[group]] + extra
     if group == "e2e":
         return ["e2e/monitor_off", "e2e/monitor_on"]
+    if group == "instr":
+        return ["instr/topk", "instr/full"]
     if group == "analysis":
         return ["analysis/read", "analysis/report"]
     raise KeyError(group)
@@ -87,6 +97,10 @@ def _reps(name: str, quick: bool, device: str) -> tuple[int, int]:
         return (1, 3) if quick else (3, 15)
     if group == "analysis":
         return (0, 1) if quick else (1, 3)
+    if name == "instr/topk":
+        return (1, 3) if quick else (2, 40)
+    if name == "instr/full":
+        return (1, 2) if quick else ((1, 5) if device == "cpu" else (3, 20))
     return (0, 1)
 
 
@@ -114,6 +128,10 @@ def _worker(args) -> Dict:
     if group == "e2e":
         from bench.e2e import measure_e2e
         out.update(measure_e2e(name.split("/")[1] == "monitor_on", quick=args.quick, work_dir=args.work_dir))
+        return out
+    if group == "instr":
+        from bench.instrument_cost import measure_instrument_cost
+        out.update(measure_instrument_cost(name.split("/")[1], _sizes(args), args.device, args.warmup, args.reps))
         return out
     if group == "analysis":
         from bench.analysis_time import measure_analysis
@@ -179,7 +197,7 @@ def run_benchmark(args, log=print) -> Dict[str, Dict]:
         wanted = set(args.cases) | {group_cases(c.split("/")[0])[0] for c in args.cases}
         names = [n for n in names if n in wanted] + [c for c in args.cases if c not in names]
     pooled: Dict[str, Dict] = {n: {"name": n, "wall_s": [], "cpu_s": []} for n in names}
-    timed = [n for n in names if n.split("/")[0] not in ("e2e", "analysis")]
+    timed = [n for n in names if n.split("/")[0] not in ("e2e", "analysis", "instr")]
     single = [n for n in names if n not in timed]
     rounds = args.rounds
     for r in range(rounds):
@@ -190,9 +208,10 @@ def run_benchmark(args, log=print) -> Dict[str, Dict]:
             res = _spawn(name, "time", args, args.warmup if args.warmup is not None else warmup,
                          args.reps if args.reps is not None else reps, log)
             _merge(pooled[name], res)
-    for name in single:  # e2e and analysis: one worker each, repetitions inside
+    for name in single:  # instr, e2e and analysis: one worker each, repetitions inside
         warmup, reps = _reps(name, args.quick, args.device)
-        _merge(pooled[name], _spawn(name, "time", args, warmup, reps, log))
+        _merge(pooled[name], _spawn(name, "time", args, args.warmup if args.warmup is not None else warmup,
+                                    args.reps if args.reps is not None else reps, log))
     for name in timed:
         if name.split("/")[0] in MEMORY_GROUPS:
             _merge(pooled[name], _spawn(name, "mem", args, 0, 0, log))
@@ -234,6 +253,9 @@ def compute_rows(pooled: Dict[str, Dict], args) -> List[Dict]:
     """One row per measurement with its figures and ratios (dicts of plain numbers/strings)."""
     rows = []
     for name, res in pooled.items():
+        if name.startswith("instr/"):
+            rows += instrument_rows(name, res)
+            continue
         key = "wall_s" if name.split("/")[0] == "analysis" else _time_key(args)
         base_name = _baseline(name)
         base = pooled.get(base_name) if base_name else None
@@ -275,6 +297,47 @@ def compute_rows(pooled: Dict[str, Dict], args) -> List[Dict]:
     return rows
 
 
+def instrument_rows(name: str, res: Dict) -> List[Dict]:
+    """The rows of one ``instr/<group>`` worker: bare (baseline), instrumented, spot-check step, amortised spot
+    check every 50 steps, and the monitor-off loss; ratios of medians, spread = q1–q3 of the paired ratios."""
+    from bench.instrument_cost import SPOT_EVERY, amortised_ratio
+    from bench.measure import quantiles
+
+    group = "instr_" + name.split("/")[1]
+    if res.get("errors"):
+        return [{"name": f"{group}/bare", "errors": res["errors"], "baseline": None}]
+    key, times, syncs = res["time_key"], res["variants"], res["syncs"]
+    st = {k: quantiles(v[key]) for k, v in times.items()}
+    wall = {k: quantiles(v["wall_s"]) for k, v in times.items()}
+    base = f"{group}/bare"
+    rows = []
+    for variant in ("bare", "instrumented", "spot_step"):
+        row = {"name": f"{group}/{variant}", "errors": [], "n": st[variant]["n"], "baseline": None if variant ==
+               "bare" else base, "median_ms": st[variant]["median"] * 1e3,
+               "iqr_ms": (st[variant]["q1"] * 1e3, st[variant]["q3"] * 1e3), "loss": res["loss"][variant],
+               "syncs": syncs.get(variant), "syncs_added": syncs[variant] - syncs["bare"] if variant in syncs else None,
+               "note": "" if variant == "bare" else f"{st[variant]['n']} repetitions interleaved with bare in one "
+               "process; spread = q1–q3 of the paired ratios"}
+        if variant != "bare":
+            pq = quantiles(res["pair_ratios"][variant])
+            row.update(time_ratio=st[variant]["median"] / st["bare"]["median"], time_ratio_range=(pq["q1"], pq["q3"]),
+                       wall_ratio=wall[variant]["median"] / wall["bare"]["median"])
+        rows.append(row)
+    amort = amortised_ratio(st["bare"]["median"], st["instrumented"]["median"], st["spot_step"]["median"])
+    lo = amortised_ratio(1.0, quantiles(res["pair_ratios"]["instrumented"])["q1"],
+                         quantiles(res["pair_ratios"]["spot_step"])["q1"])
+    hi = amortised_ratio(1.0, quantiles(res["pair_ratios"]["instrumented"])["q3"],
+                         quantiles(res["pair_ratios"]["spot_step"])["q3"])
+    rows.append({"name": f"{group}/spot_every_{SPOT_EVERY}", "errors": [], "baseline": base, "median_ms": None,
+                 "time_ratio": amort, "time_ratio_range": (lo, hi),
+                 "note": f"amortised: ({SPOT_EVERY - 1}·instrumented + spot_step) ÷ ({SPOT_EVERY}·bare), one loss "
+                 "call per step"})
+    rows.append({"name": f"{group}/monitor_off", "errors": [], "baseline": base, "median_ms": None,
+                 "syncs": syncs["monitor_off"], "syncs_added": syncs["monitor_off"] - syncs["bare"],
+                 "note": "the plugin's loss with monitor=off (dtype boundary around the bare variant): host syncs only"})
+    return rows
+
+
 def judge(rows: List[Dict]) -> List[Dict]:
     by = {r["name"]: r for r in rows}
     out = []
@@ -288,8 +351,11 @@ def judge(rows: List[Dict]) -> List[Dict]:
         val = None
         if r is not None:
             val = {"time_ratio": r.get("time_ratio"), "mem_ratio": r.get("mem_ratio"),
-                   "seconds": r.get("seconds")}[g.metric]
-        status = "not measured" if val is None else ("met" if val <= g.limit else "NOT met")
+                   "seconds": r.get("seconds"), "syncs_added": r.get("syncs_added")}[g.metric]
+        if g.metric == "syncs_added":  # an exact count
+            status = "not measured" if val is None else ("met" if val == g.limit else "NOT met")
+        else:
+            status = "not measured" if val is None else ("met" if val <= g.limit else "NOT met")
         if val is not None and g.metric == "time_ratio" and g.name.startswith("e2e/") and val < 0.9:
             # instrumentation only adds work: "on" much faster than "off" means the two runs differ in more
             # than the monitor (or the machine's load changed); the figure cannot support the goal
@@ -306,12 +372,12 @@ def _f(x, fmt="{:.3g}"):
 def format_table(rows: List[Dict], args) -> str:
     tlabel = "CPU time" if args.device == "cpu" else "time"
     head = (f"| measurement | {tlabel} median ms [q1–q3] | ÷ baseline [spread] | wall ÷ baseline | "
-            "peak MiB process / allocator | mem ÷ baseline | loss | rel. err vs FP64 |")
-    lines = [head, "|" + "---|" * 8]
+            "peak MiB process / allocator | mem ÷ baseline | loss | rel. err vs FP64 | host syncs per call |")
+    lines = [head, "|" + "---|" * 9]
     for r in rows:
         name = r["name"] + ("" if r.get("baseline") else " (baseline)")
         if r["errors"]:
-            lines.append(f"| {name} | failed: {'; '.join(map(str, r['errors']))[:200]} |  |  |  |  |  |  |")
+            lines.append(f"| {name} | failed: {'; '.join(map(str, r['errors']))[:200]} |  |  |  |  |  |  |  |")
             continue
         t = "–" if r["median_ms"] is None else f"{r['median_ms']:.1f} [{r['iqr_ms'][0]:.1f}–{r['iqr_ms'][1]:.1f}]"
         if "seconds" in r:
@@ -333,15 +399,20 @@ def format_table(rows: List[Dict], args) -> str:
             extra.append(f"mem ÷ naive {r['mem_ratio_vs_naive']:.3f}")
         if extra:
             mr += " (" + ", ".join(extra) + ")"
+        syncs = "–"
+        if r.get("syncs") is not None:
+            syncs = f"{r['syncs']}" + ("" if not r.get("baseline") else f" ({r['syncs_added']:+d} vs bare)")
         lines.append(f"| {name} | {t} | {ratio} | {_f(r.get('wall_ratio'), '{:.3f}')} | {mem} | {mr} | "
-                     f"{_f(r.get('loss'), '{:.6g}')} | {_f(r.get('rel_err_fp64'), '{:.1e}')} |")
+                     f"{_f(r.get('loss'), '{:.6g}')} | {_f(r.get('rel_err_fp64'), '{:.1e}')} | {syncs} |")
     return "\n".join(lines)
 
 
 def format_goals(goals: List[Dict]) -> str:
     lines = ["| goal | measured | status |", "|---|---|---|"]
     for g in goals:
-        v = "–" if g["value"] is None else (f"{g['value']:.2f} s" if g["metric"] == "seconds" else f"{g['value']:.3f}")
+        v = "–" if g["value"] is None else (f"{g['value']:.2f} s" if g["metric"] == "seconds" else
+                                             f"{g['value']:d}" if g["metric"] == "syncs_added" else
+                                             f"{g['value']:.3f}")
         lines.append(f"| {g['goal']} | {v} | {g['status']} |")
     return "\n".join(lines)
 
@@ -412,7 +483,10 @@ def render_markdown(rows, goals, info, args, command: str, started: str, elapsed
         "run, spread = [q1/q3(baseline), q3/q1(baseline)]. Peak memory: fresh process, glibc mmap threshold 64 KiB "
         "so freed tensors leave the RSS, kernel peak RSS (VmHWM reset via /proc/self/clear_refs) minus RSS before "
         "the call; cross-checked by the torch profiler's allocator timeline (tensors alive before the call "
-        "excluded); CUDA: max_memory_allocated above the pre-call level.",
+        "excluded); CUDA: max_memory_allocated above the pre-call level. The `instr_*` rows come from one process "
+        "per input size that runs the bare, instrumented and spot-step loss calls interleaved (rotating order); "
+        "their spread is the q1–q3 of the paired per-repetition ratios, and their host syncs are counted with "
+        "torch dispatch/function modes (bench/host_syncs.py) on one call of each.",
         "",
         "## Goals",
         "",
@@ -438,7 +512,7 @@ def _loadavg() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gkd-bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="gkd-bench", description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--quick", action="store_true", help="small sizes and few repetitions (for the test)")
     p.add_argument("--out", default=None, help="write the Markdown table here (e.g. docs/performance.md)")
@@ -479,7 +553,7 @@ def main(argv=None) -> int:
     if args.only is None and args.cases:
         args.only = sorted({c.split("/")[0] for c in args.cases}, key=GROUPS.index)
     if args.only is None:
-        args.only = list(DEFAULT_GROUPS_QUICK if args.quick else GROUPS)
+        args.only = list(DEFAULT_GROUPS_QUICK if args.quick else DEFAULT_GROUPS)
     if args.rounds is None:
         args.rounds = 1 if args.quick else 3
     import tempfile
