@@ -1,6 +1,9 @@
 """Measure the fp32 variant's worst errors against the FP64 reference (the numbers in tests/tolerances.py).
 
-Run: python tests/measure_tolerances.py   (a few minutes on 2 cores)
+Run: python tests/measure_tolerances.py [--regimes]   (a few minutes on 2 cores)
+
+``--regimes`` prints issue 13's regime families instead (tests/harness/test_losses_regimes.py): the logit-scale
+sweep (levels and shifted logits, L = 1 … 1e4) against FP64 and textbook FP32 on the same inputs.
 """
 import sys
 from pathlib import Path
@@ -31,5 +34,32 @@ def main():
         print(f"{sd + '/' + td:<16} {w['rel']:>10.2e} {w['abs_per_pos']:>10.2e} {w['grad']:>16.2e}")
 
 
+def regimes():
+    import torch
+
+    from harness.losses import make_jsd_loss
+    from tests.harness.test_losses_regimes import SCALES, _levels, _shifted
+    from tests.reference import reference_jsd
+
+    print(f"{'family':<8} {'L':>7} {'max rel':>9} {'max grad':>9} {'textbook rel':>13}")
+    for fam, make in (("levels", _levels), ("shifted", _shifted)):
+        for scale in SCALES:
+            s, t = make(scale, seed_of("scale", scale, fam))
+            rel = grad = tb = 0.0
+            for beta in (0.0, 1e-3, 0.5, 0.9, 1.0):
+                for form in ("paper", "continuous"):
+                    s64 = s.double().requires_grad_(True)
+                    ref = reference_jsd(s64, t.double(), beta, form).sum()
+                    (g64, ) = torch.autograd.grad(ref, s64)
+                    sg = s.clone().requires_grad_(True)
+                    val = make_jsd_loss("fp32", form)(sg, t, beta)
+                    (g, ) = torch.autograd.grad(val, sg)
+                    ref = float(ref)
+                    rel = max(rel, abs(float(val.detach()) - ref) / abs(ref))
+                    grad = max(grad, float((g.double() - g64).norm() / g64.norm()))
+                    tb = max(tb, abs(float(make_jsd_loss("native", form)(s, t, beta)) - ref) / abs(ref))
+            print(f"{fam:<8} {scale:>7g} {rel:>9.1e} {grad:>9.1e} {tb:>13.1e}")
+
+
 if __name__ == "__main__":
-    main()
+    regimes() if "--regimes" in sys.argv else main()
