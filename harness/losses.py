@@ -12,8 +12,11 @@ Two independent axes select a variant:
       closed-form gradient chunk by chunk (``_FusedChunkedJSD``): promotion per chunk, the gradient kept in
       the student's dtype, no activation graph, so no FP32 copy of a whole ``[N, V]`` BF16 tensor is ever
       alive. With injected primitives (Megatron's vocab-parallel ones) the textbook formula runs per chunk
-      with recompute-in-backward.
-    - ``"fp64"``: everything in FP64; the reference.
+      with recompute-in-backward. The formula is chosen per row/element where a single one would lose digits
+      (logits/T in the thousands, β within ~1/4 of an endpoint, |log T/S| > 30, nearly one-hot rows, −inf
+      top-k log-probs); FP16 students' stored gradient is scaled per row by a power of two so a loss scale
+      cannot meet an underflowed value. See docs/loss_accuracy.md.
+    - ``"fp64"``: everything in FP64 (textbook formula; NaN-safe KL for −inf top-k log-probs).
 * ``beta_form``
     - ``"paper"``: ``β·KL(T‖M) + (1−β)·KL(S‖M)``, ``M = (1−β)·S + β·T`` (GKD paper, upstream).
     - ``"continuous"``: ``(1−β)·KL(T‖M) + β·KL(S‖M)`` with the same M: continuous at β→0/1 where the limits
