@@ -123,3 +123,13 @@ def test_train_rejects_before_creating_anything(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"gkd\.temperature"):
         train(cfg)
     assert not (tmp_path / "run").exists()
+
+
+def test_hub_id_must_be_cached_when_offline_except_in_a_dry_run(monkeypatch):
+    """With HF_HUB_OFFLINE set, a hub id that is not in the Hugging Face cache cannot be fetched: refused naming the
+    key before anything starts; a dry run only names it and is accepted."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub = ["model.student=example-org/not-cached-student", "run.dataset=x/y"]
+    with pytest.raises(ConfigError, match=r"^model\.student: 'example-org/not-cached-student' is not a local folder"):
+        validate_config(base_cfg(*hub))
+    validate_config(base_cfg(*hub, "run.dry_run=true"))
