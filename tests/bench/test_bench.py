@@ -38,13 +38,18 @@ def test_quantiles_and_judge():
     q = quantiles([4.0, 1.0, 3.0, 2.0, 5.0])
     assert (q["median"], q["q1"], q["q3"], q["min"], q["max"], q["n"]) == (3.0, 2.0, 4.0, 1.0, 5.0, 5)
     rows = [{"name": "topk/fp32", "time_ratio": 1.04}, {"name": "full/fp32", "time_ratio": 1.31, "mem_ratio": 0.9},
-            {"name": "analysis/report", "seconds": 12.0}]
+            {"name": "analysis/report", "seconds": 12.0}, {"name": "instr_topk/instrumented", "time_ratio": 1.01,
+                                                           "syncs_added": 2},
+            {"name": "instr_topk/monitor_off", "syncs_added": 0}]
     status = {(g["name"], g["metric"]): g["status"] for g in bench.judge(rows)}
     assert status[("topk/fp32", "time_ratio")] == "met"
     assert status[("full/fp32", "time_ratio")] == "NOT met"
     assert status[("full/fp32", "mem_ratio")] == "met"
     assert status[("analysis/report", "seconds")] == "NOT met"
-    assert status[("e2e/monitor_on", "time_ratio")] == "not measured"
+    assert status[("instr_topk/instrumented", "time_ratio")] == "met"
+    assert status[("instr_topk/instrumented", "syncs_added")] == "NOT met"  # an exact count: 2 is not 1
+    assert status[("instr_topk/monitor_off", "syncs_added")] == "met"
+    assert status[("instr_full/instrumented", "time_ratio")] == "not measured"
 
 
 def test_peak_rss_sees_a_torch_allocation():
@@ -58,13 +63,14 @@ def test_peak_rss_sees_a_torch_allocation():
 @pytest.mark.slow
 def test_bench_quick_runs_and_writes_table(tmp_path):
     out, js = tmp_path / "performance.md", tmp_path / "bench.json"
-    rc = bench.main(["--quick", "--cases", "topk/fp32", "full/fp32", "spot_topk/check", "--out", str(out),
+    rc = bench.main(["--quick", "--cases", "topk/fp32", "full/fp32", "spot_topk/check", "instr/topk", "--out", str(out),
                      "--json", str(js), "--work-dir", str(tmp_path / "work")])
     assert rc == 0
     res = json.loads(js.read_text())
     rows = {r["name"]: r for r in res["rows"]}
     assert set(rows) == {"topk/upstream", "topk/fp32", "full/upstream", "full/fp32", "spot_topk/loss",
-                         "spot_topk/check"}
+                         "spot_topk/check", "instr_topk/bare", "instr_topk/instrumented", "instr_topk/spot_step",
+                         "instr_topk/spot_every_50", "instr_topk/monitor_off"}
     for name in ("topk/fp32", "full/fp32", "spot_topk/check"):
         assert not rows[name]["errors"], rows[name]["errors"]
         assert rows[name]["time_ratio"] > 0 and math.isfinite(rows[name]["time_ratio"])
@@ -80,7 +86,14 @@ def test_bench_quick_runs_and_writes_table(tmp_path):
     assert spot["loss"] == pytest.approx(_fp64_reference(*_capped_topk(sizes)), rel=1e-4, abs=2e-6)
     goals = {(g["name"], g["metric"]): g for g in res["goals"]}
     assert goals[("topk/fp32", "time_ratio")]["status"] in ("met", "NOT met")
-    assert goals[("e2e/monitor_on", "time_ratio")]["status"] == "not measured"
+    # instrumentation: the three variants compute the same loss (the fp32 value checked above), the amortised
+    # ratio lies between the instrumented and the spot-step ratios, and the sync counts are exact
+    for v in ("bare", "instrumented", "spot_step"):
+        assert rows[f"instr_topk/{v}"]["loss"] == rows["topk/fp32"]["loss"]
+    inst, spot, amort = (rows[f"instr_topk/{v}"]["time_ratio"] for v in ("instrumented", "spot_step", "spot_every_50"))
+    assert min(inst, spot) <= amort <= max(inst, spot)
+    assert goals[("instr_topk/instrumented", "syncs_added")]["status"] == "met"
+    assert goals[("instr_topk/monitor_off", "syncs_added")]["status"] == "met"
     text = out.read_text()
     assert "| measurement |" in text and "full/fp32" in text and "command: `gkd-bench --quick" in text
 

@@ -5,9 +5,8 @@ import math
 import pytest
 import torch
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from bench.host_syncs import count_host_syncs
 from harness.instrument import (CumulativeSumMetric, LossInstrument, MaxMetric, MinMetric, NonFiniteError,
                                 RatioMetric, SumMetric, build_metrics, spot_check)
 from harness.losses import make_gkd_loss, make_gkd_loss_terms
@@ -263,64 +262,6 @@ def test_metric_device_is_bound_by_the_loss_inputs():
 # ----------------------------------------------------------------------------------------------------------
 # device-to-host synchronisations per loss call
 # ----------------------------------------------------------------------------------------------------------
-class HostSyncCounter(TorchDispatchMode):
-    """Counts the operations that make the host wait for a device, as they reach the dispatcher.
-
-    aten ops: ``_local_scalar_dense`` (``.item()``, ``float()``, ``int()``, ``bool()``), ``is_nonzero``, ``item``,
-    ``equal``, data-dependent output shapes (``nonzero``, ``masked_select``, ``unique*``, boolean-mask ``index`` /
-    ``index_put_``) and copies to the CPU. On a CPU-only machine every tensor is on the host, so the Python-level
-    transfers that never reach the dispatcher there (``Tensor.tolist``, ``.numpy``, ``.cpu``) are counted by the
-    companion :class:`HostReadCounter` (a ``TorchFunctionMode``); ``total`` is the sum of both.
-    """
-
-    SYNC_OPS = {"_local_scalar_dense", "is_nonzero", "item", "equal", "nonzero", "masked_select", "unique_dim",
-                "_unique", "_unique2", "unique_consecutive", "repeat_interleave"}
-
-    def __init__(self):
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = func._schema.name.split("::")[-1]
-        if name in self.SYNC_OPS:
-            self.ops.append(name)
-        elif name in ("index", "index_put", "index_put_") and any(
-                isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
-                for i in (args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else ())):
-            self.ops.append(f"{name}[bool mask]")
-        elif name in ("_to_copy", "copy_"):
-            src = args[1] if name == "copy_" else args[0]
-            dst = args[0].device if name == "copy_" else kwargs.get("device")
-            if dst is not None and torch.device(dst).type == "cpu" and src.device.type != "cpu":
-                self.ops.append(f"{name}[to cpu]")
-        return func(*args, **kwargs)
-
-
-class HostReadCounter(TorchFunctionMode):
-    """Python-level reads of tensor data by the host (see :class:`HostSyncCounter`)."""
-
-    READS = {"tolist", "numpy", "cpu", "__array__"}
-
-    def __init__(self):
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "")
-        if name in self.READS:
-            self.ops.append(name)
-        return func(*args, **(kwargs or {}))
-
-
-def count_host_syncs(fn, *args, **kwargs) -> list[str]:
-    """The host-sync operations of one call of ``fn`` (both counters' records, in order of the modes)."""
-    reads, syncs = HostReadCounter(), HostSyncCounter()
-    with reads, syncs:
-        fn(*args, **kwargs)
-    return reads.ops + syncs.ops
-
-
 def test_sync_counter_sees_each_kind_of_host_read():
     x = torch.randn(4)
     for fn, expect in ((lambda: x.sum().item(), 1), (lambda: float(x[0]), 1), (lambda: bool(x[0] > 0), 1),
