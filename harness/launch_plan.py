@@ -109,6 +109,15 @@ def resolve_inputs(cfg: TrainConfig, build: bool) -> ResolvedInputs:
     return ResolvedInputs(student=student, teacher=teacher, dataset=str(dataset))
 
 
+def boundary_note(cfg: TrainConfig) -> str:
+    """What the plugin does to the logits at the loss boundary (``model.student_dtype`` / ``teacher_dtype``)."""
+    casts = [f"{side} logits cast to {dtype}" for side, dtype in (("student", cfg.model.student_dtype),
+                                                                     ("teacher", cfg.model.teacher_dtype)) if dtype]
+    if not casts:
+        return f"loss {cfg.loss.precision}/{cfg.loss.beta_form}; loss boundary: no cast (logits as the backend delivers them)"
+    return f"loss {cfg.loss.precision}/{cfg.loss.beta_form}; loss boundary: " + ", ".join(casts)
+
+
 def data_parallel_size(cfg: TrainConfig, layout: NodeLayout) -> int:
     if isinstance(cfg.backend, MegatronBackendConfig):
         return megatron_batch_sizes(cfg.backend, layout, cfg.run.grad_accum)[0]
@@ -147,7 +156,7 @@ def build_plan(cfg: TrainConfig, base_env: Mapping[str, str], run_dir: Path, run
     if cfg.model.student == EMBEDDED:
         env["HF_HUB_OFFLINE"] = "1"  # the embedded models never need a hub
     env["PYTHONUNBUFFERED"] = "1"
-    notes = []
+    notes = [boundary_note(cfg)]
     if isinstance(cfg.backend, MegatronBackendConfig):
         dp, gbs = megatron_batch_sizes(cfg.backend, layout, cfg.run.grad_accum)
         if gbs % (cfg.backend.micro_batch_size * dp):

@@ -126,6 +126,9 @@ def test_seed_preset_has_no_boundary_cast_on_megatron(tmp_path):
     """Issue 11: Megatron's FP32 student must not be cast down to BF16 at the loss boundary."""
     proc = _dry_run(["experiment=seed", "run.dataset=x/y", f"run.output_dir={tmp_path}"], {})
     assert proc.returncode == 0, proc.stderr
+    assert "loss boundary: no cast" in proc.stdout
+    default = _dry_run([f"run.output_dir={tmp_path}"], {})
+    assert "teacher logits cast to bfloat16" in default.stdout  # the CPU emulation of the mixed case
     cfg, _ = point_config(["experiment=seed", "run.dataset=x/y", f"run.output_dir={tmp_path}"])
     assert cfg.model.student_dtype is None and cfg.model.teacher_dtype is None
 
