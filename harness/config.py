@@ -74,7 +74,7 @@ class EmbeddedConfig:
     teacher_noise: float = MISSING
     seed: int = MISSING
     num_samples: int = MISSING
-    tokenizer: str = "bytes"  # bytes (local BPE) | qwen3 | qwen35 (real Qwen vocabulary, harness.qwen_tokenizer)
+    tokenizer: str = MISSING  # bytes (local BPE) | qwen3 | qwen35 (real Qwen vocabulary, harness.qwen_tokenizer)
 
 
 @dataclass
