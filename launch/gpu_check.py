@@ -1,4 +1,11 @@
-"""Helpers of ``launch/gpu_check.sh``: the seed repro on CUDA and the final table read back from run folders.
+"""Helpers of ``launch/gpu_check.sh``: the import preflight, the seed repro on CUDA and the final table.
+
+``python -m launch.gpu_check preflight --out CHECKS.jsonl``
+    One row per prerequisite of the GPU path (:data:`PREFLIGHT`): torch with CUDA, Transformer Engine,
+    megatron.core, mcore_bridge, vLLM. Each import runs in a fresh interpreter (a broken install cannot take the
+    preflight down); a row says exactly what is missing: not installed (and how to get it), installed but the
+    import fails (the error's last line), or, for torch, a CPU build / no visible GPU. Prints
+    ``PREFLIGHT_FAILED=name,...`` last, which the script reads to skip the checks that cannot run.
 
 ``python -m launch.gpu_check repro [--device cuda]``
     The seed report's synthetic reproduction (student FP32 from BF16-rounded ``randn*2``, teacher = student +
@@ -21,10 +28,90 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any, Iterable
+
+#: (row name, module to import, distribution name, what to do when it is missing), in the order they are needed.
+PREFLIGHT = (
+    ("torch_cuda", "torch", "torch", "the CUDA build of torch the cluster image provides (never a CPU wheel)"),
+    ("transformer_engine", "transformer_engine", "transformer-engine",
+     "Transformer Engine is an image prerequisite (NGC PyTorch images ship it; building it needs the CUDA toolkit "
+     "and cuDNN headers): see docs/cluster.md"),
+    ("megatron.core", "megatron.core", "megatron-core", 'pip install "gkd-harness[gpu]" (megatron-core)'),
+    ("mcore_bridge", "mcore_bridge", "mcore-bridge", 'pip install "gkd-harness[gpu]" (mcore-bridge)'),
+    ("vllm", "vllm", "vllm", 'pip install "gkd-harness[gpu]" (vllm, pinned to the torch it was built for)'),
+)
+
+_TORCH_PROBE = ("import json, torch; print(json.dumps({'version': torch.__version__, 'cuda': torch.version.cuda, "
+                "'available': torch.cuda.is_available(), 'count': torch.cuda.device_count() if "
+                "torch.cuda.is_available() else 0}))")
+
+
+def _probe(code: str, timeout: float) -> tuple[int, str, str]:
+    """Run ``code`` in a fresh interpreter; ``(rc, stdout, stderr)`` (rc 124 on timeout)."""
+    import subprocess
+
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+        return proc.returncode, proc.stdout, proc.stderr
+    except subprocess.TimeoutExpired:
+        return 124, "", f"import did not finish in {timeout:.0f} s"
+
+
+def _last_error(stderr: str) -> str:
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception)\b", line)]
+    return (errors or lines or ["no output"])[-1][:240]
+
+
+def preflight_row(name: str, module: str, dist: str, remedy: str, timeout: float = 180.0) -> dict[str, Any]:
+    """One preflight record ``{"check": "preflight/<name>", "rc": 0|1, "detail": ...}``."""
+    import importlib.metadata
+    import importlib.util
+    import os
+
+    try:
+        version = importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    top = module.split(".")[0]
+    if version is None and importlib.util.find_spec(top) is None:
+        return {"check": f"preflight/{name}", "rc": 1, "detail": f"missing: {dist} is not installed; {remedy}"}
+    if name == "torch_cuda":
+        rc, out, err = _probe(_TORCH_PROBE, timeout)
+        if rc != 0:
+            return {"check": f"preflight/{name}", "rc": 1, "detail": f"torch {version} does not import: "
+                    f"{_last_error(err)}"}
+        info = json.loads(out.strip().splitlines()[-1])
+        if not info["cuda"]:
+            return {"check": f"preflight/{name}", "rc": 1, "detail": f"missing: CUDA in torch: torch {info['version']} "
+                    f"is a CPU build (torch.version.cuda is None); install {remedy}"}
+        if not info["available"]:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            return {"check": f"preflight/{name}", "rc": 1, "detail": f"missing: a visible GPU: torch {info['version']} "
+                    f"(CUDA {info['cuda']}) sees none (torch.cuda.is_available() is False, CUDA_VISIBLE_DEVICES="
+                    f"{visible!r}); check the driver (nvidia-smi) and the allocation"}
+        return {"check": f"preflight/{name}", "rc": 0, "detail": f"torch {info['version']}, CUDA {info['cuda']}, "
+                f"{info['count']} GPU(s)"}
+    rc, _, err = _probe(f"import {module}", timeout)
+    if rc != 0:
+        return {"check": f"preflight/{name}", "rc": 1, "detail": f"{dist} {version or '(version unknown)'} is "
+                f"installed but `import {module}` fails: {_last_error(err)}"}
+    return {"check": f"preflight/{name}", "rc": 0, "detail": f"{dist} {version}"}
+
+
+def preflight(out: str | None = None) -> list[dict[str, Any]]:
+    """Every :data:`PREFLIGHT` row, appended to ``out`` (JSONL) when given."""
+    rows = [preflight_row(*spec) for spec in PREFLIGHT]
+    if out:
+        with open(out, "a") as fh:
+            for row in rows:
+                fh.write(json.dumps(row) + "\n")
+    return rows
+
 
 #: fp32 vs FP64 on the seed inputs: the per-position mean loss within 1e-4·|ref| + 2e-6, gradients within 1e-3.
 LOSS_RTOL, LOSS_ATOL, GRAD_REL_L2_MAX = 1e-4, 2e-6, 1e-3
@@ -144,7 +231,7 @@ def table(records: Iterable[dict[str, Any]]) -> tuple[str, bool]:
     rows, ok = [], True
     expanded: list[dict[str, Any]] = []
     for rec in records:
-        if rec.get("group_dir"):
+        if rec.get("group_dir") and not rec.get("planned"):
             found = sorted(p.parent for p in Path(rec["group_dir"]).rglob("summary.json"))
             if not found:
                 expanded.append({**rec, "run_dir": rec["group_dir"]})
@@ -154,7 +241,11 @@ def table(records: Iterable[dict[str, Any]]) -> tuple[str, bool]:
         else:
             expanded.append(rec)
     for rec in expanded:
-        if rec.get("check") == "repro":
+        if rec.get("planned"):
+            verdict, detail = "PLAN", f"timeout {rec['timeout_s']} s (estimate {rec['estimate_s']} s): {rec['planned']}"
+        elif rec.get("skipped"):
+            verdict, detail = "SKIP", rec["skipped"]
+        elif rec.get("check") == "repro" and "variants" in rec:
             verdict, detail = judge_repro(rec)
         elif rec.get("run_dir"):
             verdict, detail = judge_run(rec)
@@ -179,7 +270,16 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--out", required=True, help="append the record to this JSONL file")
     tab = sub.add_parser("table", help="print the table from a checks JSONL file")
     tab.add_argument("checks")
+    tab.add_argument("--dry-run", action="store_true", help="planned checks: always exit 0")
+    pre = sub.add_parser("preflight", help="import preflight of the GPU prerequisites")
+    pre.add_argument("--out", required=True, help="append the rows to this JSONL file")
     args = parser.parse_args(argv)
+    if args.cmd == "preflight":
+        rows = preflight(args.out)
+        for row in rows:
+            print(f"  {row['check']:<30} {'ok' if row['rc'] == 0 else 'MISSING'}  {row['detail']}")
+        print("PREFLIGHT_FAILED=" + ",".join(r["check"].split("/", 1)[1] for r in rows if r["rc"] != 0))
+        return 0
     if args.cmd == "repro":
         t0 = time.perf_counter()
         rec = seed_repro(args.device)
@@ -191,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     records = [json.loads(line) for line in Path(args.checks).read_text().splitlines() if line.strip()]
     text, ok = table(records)
     print(text)
-    return 0 if ok else 1
+    return 0 if ok or args.dry_run else 1
 
 
 if __name__ == "__main__":

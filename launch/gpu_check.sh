@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
-# GPU validation for gkd-harness, for whoever has one CUDA machine (H100/H200). Budget: < 8 minutes
-# (per-check timeouts 45+180+60+90+90 s = 7.75 min worst case). Not yet run on a GPU: tune the timeouts and
-# GKD_CHECK_STEPS (default 8) on the first real run.
+# GPU validation for gkd-harness, for whoever has one CUDA machine (H100/H200).
 #
-#   bash launch/gpu_check.sh                 # run everything, print the table, exit 1 if a check FAILs
-#   bash launch/gpu_check.sh --dry-run       # print the commands only
-#   WHEELHOUSE=/path/to/wheels bash launch/gpu_check.sh --install   # offline install of the [gpu] extras first
+#   bash launch/gpu_check.sh                 # preflight, every check, the table; exit 1 if a row FAILs
+#   bash launch/gpu_check.sh --dry-run       # preflight + the planned checks as a table (runs on a CPU too)
+#   bash launch/gpu_check.sh --install       # first: pip install -e ".[gpu,bench]" from the registry, keeping
+#                                            # the installed torch (constraint torch==<installed>)
+#   WHEELHOUSE=/path/to/wheels bash launch/gpu_check.sh --install   # the same, offline from a wheelhouse
 #
-# Checks (each bounded by `timeout`; a failing check never stops the next one):
-#   repro         the seed report's synthetic repro on CUDA: upstream jsd_loss negative, fp32 == FP64
-#   megatron/*    tiny Megatron-backend GKD in BF16, TP1, loss=original and loss=fp32 (one 2-point sweep, no cast
-#                 by the harness): the dtypes that arrive at the loss are FP32 student (Float16Module) / BF16
-#                 teacher; fp32 has zero negative calls, original is expected to have some
-#   hf_bf16       tiny HF-backend GKD with both models in BF16 on CUDA (loss=fp32)
-#   vllm_colocate tiny on-policy GKD with a colocated vLLM engine (rollout=vllm_colocate, lmbda=1)
-#   bench         gkd-bench --device cuda (loss time and peak memory, upstream vs patched; the loss groups only,
-#                 set GKD_CHECK_BENCH_ARGS to change) -> performance.md
+# 0. preflight (always, also with --dry-run): one row per prerequisite, each saying exactly what is missing:
+#    torch with CUDA (and a visible GPU), transformer_engine (an image prerequisite), megatron.core,
+#    mcore_bridge, vllm. A check whose prerequisites are missing is skipped (SKIP row naming them).
+# Checks (each bounded by `timeout`; a failing check never stops the next one). Timeout = 2 x estimate + 60 s;
+# the estimates are for an H100/H200 with a warm page cache and have not been measured yet (no GPU was lent to
+# the sessions that wrote this): expected total ~11 min, worst case (every check at its timeout) ~27 min.
+#   repro          est  20 s  the seed report's synthetic repro on CUDA: upstream jsd_loss negative, fp32 == FP64
+#   megatron/*     est 240 s  tiny Megatron-backend GKD in BF16, TP1, loss=original and loss=fp32 (one 2-point
+#                             sweep): the dtypes that arrive at the loss are FP32 student (Float16Module) / BF16
+#                             teacher; fp32 has zero negative calls, original is expected to have some
+#   hf_bf16        est  60 s  tiny HF-backend GKD with both models in BF16 on CUDA (loss=fp32)
+#   vllm_colocate  est 150 s  tiny on-policy GKD with a colocated vLLM engine in BF16, enforce_eager (no CUDA
+#                             graph capture), rollout=vllm_colocate, lmbda=1
+#   bench          est 180 s  gkd-bench --device cuda (loss time/memory upstream vs patched, instrumentation
+#                             cost; set GKD_CHECK_BENCH_ARGS to change the groups) -> performance.md
 # Output: $GKD_CHECK_DIR (default outputs/gpu_check/<timestamp>): checks.jsonl, one log per check, run folders.
 set -u -o pipefail
 
@@ -24,7 +30,7 @@ for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
     --install) INSTALL=1 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
@@ -38,23 +44,65 @@ STEPS="${GKD_CHECK_STEPS:-8}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline
 export GKD_OUTPUT_ROOT="$OUT/runs"
 T0=$(date +%s)
+mkdir -p "$OUT"
+: > "$CHECKS"
+
+timeout_for() { echo $(( 2 * $1 + 60 )); }  # estimate (s) -> timeout (s)
 
 if [[ $INSTALL == 1 ]]; then
-  : "${WHEELHOUSE:?set WHEELHOUSE to a folder filled by 'pip download' (see docs/cluster.md)}"
-  run_install=("$PY" -m pip install --no-index --find-links "$WHEELHOUSE" -e ".[gpu,bench]")
+  # never let a resolve replace the cluster's torch (vllm pins one): constrain it to the installed version
+  TORCH_VERSION=$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)
+  CONSTRAINT=()
+  if [[ -n $TORCH_VERSION ]]; then
+    echo "torch==$TORCH_VERSION" > "$OUT/constraints.txt"; CONSTRAINT=(-c "$OUT/constraints.txt")
+  fi
+  if [[ -n ${WHEELHOUSE:-} ]]; then
+    run_install=("$PY" -m pip install --no-index --find-links "$WHEELHOUSE" "${CONSTRAINT[@]}" -e ".[gpu,bench]")
+  else
+    run_install=("$PY" -m pip install "${CONSTRAINT[@]}" -e ".[gpu,bench]")
+  fi
   echo "+ ${run_install[*]}"; [[ $DRY == 1 ]] || "${run_install[@]}" || exit 1
 fi
 
-mkdir -p "$OUT"
-[[ $DRY == 1 ]] || : > "$CHECKS"
+echo "== gkd-harness GPU check -> $OUT"
+[[ $DRY == 1 ]] || nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 
-# check NAME TIMEOUT_S EXPECT_JSON GROUP_DIR -- command...
+# 0. import preflight (a fresh interpreter per import; seconds, no GPU needed)
+echo "== preflight"
+PREFLIGHT_OUT=$("$PY" -m launch.gpu_check preflight --out "$CHECKS" 2>&1) || true
+echo "$PREFLIGHT_OUT" | grep -v '^PREFLIGHT_FAILED='
+FAILED=$(echo "$PREFLIGHT_OUT" | sed -n 's/^PREFLIGHT_FAILED=//p' | tail -n 1)
+if ! echo "$PREFLIGHT_OUT" | grep -q '^PREFLIGHT_FAILED='; then
+  FAILED="torch_cuda,transformer_engine,megatron.core,mcore_bridge,vllm"  # the preflight itself did not run
+  printf '{"check": "preflight", "rc": 1, "detail": "%s"}\n' \
+    "$(echo "$PREFLIGHT_OUT" | tail -n 2 | tr -d '"\\' | tr '\n' ' ' | cut -c1-200)" >>"$CHECKS"
+fi
+
+# missing NEEDS...: the prerequisites among NEEDS that the preflight found missing (comma separated, empty if none)
+missing() {
+  local m="" need
+  for need in "$@"; do [[ ",$FAILED," == *",$need,"* ]] && m="$m${m:+,}$need"; done
+  echo "$m"
+}
+
+# check NAME ESTIMATE_S EXPECT_JSON GROUP_DIR NEEDS -- command...
 #   GROUP_DIR: folder holding the run folders the command writes ("-" when it writes none); every run folder
-#   under it becomes one table row judged against EXPECT_JSON.
+#   under it becomes one table row judged against EXPECT_JSON. NEEDS: comma-separated preflight rows it needs.
 check() {
-  local name=$1 limit=$2 expect=$3 group_dir=$4; shift 5
+  local name=$1 estimate=$2 expect=$3 group_dir=$4 needs=$5; shift 6
+  local limit; limit=$(timeout_for "$estimate")
   echo "+ [$name] timeout ${limit}s: $*"
-  [[ $DRY == 1 ]] && return 0
+  local gone; gone=$(missing ${needs//,/ })
+  if [[ $DRY == 1 ]]; then
+    printf '{"check": "%s", "planned": "%s", "estimate_s": %d, "timeout_s": %d}\n' "$name" \
+      "$(echo "$*" | tr -d '"\\' | cut -c1-160)" "$estimate" "$limit" >>"$CHECKS"
+    return 0
+  fi
+  if [[ -n $gone ]]; then
+    echo "  [$name] skipped: preflight found missing: $gone"
+    printf '{"check": "%s", "skipped": "preflight found missing: %s"}\n' "$name" "$gone" >>"$CHECKS"
+    return 0
+  fi
   local t=$(date +%s) rc=0
   timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1 || rc=$?
   local wall=$(( $(date +%s) - t ))
@@ -68,39 +116,38 @@ check() {
   fi
 }
 
-echo "== gkd-harness GPU check -> $OUT"
-[[ $DRY == 1 ]] || nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-
-# 1. seed repro on CUDA (seconds)
-echo "+ [repro] $PY -m launch.gpu_check repro --device cuda"
-if [[ $DRY == 0 ]]; then
-  timeout 45 "$PY" -m launch.gpu_check repro --device cuda --out "$CHECKS" >"$OUT/repro.log" 2>&1 \
-    || printf '{"check": "repro_failed", "rc": 1, "detail": "see %s"}\n' "$OUT/repro.log" >>"$CHECKS"
-fi
-
 COMMON=("run.max_steps=$STEPS" tracking.wandb.mode=offline monitor.spot_check.every_n_steps=2)
 
+# 1. seed repro on CUDA (seconds); writes its own record
+check repro 20 '{}' - torch_cuda -- "$PY" -m launch.gpu_check repro --out "$CHECKS" --device cuda
+
 # 2. tiny Megatron backend, TP1, original vs fp32: one 2-point sweep, both points at once on the GPU
-check megatron 180 '{"student_dtype": "float32", "teacher_dtype": "bfloat16", "neg_calls": "by_precision"}' \
-  "$GKD_OUTPUT_ROOT/multirun/gpu_check_megatron" -- \
+check megatron 240 '{"student_dtype": "float32", "teacher_dtype": "bfloat16", "neg_calls": "by_precision"}' \
+  "$GKD_OUTPUT_ROOT/multirun/gpu_check_megatron" torch_cuda,transformer_engine,megatron.core,mcore_bridge -- \
   gkd-train -m hydra/launcher=submitit_local "${COMMON[@]}" model=tiny backend=megatron backend.tensor_model_parallel_size=1 backend.nproc_per_node=1 \
   model.torch_dtype=bfloat16 model.student_dtype=null model.teacher_dtype=null \
   gkd.beta=0.5 gkd.temperature=0.9 gkd.topk=64 tracking.wandb.group=gpu_check_megatron loss=original,fp32
 
 # 3. tiny HF backend under BF16 (both models BF16 on CUDA), patched loss
-check hf_bf16 60 '{"teacher_dtype": "bfloat16", "neg_calls": "zero"}' "$GKD_OUTPUT_ROOT/runs/gpu_check_hf_bf16" -- \
+check hf_bf16 60 '{"teacher_dtype": "bfloat16", "neg_calls": "zero"}' "$GKD_OUTPUT_ROOT/runs/gpu_check_hf_bf16" \
+  torch_cuda -- \
   gkd-train "${COMMON[@]}" model=tiny backend=hf loss=fp32 model.torch_dtype=bfloat16 model.student_dtype=bfloat16 model.teacher_dtype=bfloat16 \
   tracking.wandb.group=gpu_check_hf_bf16
 
-# 4. on-policy GKD with a colocated vLLM engine
-check vllm_colocate 90 '{"neg_calls": "zero"}' "$GKD_OUTPUT_ROOT/runs/gpu_check_vllm" -- \
+# 4. on-policy GKD with a colocated vLLM engine: BF16 weights, eager mode (no CUDA graph capture at start)
+check vllm_colocate 150 '{"neg_calls": "zero"}' "$GKD_OUTPUT_ROOT/runs/gpu_check_vllm" torch_cuda,vllm -- \
   gkd-train "${COMMON[@]}" model=tiny_vllm backend=hf loss=fp32 rollout=vllm_colocate gkd.lmbda=1.0 \
+  model.torch_dtype=bfloat16 model.student_dtype=bfloat16 model.teacher_dtype=bfloat16 rollout.vllm.enforce_eager=true \
   tracking.wandb.group=gpu_check_vllm
 
 # 5. performance benchmark on CUDA
-check bench 90 '{}' - -- gkd-bench --device cuda ${GKD_CHECK_BENCH_ARGS:---only topk full spot_topk spot_full} --out "$OUT/performance.md"
+check bench 180 '{}' - torch_cuda -- gkd-bench --device cuda ${GKD_CHECK_BENCH_ARGS:---only topk full spot_topk spot_full instr} --out "$OUT/performance.md"
 
-[[ $DRY == 1 ]] && exit 0
 echo
+if [[ $DRY == 1 ]]; then
+  echo "== gkd-harness GPU check (dry run): preflight and planned checks, folder $OUT"
+  "$PY" -m launch.gpu_check table --dry-run "$CHECKS"
+  exit 0
+fi
 echo "== gkd-harness GPU check: $(( $(date +%s) - T0 ))s total, folder $OUT"
 "$PY" -m launch.gpu_check table "$CHECKS"
