@@ -189,7 +189,7 @@ SMOKE_VARIANTS = ("original", "fp32", "continuous")
 def smoke_point_names():
     from tests.conftest import SMOKE_STEPS
 
-    return sorted(f"loss={v},monitor.capture=true,run.max_steps={SMOKE_STEPS}" for v in SMOKE_VARIANTS)
+    return sorted(f"loss={v},monitor.capture=True,run.max_steps={SMOKE_STEPS}" for v in SMOKE_VARIANTS)  # Hydra writes True
 
 
 @pytest.fixture(scope="module")
