@@ -1,31 +1,107 @@
-"""launch/gpu_check.sh and launch.gpu_check, checked on the CPU: commands, configs, repro, table verdicts."""
+"""launch/gpu_check.sh and launch.gpu_check, checked on the CPU: preflight rows, commands, configs, timeouts,
+install commands, repro, table verdicts."""
 
 import json
 import re
 import shlex
 import subprocess
+import sys
 
 import pytest
 
-from launch.gpu_check import judge_repro, seed_repro, table
-from tests.launch.helpers import REPO, compose, task_config
+from launch.gpu_check import PREFLIGHT, judge_repro, preflight_row, seed_repro, table
+from tests.launch.helpers import REPO, task_config
 from harness.validate import validate_config
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 
+def _dry_run(tmp_path, *args, **env):
+    return subprocess.run(["bash", str(REPO / "launch" / "gpu_check.sh"), "--dry-run", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=600,
+                          env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "GKD_CHECK_DIR": str(tmp_path),
+                               **env})
+
+
 @pytest.fixture(scope="module")
-def dry_commands(tmp_path_factory):
-    out = subprocess.run(["bash", str(REPO / "launch" / "gpu_check.sh"), "--dry-run"], cwd=REPO, capture_output=True,
-                         text=True, timeout=60, env={"PATH": "/usr/bin:/bin",
-                                                     "GKD_CHECK_DIR": str(tmp_path_factory.mktemp("chk"))})
+def dry_run(tmp_path_factory):
+    out = _dry_run(tmp_path_factory.mktemp("chk"))
     assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+@pytest.fixture(scope="module")
+def dry_commands(dry_run):
     cmds = {}
-    for line in out.stdout.splitlines():
+    for line in dry_run.splitlines():
         if line.startswith("+ ["):
             name = line[3:line.index("]")]
             cmds[name] = shlex.split(line.split(": ", 1)[1]) if ": " in line else shlex.split(line.split("] ", 1)[1])
     return cmds
+
+
+def test_dry_run_prints_the_table_with_preflight_rows(dry_run):
+    """On this CPU machine: one preflight row per prerequisite, each naming what is missing here, then the
+    planned checks with their timeouts; exit 0."""
+    table_part = dry_run.split("== gkd-harness GPU check (dry run)", 1)[1]
+    rows = {m.group(1): (m.group(2), m.group(3)) for m in
+            re.finditer(r"^(\S+)\s+(PASS|FAIL|PLAN|SKIP|WARN)\s+\S+\s+(.*)$", table_part, re.M)}
+    assert [r for r in rows if r.startswith("preflight/")] == [f"preflight/{name}" for name, *_ in PREFLIGHT]
+    import torch
+
+    verdict, detail = rows["preflight/torch_cuda"]
+    if torch.version.cuda is None:
+        assert verdict == "FAIL" and f"torch {torch.__version__} is a CPU build" in detail
+    import importlib.util
+
+    if importlib.util.find_spec("transformer_engine") is None:
+        assert rows["preflight/transformer_engine"] == (
+            "FAIL", rows["preflight/transformer_engine"][1]) and "missing: transformer-engine is not installed" in \
+            rows["preflight/transformer_engine"][1]
+        if importlib.util.find_spec("mcore_bridge") is not None:  # installed, but its import needs TE
+            assert rows["preflight/mcore_bridge"][0] == "FAIL"
+            assert "No module named 'transformer_engine'" in rows["preflight/mcore_bridge"][1]
+    if importlib.util.find_spec("vllm") is None:
+        assert "missing: vllm is not installed" in rows["preflight/vllm"][1]
+    for name in ("repro", "megatron", "hf_bf16", "vllm_colocate", "bench"):
+        assert rows[name][0] == "PLAN" and re.match(r"timeout \d+ s \(estimate \d+ s\)", rows[name][1])
+
+
+def test_timeouts_come_from_the_stated_estimates(dry_run):
+    """Each check's timeout is 2 x the estimate in the script's header + 60 s."""
+    header = (REPO / "launch" / "gpu_check.sh").read_text()
+    stated = {m.group(1).split("/")[0]: int(m.group(2)) for m in
+              re.finditer(r"^#\s+(\S+)\s+est\s+(\d+) s", header, re.M)}
+    assert set(stated) == {"repro", "megatron", "hf_bf16", "vllm_colocate", "bench"}
+    for m in re.finditer(r"^\+ \[(\w+)\] timeout (\d+)s:", dry_run, re.M):
+        assert int(m.group(2)) == 2 * stated[m.group(1)] + 60, m.group(0)
+
+
+def test_install_from_the_registry_or_a_wheelhouse_keeps_torch(tmp_path):
+    import torch
+
+    pinned = torch.__version__.split("+")[0]
+    out = _dry_run(tmp_path / "a", "--install")
+    line = next(x for x in out.stdout.splitlines() if " pip install " in x)
+    assert "--no-index" not in line and line.endswith('-e .[gpu,bench]')
+    assert (tmp_path / "a" / "constraints.txt").read_text().strip() == f"torch=={pinned}"
+    out = _dry_run(tmp_path / "b", "--install", WHEELHOUSE=str(tmp_path / "wheels"))
+    line = next(x for x in out.stdout.splitlines() if " pip install " in x)
+    assert f"--no-index --find-links {tmp_path / 'wheels'} -c " in line
+
+
+def test_preflight_row_names_what_is_missing(tmp_path, monkeypatch):
+    row = preflight_row("nope", "gkd_no_such_module", "gkd-no-such-dist", "install it from X")
+    assert row == {"check": "preflight/nope", "rc": 1,
+                   "detail": "missing: gkd-no-such-dist is not installed; install it from X"}
+    (tmp_path / "gkd_broken_mod").mkdir()
+    (tmp_path / "gkd_broken_mod" / "__init__.py").write_text("import gkd_missing_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    row = preflight_row("broken", "gkd_broken_mod", "gkd-broken-mod", "-")
+    assert row["rc"] == 1 and "installed but `import gkd_broken_mod` fails: ModuleNotFoundError: No module named " \
+        "'gkd_missing_dependency'" in row["detail"]
+    assert preflight_row("json", "json", "gkd-no-dist", "-")["rc"] == 0  # importable without a distribution
 
 
 def test_all_checks_are_there(dry_commands):
@@ -43,13 +119,14 @@ def test_gpu_check_runs_are_valid_configs(dry_commands, name):
     points = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
     assert len(points) == (2 if name == "megatron" else 1)
     for job in points:
-        cfg = task_config(compose(job))
+        cfg = task_config(job)
         validate_config(cfg)
         if name == "megatron":
             assert cfg.backend.name == "megatron" and cfg.backend.tensor_model_parallel_size == 1
             assert cfg.model.student_dtype is None and cfg.model.teacher_dtype is None  # no harness cast
         if name == "vllm_colocate":
             assert cfg.rollout.vllm.mode == "colocate" and cfg.gkd.lmbda == 1.0
+            assert cfg.rollout.vllm.enforce_eager is True and cfg.model.torch_dtype == "bfloat16"
         if name == "hf_bf16":
             assert cfg.model.torch_dtype == cfg.model.teacher_dtype == "bfloat16"
 
