@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -335,6 +336,15 @@ def _verbose(cfg: Any) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class PointFailed:
+    """What a sweep point's job returns when it failed: Hydra then goes on with the other points, and the sweep
+    callback records the failure and makes the sweep exit 1, without a traceback per point."""
+
+    code: int
+    error: str
+
+
 _TASK_CFG: list = []  # the Hydra task config of this job (for .hydra/ files written by the harness)
 
 
@@ -361,8 +371,10 @@ def _job(cfg) -> Optional[int]:
     except (ConfigError, TrainingFailed, RunFolderError) as e:
         code, what = _exit_code(e)
         print(f"gkd-train: {what}: {e}", file=sys.stderr)
-        if _verbose(cfg) or _is_multirun():
+        if _verbose(cfg):
             raise
+        if _is_multirun():
+            return PointFailed(code, f"{type(e).__name__}: {e}")
         sys.exit(code)
     return summary.get("last_step") if summary else None
 

@@ -33,6 +33,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from harness.progress import ProgressDisplay, Snapshot, render
+from harness.train import PointFailed
 
 STATUS_FILE = "job_return.json"
 
@@ -211,18 +212,23 @@ class SweepStatusCallback(Callback):
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         """Record Hydra's verdict for this point next to its ``.hydra/`` folder (any process)."""
         out = Path(str(config.hydra.runtime.output_dir)) / ".hydra"
-        error = None
+        error, status = None, job_return.status.name
         if job_return.status == JobStatus.FAILED:
             exc = job_return._return_value
             error = f"{type(exc).__name__}: {exc}"
+        elif isinstance(job_return._return_value, PointFailed):  # gkd-train reported its failure in one line
+            status, error = "FAILED", job_return._return_value.error
         try:
             out.mkdir(parents=True, exist_ok=True)
-            (out / STATUS_FILE).write_text(json.dumps({"status": job_return.status.name, "error": error}))
+            (out / STATUS_FILE).write_text(json.dumps({"status": status, "error": error}))
         except OSError:
             pass
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """The summary table; the sweep exits 1 when any point failed (each failure was one line already)."""
         self._report()
+        if any(p.status in ("failed", "incomplete") for p in self.statuses()):
+            sys.exit(1)
 
     # -- progress and final report
     def snapshot(self) -> Snapshot:
