@@ -332,6 +332,14 @@ def instrument_rows(name: str, res: Dict) -> List[Dict]:
                  "time_ratio": amort, "time_ratio_range": (lo, hi),
                  "note": f"amortised: ({SPOT_EVERY - 1}·instrumented + spot_step) ÷ ({SPOT_EVERY}·bare), one loss "
                  "call per step"})
+    if res.get("record"):
+        rq = quantiles(res["record"][key])
+        rows.append({"name": f"{group}/record_only", "errors": [], "baseline": base, "n": rq["n"],
+                     "median_ms": rq["median"] * 1e3, "iqr_ms": (rq["q1"] * 1e3, rq["q3"] * 1e3),
+                     "time_ratio": 1 + rq["median"] / st["bare"]["median"],
+                     "time_ratio_range": (1 + rq["q1"] / st["bare"]["q3"], 1 + rq["q3"] / st["bare"]["q1"]),
+                     "note": "the instrument's own work per call alone (its record step, "
+                     f"{rq['n']} repetitions); ratio = 1 + record ÷ bare: the instrumented call's cost resolved"})
     rows.append({"name": f"{group}/monitor_off", "errors": [], "baseline": base, "median_ms": None,
                  "syncs": syncs["monitor_off"], "syncs_added": syncs["monitor_off"] - syncs["bare"],
                  "note": "the plugin's loss with monitor=off (dtype boundary around the bare variant): host syncs only"})

@@ -5,7 +5,9 @@ top-k 64; ``full``: N=512 with V=151,936), each one loss call forward + backward
 
 * ``bare``: ``harness.losses.make_gkd_loss("fp32")`` (what the plugin installs with ``monitor=off``);
 * ``instrumented``: ``harness.instrument.LossInstrument`` around the same variant, spot checks off;
-* ``spot_step``: the instrumented call on a spot-check step (FP64 spot check on ``spot_max_tokens`` positions).
+* ``spot_step``: the instrumented call on a spot-check step (FP64 spot check on ``spot_max_tokens`` positions);
+* ``record``: the instrument's own per-call work alone (``LossInstrument._record`` on the call's output, 200
+  repetitions): what the instrumented call adds to the bare one, resolved far below the noise of a whole call.
 
 The three run interleaved, in a rotating order, ``reps`` times in one process, so drift on a shared machine hits
 each alike; the ratio is ``median(instrumented) / median(bare)``, the spread the q1–q3 of the per-repetition
@@ -24,6 +26,7 @@ from bench import measure as bm
 from bench.cases import BETA, TEMPERATURE, Sizes, full_inputs, topk_inputs
 
 SPOT_EVERY = 50
+RECORD_REPS = 200
 VARIANTS = ("bare", "instrumented", "spot_step")
 
 
@@ -88,7 +91,13 @@ def measure_instrument_cost(group: str, sizes: Sizes, device: str, warmup: int, 
     syncs = {"bare": count_host_syncs(bare, x, to, labels, BETA, TEMPERATURE),
              "instrumented": count_host_syncs(inst, x, to, labels, BETA, TEMPERATURE),
              "monitor_off": count_host_syncs(off, x, to, labels, BETA, TEMPERATURE)}
-    return {"variants": times, "pair_ratios": pair, "loss": losses, "time_key": key,
+    # the instrument's own work per call (what it adds to the loss): its record step alone, many repetitions
+    from harness.losses import make_gkd_loss_terms
+
+    with torch.no_grad():
+        out = make_gkd_loss_terms("fp32", "paper")(student.detach(), to, labels, BETA, TEMPERATURE)
+    record = bm.time_calls(lambda: inst._record(out), device, 3, RECORD_REPS)
+    return {"variants": times, "pair_ratios": pair, "loss": losses, "time_key": key, "record": record,
             "syncs": {k: len(v) for k, v in syncs.items()}, "sync_ops": syncs}
 
 
