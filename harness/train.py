@@ -425,4 +425,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    # `python -m harness.train`: run the importable module's main, so that what a job returns (PointFailed) is the
+    # class launch.sweep imports, not a __main__ copy of it
+    from harness.train import main as _module_main
+
+    _module_main()

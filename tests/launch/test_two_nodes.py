@@ -47,9 +47,12 @@ def test_two_node_localhost_run(tmp_path):
     out = {n: (tmp_path / f"node{n}.log").read_text() for n in (0, 1)}
     assert rcs == [0, 0], f"node0:\n{tail(out[0])}\n\nnode1:\n{tail(out[1])}"
 
-    # each node ran ms-swift's torchrun with the node's place in the 2-node rendezvous
-    for node in (0, 1):
-        assert f"--nnodes 2 --node_rank {node} --master_addr 127.0.0.1" in out[node], tail(out[node])
+    # each node ran ms-swift's torchrun with the node's place in the 2-node rendezvous (ms-swift's output goes to
+    # the node's log in the run folder: swift.log on the main node, swift.node<N>.log on the others)
+    swift_logs = {0: run_dir / "swift.log", 1: run_dir / "swift.node1.log"}
+    for node, path in swift_logs.items():
+        text = path.read_text()
+        assert f"--nnodes 2 --node_rank {node} --master_addr 127.0.0.1" in text, tail(text)
     env = json.loads((run_dir / "command.json").read_text())["env"]
     assert env["NNODES"] == "2" and env["MASTER_PORT"] == port and env["NPROC_PER_NODE"] == "1"
 
