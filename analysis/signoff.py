@@ -47,7 +47,7 @@ def analysis_package_versions() -> dict:
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
-    from harness.tracking import package_versions
+    from harness.run_folder import package_versions
 
     out = dict(package_versions())
     for name in ("gkd-harness", "numpy", "pandas", "matplotlib"):

@@ -242,7 +242,7 @@ def _record_sft_term() -> None:
 
 
 def _run_folder():
-    from harness.tracking import RunFolder
+    from harness.run_folder import RunFolder
 
     return RunFolder(STATE.settings["run_dir"])
 
@@ -253,7 +253,8 @@ def _record_start(world_size: int, is_writer: bool) -> None:
         return
     _run_folder().update_summary(world_size=world_size, train_pid=os.getpid(), plugin={"rebound": STATE.rebound})
     try:
-        from harness.tracking import attach_to_wandb_run, package_versions
+        from harness.run_folder import package_versions
+        from harness.tracking import attach_to_wandb_run
 
         attach_to_wandb_run({**STATE.settings["config"], "world_size": world_size,
                              "versions": package_versions()})
@@ -282,7 +283,8 @@ def _record_log(logs: Dict[str, Any], step: int, is_writer: bool) -> None:
     """One ``metrics.jsonl`` record and the summary's last step / dtypes; only on the rank that owns the wandb run."""
     if not is_writer:
         return
-    from harness.tracking import MetricsWriter, design_record, update_wandb_config
+    from harness.run_folder import MetricsWriter
+    from harness.tracking import design_record, update_wandb_config
 
     rec = design_record(logs, step)
     if rec is not None:

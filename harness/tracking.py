@@ -340,15 +340,3 @@ def update_wandb_config(values: Mapping[str, Any]) -> None:
     if wandb.run is not None:
         wandb.run.config.update({f"harness.{k}": v for k, v in flatten(redact(dict(values))).items()},
                                 allow_val_change=True)
-
-
-# Transition: the run-folder names moved to harness.run_folder; old imports keep working until callers switch.
-_MOVED = ("RunFolder", "MetricsWriter", "read_metrics", "last_metrics_step", "package_versions", "now_iso")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        from harness import run_folder
-
-        return getattr(run_folder, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -333,16 +333,8 @@ def test_read_only_folder_names_run_output_dir(tmp_path):
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file modes (covered by the read-only mount test)")
-def test_unwritable_folder_names_run_output_dir_without_root(tmp_path):
-    folder = RunFolder(tmp_path / "run").create()
-    folder.start_summary("r", None, FLAT)
-    folder.path.chmod(0o555)
-    try:
-        with pytest.raises(RunFolderError, match=r"cannot write summary\.json in run\.output_dir"):
-            folder.update_summary(status="completed")
-    finally:
-        folder.path.chmod(0o755)
+# (a chmod-based variant for non-root users was dropped: CI runs as root, which ignores file modes, so it could
+# only skip; the read-only mount above is the real check)
 
 
 # ------------------------------------------------------------------------------------------------ secrets
