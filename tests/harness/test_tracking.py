@@ -1,6 +1,7 @@
 """Config trees (one flatten, secrets), metric records, the wandb env mapping, run identity and the fallback."""
 import dataclasses
 import json
+import re
 import os
 import subprocess
 import sys
@@ -173,4 +174,6 @@ def test_a_retry_continues_the_same_wandb_run_offline(tmp_path):
         assert attempt["tags"] == ["patched", "fp32", "paper", "smoke"]
         assert Path(attempt["dir"]).resolve().is_relative_to((run_dir / "wandb").resolve())
     offline = sorted(p.name for p in (run_dir / "wandb" / "wandb").glob("offline-run-*"))
-    assert len(offline) == 2 and all(name.endswith("-" + env["WANDB_RUN_ID"]) for name in offline)
+    # offline-run-<time>-<id>; wandb appends -1 when both attempts start within the same second
+    assert len(offline) == 2 and all(re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{env['WANDB_RUN_ID']}(-\d+)?", name)
+                                     for name in offline), offline
