@@ -256,7 +256,8 @@ def _record_start(world_size: int, is_writer: bool) -> None:
         from harness.run_folder import package_versions
         from harness.tracking import attach_to_wandb_run
 
-        attach_to_wandb_run({**STATE.settings["config"], "world_size": world_size,
+        attach_to_wandb_run({**STATE.settings["config"], "experiment": STATE.settings.get("experiment"),
+                             "world_size": world_size,
                              "versions": package_versions()})
     except Exception as e:  # noqa: BLE001 - tracking never kills training
         logger.warning(f"could not add the harness config to the wandb run: {e}")

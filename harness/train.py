@@ -59,9 +59,11 @@ def run_name_for(cfg: TrainConfig, run_dir: Path) -> str:
     return cfg.run.name or _hydra_run_name() or run_dir.name
 
 
-def plugin_settings(cfg: TrainConfig, run_dir: Path) -> Dict[str, Any]:
-    """What the plugin inside ms-swift's ranks receives: the run folder and the typed config serialised."""
-    return {"run_dir": str(run_dir), "config": to_dict(cfg), "harness_version": harness_version()}
+def plugin_settings(cfg: TrainConfig, run_dir: Path, experiment: Optional[str] = None) -> Dict[str, Any]:
+    """What the plugin inside ms-swift's ranks receives: the run folder, the typed config serialised and the
+    ``experiment=`` choice (added to the wandb run's config)."""
+    return {"run_dir": str(run_dir), "config": to_dict(cfg), "experiment": experiment,
+            "harness_version": harness_version()}
 
 
 def _wandb_mode(cfg: TrainConfig, dry_run: bool) -> str:
@@ -236,7 +238,7 @@ def _train_other_node(cfg: TrainConfig, run_dir: Path, experiment: Optional[str]
     env = dict(os.environ)
     node = env.get("NODE_RANK") or env.get("SLURM_NODEID", "?")
     settings_path = Path(tempfile.mkdtemp(prefix=f"gkd-node{node}-")) / PLUGIN_SETTINGS_FILE
-    settings_path.write_text(json.dumps(plugin_settings(cfg, run_dir), indent=1))
+    settings_path.write_text(json.dumps(plugin_settings(cfg, run_dir, experiment), indent=1))
     run_dir.mkdir(parents=True, exist_ok=True)
     plan = make_plan(cfg, run_dir, extra_args=resume_args(cfg.run.resume, run_dir), settings_path=settings_path,
                      experiment=experiment)
@@ -274,7 +276,7 @@ def _train_main_node(cfg: TrainConfig, run_dir: Path, folder, experiment: Option
         folder.write_config(OmegaConf.to_yaml(OmegaConf.create(redact(to_dict(cfg)))))
         folder.start_summary(run_name_for(cfg, run_dir), cfg.tracking.wandb.group, flat)
     try:
-        settings = plugin_settings(cfg, run_dir)
+        settings = plugin_settings(cfg, run_dir, experiment)
         if resume:
             from harness.metric_names import CUMULATIVE_METRICS
             from harness.run_folder import read_metrics
@@ -283,7 +285,7 @@ def _train_main_node(cfg: TrainConfig, run_dir: Path, folder, experiment: Option
             settings["resume_totals"] = {k: rows[-1][k] for k in CUMULATIVE_METRICS if rows and k in rows[-1]}
         settings_path = folder.write_json(PLUGIN_SETTINGS_FILE, settings)
         plan = make_plan(cfg, run_dir, extra_args=resume, settings_path=settings_path, experiment=experiment)
-        folder.update_summary(wandb_mode=plan.env.get("WANDB_MODE", "disabled"),
+        folder.update_summary(wandb_mode=plan.env.get("WANDB_MODE", "disabled"), experiment=experiment,
                               inputs={"student": plan.inputs.student, "teacher": plan.inputs.teacher,
                                       "dataset": plan.inputs.dataset})
         folder.write_json("command.json", {"argv": plan.argv, "env": plan.shown_env()})
