@@ -13,7 +13,7 @@
 # Checks (each bounded by `timeout`; a failing check never stops the next one). Timeout = 2 x estimate + 60 s;
 # the estimates are for an H100/H200 with a warm page cache and have not been measured yet (no GPU was lent to
 # the sessions that wrote this): expected total ~11 min, worst case (every check at its timeout) ~27 min.
-#   repro          est  20 s  the seed report's synthetic repro on CUDA: upstream jsd_loss negative, fp32 == FP64
+#   repro          est  20 s  the synthetic repro of the precision defect on CUDA: upstream jsd_loss negative, fp32 == FP64
 #   megatron/*     est 240 s  tiny Megatron-backend GKD in BF16, TP1, loss=original and loss=fp32 (one 2-point
 #                             sweep): the dtypes that arrive at the loss are FP32 student (Float16Module) / BF16
 #                             teacher; fp32 has zero negative calls, original is expected to have some
