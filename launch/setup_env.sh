@@ -20,7 +20,7 @@ fi
 # -qq: errors only (the README's main command stays short); pip still fails loudly
 pip install -qq "torch==2.13.0"
 pip install -qq -e ".[test,parallel-cpu]" "torch==2.13.0"
-python - <<'PY'
+python -W ignore - <<'PY'   # -W ignore: megatron's Transformer-Engine/Apex notices are expected on a CPU
 import torch, swift, megatron.core, wandb, hydra
 assert torch.__version__.endswith("+cpu"), f"expected the CPU torch, got {torch.__version__}"
 print(f"gkd-harness env ready: torch {torch.__version__}, ms-swift {swift.__version__}, wandb {wandb.__version__}")
