@@ -17,27 +17,11 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-GROUP = "analysis_real"
-
-
-STEPS = 3
-
-
 @pytest.fixture(scope="session")
-def real_sweep(tmp_path_factory) -> Path:
-    """Runs the sweep once per session. GKD_ANALYSIS_REAL_SWEEP=<folder> reuses a sweep made by the same command."""
-    if os.environ.get("GKD_ANALYSIS_REAL_SWEEP"):
-        return Path(os.environ["GKD_ANALYSIS_REAL_SWEEP"])
-    root = tmp_path_factory.mktemp("real_sweep")
-    env = dict(os.environ, GKD_OUTPUT_ROOT=str(root), HF_HUB_OFFLINE="1", WANDB_SILENT="true")
-    cmd = [shutil.which("gkd-train") or "gkd-train", "-m", "experiment=smoke", "loss=original,fp32,continuous",
-           f"run.max_steps={STEPS}", "monitor.capture=true", f"tracking.wandb.group={GROUP}",
-           "hydra.callbacks.sweep_status.progress_interval_s=0"]
-    proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=1500)
-    sweep = root / "multirun" / GROUP
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert len([p for p in sweep.iterdir() if (p / "summary.json").exists()]) == 3
-    return sweep
+def real_sweep(smoke_sweep) -> Path:
+    """The session-wide smoke sweep (tests/conftest.py: original, fp32, continuous; 3 steps; captures on),
+    trained once for every test that needs a real sweep."""
+    return smoke_sweep
 
 
 def _analyze(*args, timeout=600):

@@ -70,7 +70,7 @@ def test_bench_quick_runs_and_writes_table(tmp_path):
     rows = {r["name"]: r for r in res["rows"]}
     assert set(rows) == {"topk/upstream", "topk/fp32", "full/upstream", "full/fp32", "spot_topk/loss",
                          "spot_topk/check", "instr_topk/bare", "instr_topk/instrumented", "instr_topk/spot_step",
-                         "instr_topk/spot_every_50", "instr_topk/monitor_off"}
+                         "instr_topk/spot_every_50", "instr_topk/monitor_off", "instr_topk/record_only"}
     for name in ("topk/fp32", "full/fp32", "spot_topk/check"):
         assert not rows[name]["errors"], rows[name]["errors"]
         assert rows[name]["time_ratio"] > 0 and math.isfinite(rows[name]["time_ratio"])
