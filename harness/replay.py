@@ -126,7 +126,10 @@ def format_variant_table(results: Dict[str, dict]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gkd-replay", description=__doc__.split("\n\n")[0])
+    from harness.run_folder import harness_version
+
+    p = argparse.ArgumentParser(prog="gkd-replay", description=__doc__.split("\n\n")[0].replace("``", ""))
+    p.add_argument("--version", action="version", version=f"gkd-replay (gkd-harness {harness_version()})")
     p.add_argument("inputs", nargs="+", help="'synthetic', or capture files / run folders / sweep folders")
     p.add_argument("--beta-form", choices=BETA_FORMS, default=None,
                    help="β form to replay (default: the capture's, or paper for synthetic)")

@@ -64,6 +64,10 @@ COMMANDS = [
     ["gkd-train", "run.dry_run=true"],
     ["gkd-train", "--cfg", "job"],
     ["gkd-train", "--version"],
+    ["gkd-train", "--help"],
+    ["gkd-replay", "--version"],
+    ["gkd-bench", "--version"],
+    ["gkd-dashboard", "--version"],
     ["gkd-analyze", "--help"],
     ["gkd-analyze", "--version"],
     ["gkd-dashboard", "--help"],
@@ -81,6 +85,8 @@ def test_documented_command_runs(cmd, tmp_path):
     assert "Traceback" not in proc.stderr
     if "--help" in cmd:
         assert "``" not in proc.stdout, "raw RST backticks in --help"
+        if cmd[0] in ("gkd-train", "gkd-analyze", "gkd-dashboard"):
+            assert "Exit codes" in proc.stdout or "exit codes" in proc.stdout.lower(), "--help lists no exit codes"
     if cmd == ["gkd-train", "run.dry_run=true"]:
         assert not (tmp_path / "outputs").exists()
 
