@@ -714,6 +714,24 @@ def read_metrics(path: str | os.PathLike) -> List[Dict[str, Any]]:
     return out
 
 
+def tail_step(metrics: Path) -> Optional[int]:
+    """Global step of the last complete line of a metrics.jsonl, reading only its tail (progress polling)."""
+    try:
+        with metrics.open("rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - 65536))
+            tail = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in reversed(tail.splitlines()):
+        try:
+            return int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
 def last_metrics_step(path: str | os.PathLike) -> int:
     steps = [int(r.get("step", 0)) for r in read_metrics(path)]
     return max(steps) if steps else 0

@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from harness.config import ConfigError, TrainConfig, to_dict, to_typed
 from harness.launch_plan import LaunchPlan, build_plan, resolve_inputs
+from harness.run_folder import harness_version
 
 log = logging.getLogger("gkd_harness.train")
 PLUGIN_SETTINGS_FILE = "plugin_settings.json"
@@ -34,15 +35,6 @@ EXIT_FAILED, EXIT_CONFIG = 1, 2
 
 class TrainingFailed(RuntimeError):
     """ms-swift's process failed, or the run did not meet the harness's own checks."""
-
-
-def harness_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("gkd-harness")
-    except Exception:  # noqa: BLE001 - running from a source tree without metadata
-        return "0+unknown"
 
 
 def _hydra_run_name() -> Optional[str]:
@@ -174,12 +166,12 @@ def _execute(plan: LaunchPlan, log_path: Path, stream: bool, progress_of: Option
 def _show_progress(label: str, metrics: Path, max_steps: int, stop, every_s: float = 2.0) -> None:
     """A single run's live progress line, fed from its metrics.jsonl until ``stop`` is set."""
     from harness.progress import ProgressDisplay, Snapshot
-    from harness.run_folder import last_metrics_step
+    from harness.run_folder import tail_step
 
     display = ProgressDisplay()
 
     def snapshot(final: bool) -> Snapshot:
-        step = last_metrics_step(metrics) if metrics.exists() else 0
+        step = tail_step(metrics) or 0
         finished = final and step >= max_steps
         return Snapshot(label=f"run {label}", total=1, done=int(finished), failed=int(final and not finished),
                         running=None if final else label, step=step, max_steps=max_steps)

@@ -33,6 +33,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from harness.progress import ProgressDisplay, Snapshot, render
+from harness.run_folder import tail_step
 from harness.train import PointFailed
 
 STATUS_FILE = "job_return.json"
@@ -84,24 +85,6 @@ def point_name(job_overrides: Iterable[str], config: DictConfig) -> str:
     return override_dirname(job_overrides, config.hydra)
 
 
-def _last_step(metrics: Path) -> int | None:
-    """Global step of the last complete line of a metrics.jsonl (reads only its tail)."""
-    try:
-        with metrics.open("rb") as fh:
-            fh.seek(0, 2)
-            size = fh.tell()
-            fh.seek(max(0, size - 65536))
-            tail = fh.read().decode("utf-8", errors="replace")
-    except OSError:
-        return None
-    for line in reversed(tail.splitlines()):
-        try:
-            return int(json.loads(line)["step"])
-        except (ValueError, KeyError, TypeError):
-            continue
-    return None
-
-
 def _read_json(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text())
@@ -123,7 +106,7 @@ def read_point(name: str, run_dir: Path) -> PointStatus:
     if verdict and verdict.get("status") == "FAILED":
         point.status = "failed"
         point.error = point.error or verdict.get("error")
-    step = _last_step(run_dir / "metrics.jsonl")
+    step = tail_step(run_dir / "metrics.jsonl")
     if step is not None:
         point.step = step
     if point.error:
