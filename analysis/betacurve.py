@@ -18,6 +18,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
+from harness.contract import JSD_LOSS, TRAIN_GRAD_NORM, TRAIN_LOSS
 
 __all__ = [
     "DEFAULT_BETAS",
@@ -122,7 +123,7 @@ def report001_inputs() -> tuple:
 
 
 def capture_inputs(capture: dict) -> tuple:
-    """Active-position loss inputs of a capture (the dict of ``harness.capture.load_capture``).
+    """Active-position loss inputs of a capture (the dict of ``harness.store.captures.load_capture``).
 
     Returns ``(s [N, K|V], t [N, K|V], temperature, beta)``: full vocabulary -> the masked logits (vocabularies
     cut to the common size); top-k -> the student gathered at the teacher's ids and the teacher's top-k
@@ -149,7 +150,7 @@ def capture_inputs(capture: dict) -> tuple:
 
 
 def training_beta_curve(sweep, first_steps: int = 3,
-                        metrics: Sequence[str] = ("train/loss", "gkd/jsd_loss", "train/grad_norm")) -> pd.DataFrame:
+                        metrics: Sequence[str] = (TRAIN_LOSS, JSD_LOSS, TRAIN_GRAD_NORM)) -> pd.DataFrame:
     """Mean of each metric over the first ``first_steps`` logged steps of every run, against β.
 
     Returns one row per (loss.beta_form, loss.precision, gkd.beta) with the mean over runs (seeds) and the

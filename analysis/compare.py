@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.records import CONFIG_COLUMNS, Sweep
+from harness.contract import JSD_LOSS, LOSS_CALLS_TOTAL, MIN_TOKEN_JSD, NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, NEG_TOKEN_FRAC, NONFINITE_CALLS_TOTAL, SPOT_GRAD_REL_L2, SPOT_LOSS, SPOT_LOSS_ABS_ERR, SPOT_LOSS_FP64, SPOT_LOSS_REL_ERR, SPOT_PARAM_GRAD_REL_L2, SPOT_SIGN_MISMATCH, TRAIN_GRAD_NORM, TRAIN_LOSS
 
 __all__ = [
     "CURVE_METRICS",
@@ -29,7 +30,7 @@ __all__ = [
     "largest_divergence",
 ]
 
-CURVE_METRICS = ("train/loss", "train/grad_norm", "gkd/jsd_loss")
+CURVE_METRICS = (TRAIN_LOSS, TRAIN_GRAD_NORM, JSD_LOSS)
 #: Keys two runs must share to be compared step for step (one of them is allowed to vary).
 PAIR_KEYS = tuple(k for k in CONFIG_COLUMNS if k not in ("model.student", "model.teacher")) + (
     "model.student", "model.teacher", "dtype.student", "dtype.teacher")
@@ -70,19 +71,19 @@ def negatives_table(sweep: Sweep) -> pd.DataFrame:
     h = sweep.history
     g = h.groupby("run", sort=False)
     res = pd.DataFrame(index=sweep.runs["run"])
-    total = g["gkd/neg_loss_calls_total"].max() if "gkd/neg_loss_calls_total" in h else None
-    window = g["gkd/neg_loss_calls"].sum(min_count=1) if "gkd/neg_loss_calls" in h else None
+    total = g[NEG_LOSS_CALLS_TOTAL].max() if NEG_LOSS_CALLS_TOTAL in h else None
+    window = g[NEG_LOSS_CALLS].sum(min_count=1) if NEG_LOSS_CALLS in h else None
     parts = [x for x in (total, window) if x is not None]
     res["neg_loss_calls"] = pd.concat(parts, axis=1).max(axis=1) if parts else np.nan
-    res["loss_calls"] = g["gkd/loss_calls_total"].max() if "gkd/loss_calls_total" in h else np.nan
+    res["loss_calls"] = g[LOSS_CALLS_TOTAL].max() if LOSS_CALLS_TOTAL in h else np.nan
     res["neg_call_frac"] = res["neg_loss_calls"] / res["loss_calls"].replace(0, np.nan)
-    if "gkd/neg_token_frac" in h:
-        res["neg_token_frac_max"] = g["gkd/neg_token_frac"].max()
-        res["neg_token_frac_mean"] = g["gkd/neg_token_frac"].mean()
+    if NEG_TOKEN_FRAC in h:
+        res["neg_token_frac_max"] = g[NEG_TOKEN_FRAC].max()
+        res["neg_token_frac_mean"] = g[NEG_TOKEN_FRAC].mean()
     else:
         res["neg_token_frac_max"] = res["neg_token_frac_mean"] = np.nan
-    res["min_token_jsd"] = g["gkd/min_token_jsd"].min() if "gkd/min_token_jsd" in h else np.nan
-    res["nonfinite_calls"] = g["gkd/nonfinite_calls_total"].max() if "gkd/nonfinite_calls_total" in h else np.nan
+    res["min_token_jsd"] = g[MIN_TOKEN_JSD].min() if MIN_TOKEN_JSD in h else np.nan
+    res["nonfinite_calls"] = g[NONFINITE_CALLS_TOTAL].max() if NONFINITE_CALLS_TOTAL in h else np.nan
     out = _meta(sweep).merge(res, left_on="run", right_index=True, how="left")
     return out.sort_values([c for c in ("loss.precision", "gkd.beta", "loss.beta_form", "run") if c in out.columns]
                            ).reset_index(drop=True)
@@ -108,14 +109,14 @@ def spot_table(sweep: Sweep, rtol: float = 1e-4, atol: float = 2e-6) -> pd.DataF
         logged |= pd.MultiIndex.from_frame(h[["run", "step"]]).isin(keys)
     s = h[logged]
     out = pd.DataFrame({
-        "run": s["run"], "step": s["step"], "loss": _col(s, "spot/loss"), "loss_fp64": _col(s, "spot/loss_fp64"),
+        "run": s["run"], "step": s["step"], "loss": _col(s, SPOT_LOSS), "loss_fp64": _col(s, SPOT_LOSS_FP64),
     })
     computed = (out["loss"] - out["loss_fp64"]).abs()
-    out["abs_err"] = _col(s, "spot/loss_abs_err").fillna(computed)
-    out["rel_err"] = _col(s, "spot/loss_rel_err").fillna(out["abs_err"] / out["loss_fp64"].abs())
-    out["grad_rel_l2"] = _col(s, "spot/grad_rel_l2")
-    out["param_grad_rel_l2"] = _col(s, "spot/param_grad_rel_l2")
-    sign = _col(s, "spot/sign_mismatch")
+    out["abs_err"] = _col(s, SPOT_LOSS_ABS_ERR).fillna(computed)
+    out["rel_err"] = _col(s, SPOT_LOSS_REL_ERR).fillna(out["abs_err"] / out["loss_fp64"].abs())
+    out["grad_rel_l2"] = _col(s, SPOT_GRAD_REL_L2)
+    out["param_grad_rel_l2"] = _col(s, SPOT_PARAM_GRAD_REL_L2)
+    sign = _col(s, SPOT_SIGN_MISMATCH)
     out["sign_mismatch"] = sign.fillna(((out["loss"] < 0) != (out["loss_fp64"] < 0)).astype(float))
     out["tol"] = rtol * out["loss_fp64"].abs() + atol
     out["within_tol"] = out["abs_err"] <= out["tol"]

@@ -16,7 +16,7 @@ This module only re-exports; nothing in ``analysis/`` imports it.
 """
 from __future__ import annotations
 
-from harness.tracking import flatten
+from harness.config.flat import flatten
 from analysis.load_offline import MergedRun, OfflineRun, find_offline_runs, group_attempts, load_wandb_offline
 from analysis.load_runs import find_run_folders, load_run_folder, load_sweep
 from analysis.load_wandb import load_wandb_sweep, runs_from_wandb

@@ -16,10 +16,11 @@ from typing import Any, Iterator, Optional
 from analysis.load_wandb import row_step, runs_from_wandb
 from analysis.records import Sweep, UnusableInput, tabulate
 from analysis.wandb_file import read_records
+from harness.contract import ARCHIVE_DIR, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
 
 __all__ = ["OfflineRun", "MergedRun", "find_offline_runs", "group_attempts", "load_wandb_offline"]
 
-_RUN_MARKERS = ("summary.json", "metrics.jsonl", "config.yaml")
+_RUN_MARKERS = (SUMMARY_FILE, METRICS_FILE, CONFIG_FILE)
 
 
 def _item_key(item) -> str:
@@ -132,7 +133,7 @@ class MergedRun:
 
 def find_offline_runs(root: os.PathLike) -> list:
     """All ``run-*.wandb`` files under ``root`` (sorted), except archived attempts under ``previous_attempts/``."""
-    return sorted(p for p in Path(root).rglob("run-*.wandb") if "previous_attempts" not in p.relative_to(root).parts)
+    return sorted(p for p in Path(root).rglob("run-*.wandb") if ARCHIVE_DIR not in p.relative_to(root).parts)
 
 
 def _run_folder(path: Path) -> Optional[Path]:

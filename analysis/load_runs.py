@@ -15,10 +15,10 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-import pandas as pd
 
 from analysis.records import RunRecord, Sweep, UnusableInput, int_step, tabulate
-from harness.tracking import flatten
+from harness.config.flat import flatten
+from harness.contract import ARCHIVE_DIR, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
 
 try:  # msgspec decodes JSON lines ~3x faster than json; both give identical Python objects.
     import msgspec
@@ -31,9 +31,9 @@ except ImportError:  # pragma: no cover
 
 __all__ = ["find_run_folders", "load_run_folder", "load_sweep"]
 
-_SKIP_DIRS = {"wandb", "swift", "captures", ".hydra", "__pycache__", ".submitit", "report", "previous_attempts"}
+_SKIP_DIRS = {"wandb", "swift", "captures", ".hydra", "__pycache__", ".submitit", "report", ARCHIVE_DIR}
 _HYDRA_VERDICT = "job_return.json"  # written by launch.sweep's Hydra callback for every sweep point
-_MARKERS = ("summary.json", "metrics.jsonl", "config.yaml")
+_MARKERS = (SUMMARY_FILE, METRICS_FILE, CONFIG_FILE)
 
 
 def _read_json(path: Path) -> Any:
@@ -169,7 +169,7 @@ def _read_config_yaml(path: Path) -> dict:
 def load_run_folder(path: os.PathLike) -> RunRecord:
     """Read one run folder. Raises :class:`UnusableInput` on missing/corrupt files."""
     path = Path(path)
-    summary_path = path / "summary.json"
+    summary_path = path / SUMMARY_FILE
     verdict_path = path / ".hydra" / _HYDRA_VERDICT
     hydra_verdict = _read_json(verdict_path) if verdict_path.exists() else None
     hydra_failed = isinstance(hydra_verdict, dict) and hydra_verdict.get("status") == "FAILED"
@@ -192,11 +192,11 @@ def load_run_folder(path: os.PathLike) -> RunRecord:
     if hydra_failed and status != "failed":
         summary = dict(summary, error=summary.get("error") or hydra_verdict.get("error"))
         status = "failed"
-    cfg_yaml = path / "config.yaml"
+    cfg_yaml = path / CONFIG_FILE
     if cfg_yaml.exists():
         for k, v in _read_config_yaml(cfg_yaml).items():
             config.setdefault(k, v)
-    metrics_path = path / "metrics.jsonl"
+    metrics_path = path / METRICS_FILE
     problems, nonfinite = [], []
     if metrics_path.exists():
         history, problems, nonfinite = _read_metrics(metrics_path, status)

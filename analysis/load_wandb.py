@@ -10,14 +10,15 @@ import math
 from typing import Any, Iterable, Mapping, Optional
 
 from analysis.records import RunRecord, Sweep, UnusableInput, int_step, tabulate
-from harness.tracking import flatten
+from harness.config.flat import flatten
+from harness.contract import TRAIN_GLOBAL_STEP
 
 __all__ = ["runs_from_wandb", "load_wandb_sweep", "row_step", "WANDB_STATE"]
 
 #: wandb run state -> harness status.
 WANDB_STATE = {"finished": "completed", "failed": "failed", "crashed": "failed", "killed": "failed",
                "running": "running", "preempted": "failed", "pending": "running"}
-_STEP_KEYS = ("step", "train/global_step", "_step")
+_STEP_KEYS = ("step", TRAIN_GLOBAL_STEP, "_step")
 _NONFINITE_STRINGS = {"NaN": math.nan, "nan": math.nan, "Infinity": math.inf, "inf": math.inf,
                       "-Infinity": -math.inf, "-inf": -math.inf}
 

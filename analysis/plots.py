@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Optional, Sequence
 
 import matplotlib
+from harness.contract import JSD_LOSS, TRAIN_GRAD_NORM, TRAIN_LOSS
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -33,12 +34,12 @@ __all__ = ["DPI", "METRIC_UNITS", "variant_style", "variant_label", "plot_curves
 DPI = 150
 #: Axis label (with unit) of the logged metrics.
 METRIC_UNITS = {
-    "train/loss": "train/loss\n(nats per position)",
-    "gkd/jsd_loss": "gkd/jsd_loss\n(nats per position)",
-    "train/grad_norm": "train/grad_norm\n(global L2 norm, before clipping)",
+    TRAIN_LOSS: "train/loss\n(nats per position)",
+    JSD_LOSS: "gkd/jsd_loss\n(nats per position)",
+    TRAIN_GRAD_NORM: "train/grad_norm\n(global L2 norm, before clipping)",
 }
-_DIFF_UNITS = {"train/loss": "nats per position", "gkd/jsd_loss": "nats per position",
-               "train/grad_norm": "L2 norm"}
+_DIFF_UNITS = {TRAIN_LOSS: "nats per position", JSD_LOSS: "nats per position",
+               TRAIN_GRAD_NORM: "L2 norm"}
 _LOG_FLOOR = 1e-12
 _MAX_MARKED_RUNS = 3  # runs of one variant in a panel drawn individually with markers; more: median + faint
 _RC = {"font.size": 10, "axes.titlesize": 10, "axes.labelsize": 10, "legend.fontsize": 9,
@@ -356,7 +357,7 @@ def plot_spot_errors(spots: pd.DataFrame, path: Path, grad_tol: float = 1e-3) ->
 
 
 def plot_beta_curve(fp64_curve: pd.DataFrame, training: pd.DataFrame, path: Path,
-                    metrics: Sequence[str] = ("train/loss", "train/grad_norm"), first_steps: Optional[int] = None
+                    metrics: Sequence[str] = (TRAIN_LOSS, TRAIN_GRAD_NORM), first_steps: Optional[int] = None
                     ) -> Path:
     """FP64 D(β) of both forms (endpoints circled); next to it, only when the sweep trained at two or more
     β values, the training loss / grad_norm of the first logged steps against β, one series per variant."""

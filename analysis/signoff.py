@@ -29,6 +29,7 @@ from analysis.criteria import evaluate
 from analysis.document import Document
 from analysis.records import Sweep, UnusableInput
 from analysis.signoff_config import SignoffCriteria
+from harness.contract import TRAIN_GRAD_NORM, TRAIN_LOSS
 
 __all__ = ["build_report", "EXIT_PASS", "EXIT_FAIL", "EXIT_UNUSABLE", "VERDICT_SCHEMA_VERSION", "find_captures",
            "analysis_package_versions"]
@@ -43,11 +44,11 @@ _RUN_COLS = ["run", "gkd.beta", "loss.beta_form", "loss.precision", "gkd.tempera
 
 def analysis_package_versions() -> dict:
     """Versions of the packages that produced this report: the training stack
-    (:func:`harness.tracking.package_versions`) plus the analysis stack and Python."""
+    (:func:`harness.store.run_folder.package_versions`) plus the analysis stack and Python."""
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
-    from harness.run_folder import package_versions
+    from harness.store.run_folder import package_versions
 
     out = dict(package_versions())
     for name in ("gkd-harness", "numpy", "pandas", "matplotlib"):
@@ -89,15 +90,15 @@ def _records(df: pd.DataFrame) -> list:
 
 
 def _replay(captures: list, doc: Document) -> tuple:
-    """Run ``harness.replay.replay_table`` on the captures; returns (per_capture, averaged) or (None, None)."""
+    """Run ``analysis.replay.replay_table`` on the captures; returns (per_capture, averaged) or (None, None)."""
     if not captures:
         doc.para("No captures in this sweep (`monitor.capture` was off), so there is nothing to replay. "
                  "Enable captures to get the native / FP32 / FP64 table on the training inputs.")
         return None, None
     try:
-        from harness.replay import replay_table
+        from analysis.replay import replay_table
     except ImportError as e:  # pragma: no cover - the harness ships replay
-        doc.para(f"Replay unavailable: cannot import harness.replay ({e}).")
+        doc.para(f"Replay unavailable: cannot import analysis.replay ({e}).")
         return None, None
     try:
         per_capture, averaged = replay_table([str(c) for c in captures])
@@ -194,7 +195,7 @@ def _write_report(sweep: Sweep, report_dir: Path, cfg: SignoffCriteria, captures
     cap_curve, capture_error = None, None
     if captures:
         try:
-            from harness.capture import load_capture
+            from harness.store.captures import load_capture
 
             cs, ct, temp, _ = capture_inputs(load_capture(captures[0]))
             if cs.shape[0]:
@@ -207,8 +208,8 @@ def _write_report(sweep: Sweep, report_dir: Path, cfg: SignoffCriteria, captures
     plotted = set(shown.runs["run"])
 
     png = {
-        "loss": plots.plot_curves(shown, "train/loss", report_dir / "loss_curves.png", rcfg.max_curve_panels),
-        "grad_norm": plots.plot_curves(shown, "train/grad_norm", report_dir / "grad_norm_curves.png",
+        "loss": plots.plot_curves(shown, TRAIN_LOSS, report_dir / "loss_curves.png", rcfg.max_curve_panels),
+        "grad_norm": plots.plot_curves(shown, TRAIN_GRAD_NORM, report_dir / "grad_norm_curves.png",
                                        rcfg.max_curve_panels),
         "negatives": plots.plot_negatives(neg[neg["run"].isin(plotted)], report_dir / "negatives.png"),
         "spot": plots.plot_spot_errors(spots[spots["run"].isin(plotted)], report_dir / "spot_errors.png",

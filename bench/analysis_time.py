@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Dict
+from harness.contract import METRICS_FILE, SUMMARY_FILE
 
 
 def _sweep(work_dir: str, quick: bool) -> Path:
@@ -33,8 +34,8 @@ def _sweep(work_dir: str, quick: bool) -> Path:
 def _read_all(sweep: Path) -> int:
     rows = 0
     for run in sorted(p for p in sweep.iterdir() if p.is_dir()):
-        json.loads((run / "summary.json").read_text())
-        with open(run / "metrics.jsonl") as f:
+        json.loads((run / SUMMARY_FILE).read_text())
+        with open(run / METRICS_FILE) as f:
             for line in f:
                 json.loads(line)
                 rows += 1

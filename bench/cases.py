@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Optional
 
 import torch
+from harness.contract import SPOT_GRAD_REL_L2, SPOT_LOSS, SPOT_LOSS_ABS_ERR, SPOT_LOSS_FP64, SPOT_LOSS_REL_ERR, SPOT_SIGN_MISMATCH
 
 BETA = 0.5
 TEMPERATURE = 0.9
@@ -184,7 +185,7 @@ def spot_check_fp64(student_logits, teacher_output, labels, beta: float, tempera
                     precision: str = "fp32", beta_form: str = "paper") -> Dict[str, float]:
     """One FP64 spot check: the run's loss and d loss/d student logits against FP64 on <= max_tokens positions.
 
-    Used when ``harness.instrument`` provides no spot-check function. Returns the ``spot/*`` values.
+    Used when ``harness.rank.instrument`` provides no spot-check function. Returns the ``spot/*`` values.
     """
     from harness.losses import make_gkd_loss
 
@@ -199,23 +200,23 @@ def spot_check_fp64(student_logits, teacher_output, labels, beta: float, tempera
     (l_run, g_run), (l_64, g_64) = out["run"], out["fp64"]
     abs_err = (l_run - l_64).abs().item()
     return {
-        "spot/loss": l_run.item(),
-        "spot/loss_fp64": l_64.item(),
-        "spot/loss_abs_err": abs_err,
-        "spot/loss_rel_err": abs_err / max(abs(l_64.item()), 1e-30),
-        "spot/grad_rel_l2": ((g_run - g_64).norm() / g_64.norm().clamp(min=1e-300)).item(),
-        "spot/sign_mismatch": float((l_run.item() < 0) != (l_64.item() < 0)),
+        SPOT_LOSS: l_run.item(),
+        SPOT_LOSS_FP64: l_64.item(),
+        SPOT_LOSS_ABS_ERR: abs_err,
+        SPOT_LOSS_REL_ERR: abs_err / max(abs(l_64.item()), 1e-30),
+        SPOT_GRAD_REL_L2: ((g_run - g_64).norm() / g_64.norm().clamp(min=1e-300)).item(),
+        SPOT_SIGN_MISMATCH: float((l_run.item() < 0) != (l_64.item() < 0)),
     }
 
 
 def resolve_spot_check(precision: str = "fp32", beta_form: str = "paper") -> tuple[Callable, str]:
-    """The spot-check function to time: the e2e helper's ``harness.instrument.spot_check`` (what a training run
+    """The spot-check function to time: the e2e helper's ``harness.rank.instrument.spot_check`` (what a training run
     calls) if it exists, else the local FP64 variant. Returns ``(fn, description)``; ``fn`` has
     :func:`spot_check_fp64`'s signature."""
     try:
-        from harness.instrument import spot_check
+        from harness.rank.instrument import spot_check
     except ImportError:
-        return spot_check_fp64, "bench.cases.spot_check_fp64 (harness.instrument.spot_check not available)"
+        return spot_check_fp64, "bench.cases.spot_check_fp64 (harness.rank.instrument.spot_check not available)"
     from harness.losses import make_gkd_loss_terms
 
     run_terms, ref_terms = make_gkd_loss_terms(precision, beta_form), make_gkd_loss_terms("fp64", beta_form)
@@ -224,7 +225,7 @@ def resolve_spot_check(precision: str = "fp32", beta_form: str = "paper") -> tup
         return spot_check(run_terms, ref_terms, student_logits, teacher_output, labels, beta, temperature,
                           max_tokens)
 
-    return fn, f"harness.instrument.spot_check ({precision} vs fp64)"
+    return fn, f"harness.rank.instrument.spot_check ({precision} vs fp64)"
 
 
 def default_spot_max_tokens() -> int:
@@ -301,7 +302,7 @@ def build_case(name: str, sizes: Sizes, device: str) -> Case:
         def value() -> float:
             if not last:
                 check()
-            return float(last["spot/loss"])
+            return float(last[SPOT_LOSS])
 
         return Case(name, check, value, note=f"{desc}, max_tokens={sizes.spot_max_tokens}")
     raise KeyError(name)

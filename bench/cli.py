@@ -483,7 +483,7 @@ def render_markdown(rows, goals, info, args, command: str, started: str, elapsed
         f"- command: `{command}`",
         f"- started: {started} UTC, took {elapsed_s / 60:.1f} min; load average at start {load['start']}, "
         f"at end {load['end']}",
-        f"- machine: " + ", ".join(f"{k} {v}" for k, v in info.items()),
+        "- machine: " + ", ".join(f"{k} {v}" for k, v in info.items()),
         f"- device: {args.device}; torch threads per worker: {args.threads if args.device == 'cpu' else 'n/a'}",
         f"- sizes: {sizes}; β = {BETA}, T = {TEMPERATURE}",
         f"- method: one fresh process per measurement; per worker warm-up then repetitions; {args.rounds} interleaved "
@@ -520,7 +520,7 @@ def _loadavg() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from harness.run_folder import harness_version
+    from harness.store.run_folder import harness_version
 
     p = argparse.ArgumentParser(prog="gkd-bench", description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--version", action="version", version=f"gkd-bench (gkd-harness {harness_version()})")

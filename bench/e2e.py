@@ -19,13 +19,14 @@ import sys
 import time
 from pathlib import Path
 from typing import Dict, List
+from harness.contract import METRICS_FILE, SPOT_LOSS_FP64, TRAIN_LOSS
 
 SKIP = 2
 
 
 def _gkd_train() -> List[str]:
     exe = Path(sys.executable).with_name("gkd-train")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "harness.train"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "harness.launcher.cli"]
 
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -96,7 +97,7 @@ def measure_e2e(monitor_on: bool, quick: bool, work_dir: str) -> Dict:
     t0 = time.perf_counter()
     with open(Path(work_dir) / f"e2e_{monitor}.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        arrivals, cpus = _step_times(out_dir / "metrics.jsonl", proc)
+        arrivals, cpus = _step_times(out_dir / METRICS_FILE, proc)
     total = time.perf_counter() - t0
     if proc.returncode != 0:
         tail = (Path(work_dir) / f"e2e_{monitor}.log").read_text()[-1500:]
@@ -105,9 +106,9 @@ def measure_e2e(monitor_on: bool, quick: bool, work_dir: str) -> Dict:
     steps_cpu = [b - a for a, b in zip(cpus[SKIP:], cpus[SKIP + 1:])]
     if not steps_s:
         raise RuntimeError(f"gkd-train wrote {len(arrivals)} metrics lines; need more than {SKIP + 1}")
-    last = json.loads((out_dir / "metrics.jsonl").read_text().splitlines()[-1])
-    spots = sum(1 for line in (out_dir / "metrics.jsonl").read_text().splitlines()
-                if json.loads(line).get("spot/loss_fp64") is not None)
+    last = json.loads((out_dir / METRICS_FILE).read_text().splitlines()[-1])
+    spots = sum(1 for line in (out_dir / METRICS_FILE).read_text().splitlines()
+                if json.loads(line).get(SPOT_LOSS_FP64) is not None)
     return {
         "wall_s": steps_s,
         "cpu_s": steps_cpu,
@@ -115,5 +116,5 @@ def measure_e2e(monitor_on: bool, quick: bool, work_dir: str) -> Dict:
         "mean_step_wall_s": statistics.mean(steps_s),
         "note": (f"gkd-train monitor={monitor}, {steps} steps, seed 42, {len(steps_s)} steps timed "
                  f"(first {SKIP} dropped), {spots} spot-checked steps; run wall {total:.0f} s"),
-        "loss": last.get("train/loss"),
+        "loss": last.get(TRAIN_LOSS),
     }

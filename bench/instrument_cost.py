@@ -4,7 +4,7 @@ Variants, all with the harness ``fp32`` paper loss on the inputs of :mod:`bench.
 top-k 64; ``full``: N=512 with V=151,936), each one loss call forward + backward as the trainers run it:
 
 * ``bare``: ``harness.losses.make_gkd_loss("fp32")`` (what the plugin installs with ``monitor=off``);
-* ``instrumented``: ``harness.instrument.LossInstrument`` around the same variant, spot checks off;
+* ``instrumented``: ``harness.rank.instrument.LossInstrument`` around the same variant, spot checks off;
 * ``spot_step``: the instrumented call on a spot-check step (FP64 spot check on ``spot_max_tokens`` positions);
 * ``record``: the instrument's own per-call work alone (``LossInstrument._record`` on the call's output, 200
   repetitions): what the instrumented call adds to the bare one, resolved far below the noise of a whole call.
@@ -31,7 +31,7 @@ VARIANTS = ("bare", "instrumented", "spot_step")
 
 
 def _instrument(spot_every: int, spot_max_tokens: int):
-    from harness.instrument import LossInstrument, build_metrics
+    from harness.rank.instrument import LossInstrument, build_metrics
     from harness.losses import make_gkd_loss_terms
 
     return LossInstrument(make_gkd_loss_terms("fp32", "paper"), make_gkd_loss_terms("fp64", "paper"),
@@ -61,7 +61,7 @@ def measure_instrument_cost(group: str, sizes: Sizes, device: str, warmup: int, 
     """
     from bench.host_syncs import count_host_syncs
     from harness.losses import make_gkd_loss
-    from harness.plugin import DtypeBoundary
+    from harness.rank.plugin import DtypeBoundary
 
     student, to, labels = (topk_inputs if group == "topk" else full_inputs)(sizes, device)
     bare = make_gkd_loss("fp32", "paper")

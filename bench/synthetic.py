@@ -25,6 +25,7 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 
 from analysis.betacurve import fp64_beta_curve, report001_inputs
+from harness.contract import CONFIG_FILE, JSD_LOSS, LOSS_CALLS_TOTAL, METRICS_FILE, MIN_TOKEN_JSD, NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, NEG_TOKEN_FRAC, NONFINITE_CALLS_TOTAL, SFT_LOSS, SPOT_GRAD_REL_L2, SPOT_LOSS, SPOT_LOSS_ABS_ERR, SPOT_LOSS_FP64, SPOT_LOSS_REL_ERR, SPOT_PARAM_GRAD_REL_L2, SPOT_SIGN_MISMATCH, SUMMARY_FILE, TRAIN_GRAD_NORM, TRAIN_LEARNING_RATE, TRAIN_LOSS
 
 __all__ = ["write_run", "write_sweep", "main"]
 
@@ -71,7 +72,7 @@ def write_run(folder: Path, *, beta: float, beta_form: str, precision: str, seed
         nested.setdefault(a, {})[b] = v
     import yaml
 
-    (folder / "config.yaml").write_text(yaml.safe_dump(nested, sort_keys=False))
+    (folder / CONFIG_FILE).write_text(yaml.safe_dump(nested, sort_keys=False))
     last = steps if status == "completed" else max(1, steps // 2)
     neg_total = calls_total = nonfinite = 0
     lines = []
@@ -84,12 +85,12 @@ def write_run(folder: Path, *, beta: float, beta_form: str, precision: str, seed
         neg_total += neg
         calls_total += calls
         row = {
-            "step": step, "train/loss": jsd, "train/grad_norm": grad, "train/learning_rate": 1e-5,
-            "gkd/jsd_loss": jsd, "gkd/sft_loss": 0.0, "gkd/neg_loss_calls": neg,
-            "gkd/neg_loss_calls_total": neg_total, "gkd/loss_calls_total": calls_total,
-            "gkd/neg_token_frac": float(rng.uniform(0.2, 0.5)) if mixed else float(rng.uniform(0.0, 0.01)),
-            "gkd/min_token_jsd": float(-abs(rng.normal(1e-3, 3e-4))) if mixed else float(abs(rng.normal(1e-6, 1e-7))),
-            "gkd/nonfinite_calls_total": nonfinite,
+            "step": step, TRAIN_LOSS: jsd, TRAIN_GRAD_NORM: grad, TRAIN_LEARNING_RATE: 1e-5,
+            JSD_LOSS: jsd, SFT_LOSS: 0.0, NEG_LOSS_CALLS: neg,
+            NEG_LOSS_CALLS_TOTAL: neg_total, LOSS_CALLS_TOTAL: calls_total,
+            NEG_TOKEN_FRAC: float(rng.uniform(0.2, 0.5)) if mixed else float(rng.uniform(0.0, 0.01)),
+            MIN_TOKEN_JSD: float(-abs(rng.normal(1e-3, 3e-4))) if mixed else float(abs(rng.normal(1e-6, 1e-7))),
+            NONFINITE_CALLS_TOTAL: nonfinite,
         }
         if spot_every and step % spot_every == 0:
             fp64 = jsd
@@ -100,13 +101,13 @@ def write_run(folder: Path, *, beta: float, beta_form: str, precision: str, seed
                 loss = fp64 * (1.0 + rng.normal(0.0, 1e-7))
                 grad_err = float(abs(rng.normal(1e-6, 3e-7)))
             row.update({
-                "spot/loss": loss, "spot/loss_fp64": fp64, "spot/loss_abs_err": abs(loss - fp64),
-                "spot/loss_rel_err": abs(loss - fp64) / abs(fp64), "spot/grad_rel_l2": grad_err,
-                "spot/sign_mismatch": int((loss < 0) != (fp64 < 0)),
-                "spot/param_grad_rel_l2": grad_err * float(rng.uniform(0.5, 1.0)),
+                SPOT_LOSS: loss, SPOT_LOSS_FP64: fp64, SPOT_LOSS_ABS_ERR: abs(loss - fp64),
+                SPOT_LOSS_REL_ERR: abs(loss - fp64) / abs(fp64), SPOT_GRAD_REL_L2: grad_err,
+                SPOT_SIGN_MISMATCH: int((loss < 0) != (fp64 < 0)),
+                SPOT_PARAM_GRAD_REL_L2: grad_err * float(rng.uniform(0.5, 1.0)),
             })
         lines.append(json.dumps(row))
-    (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (folder / METRICS_FILE).write_text("\n".join(lines) + "\n")
     summary = {
         "status": status, "error": None if status != "failed" else "RuntimeError: synthetic failure",
         "run_name": folder.name, "group": group, "config": config,
@@ -115,7 +116,7 @@ def write_run(folder: Path, *, beta: float, beta_form: str, precision: str, seed
         "last_step": last, "started_at": "2026-01-01T00:00:00Z",
         "ended_at": None if status == "running" else "2026-01-01T00:10:00Z", "wall_s": 600.0,
     }
-    (folder / "summary.json").write_text(json.dumps(summary, indent=1))
+    (folder / SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
     return folder
 
 

@@ -33,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Iterable
+from harness.contract import LOSS_CALLS_TOTAL, METRICS_FILE, NEG_LOSS_CALLS_TOTAL, SPOT_LOSS_REL_ERR, SUMMARY_FILE
 
 #: (row name, module to import, distribution name, what to do when it is missing), in the order they are needed.
 PREFLIGHT = (
@@ -126,7 +127,7 @@ def seed_repro(device: str = "cuda", seed: int = 0) -> dict[str, Any]:
     import torch
     from swift.rlhf_trainers.gkd_loss import TeacherOutput, jsd_loss
 
-    from harness.replay import evaluate_variants, synthetic_inputs
+    from analysis.replay import evaluate_variants, synthetic_inputs
 
     student, teacher_out, labels = synthetic_inputs(seed=seed)  # [1, 3, 64] fp32 student, bf16 teacher
     student, labels = student.to(device), labels.to(device)
@@ -142,7 +143,7 @@ def seed_repro(device: str = "cuda", seed: int = 0) -> dict[str, Any]:
 
 
 def _last_metrics(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / METRICS_FILE
     last: dict[str, Any] = {}
     try:
         for line in path.read_text().splitlines():
@@ -158,7 +159,7 @@ def _last_metrics(run_dir: Path) -> dict[str, Any]:
 def _max_metric(run_dir: Path, key: str) -> float | None:
     best = None
     try:
-        for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        for line in (run_dir / METRICS_FILE).read_text().splitlines():
             try:
                 val = json.loads(line).get(key)
             except ValueError:
@@ -190,16 +191,16 @@ def judge_run(rec: dict[str, Any]) -> tuple[str, str]:
     run_dir = Path(rec["run_dir"])
     summary = {}
     try:
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary = json.loads((run_dir / SUMMARY_FILE).read_text())
     except (OSError, ValueError):
         pass
     status = summary.get("status", "missing")
     last = _last_metrics(run_dir)
     # what reached ms-swift's loss call before any harness cast (falls back to what the loss saw)
     dtypes = summary.get("dtypes_arrived") or summary.get("dtypes_seen") or {}
-    neg = last.get("gkd/neg_loss_calls_total")
-    calls = last.get("gkd/loss_calls_total")
-    rel = _max_metric(run_dir, "spot/loss_rel_err")
+    neg = last.get(NEG_LOSS_CALLS_TOTAL)
+    calls = last.get(LOSS_CALLS_TOTAL)
+    rel = _max_metric(run_dir, SPOT_LOSS_REL_ERR)
     parts = [f"status {status}", f"steps {summary.get('last_step', last.get('step', '-'))}",
              f"dtypes S={dtypes.get('student', '?')} T={dtypes.get('teacher', '?')}",
              f"neg {neg}/{calls}"]
@@ -232,7 +233,7 @@ def table(records: Iterable[dict[str, Any]]) -> tuple[str, bool]:
     expanded: list[dict[str, Any]] = []
     for rec in records:
         if rec.get("group_dir") and not rec.get("planned"):
-            found = sorted(p.parent for p in Path(rec["group_dir"]).rglob("summary.json"))
+            found = sorted(p.parent for p in Path(rec["group_dir"]).rglob(SUMMARY_FILE))
             if not found:
                 expanded.append({**rec, "run_dir": rec["group_dir"]})
             for run_dir in found:

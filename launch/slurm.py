@@ -10,7 +10,7 @@ What it prints is produced by the real parts:
 - the sbatch script from submitit's own ``SlurmExecutor`` (the same parameters the Hydra submitit launcher passes,
   submitted as one job array over the sweep's points), including the ``srun`` line that starts one task per node;
 - for each point and each node, the launch plan ``gkd-train`` builds on that node from its SLURM variables
-  (``harness.launch_plan``, the same function ``gkd-train`` executes and ``gkd-train run.dry_run=true`` prints):
+  (``harness.launcher.plan``, the same function ``gkd-train`` executes and ``gkd-train run.dry_run=true`` prints):
   the torchrun variables, the ms-swift CLI command, and the torchrun command ms-swift's CLI turns it into
   (``swift.cli.main.get_torchrun_args``).
 """
@@ -27,9 +27,9 @@ from typing import Any, Iterator, Sequence
 
 from omegaconf import OmegaConf
 
-from harness.compose import compose, point_config
-from harness.launch_plan import format_command
-from harness.train import make_plan
+from harness.launcher.compose import compose, point_config
+from harness.launcher.plan import format_command
+from harness.launcher.cli import make_plan
 from launch.sweep import point_name, sweep_points
 
 DRY_JOB_ID = "4242"

@@ -4,7 +4,7 @@ Registered as a Hydra callback in ``configs/hydra/default.yaml`` (``hydra.callba
 same with every launcher (basic, submitit_local, submitit_slurm) because it only reads run folders:
 
 - ``on_multirun_start`` (launching process): lists the sweep's points exactly as Hydra's basic sweeper expands
-  them, prints how many already completed (harness.train skips those) and how many will (re)run, and starts a
+  them, prints how many already completed (harness.launcher.cli skips those) and how many will (re)run, and starts a
   progress printer thread (points done / failed, the running point's step out of ``run.max_steps``).
 - ``on_job_end`` (the process that ran the point; a submitit worker for submitit launchers): writes Hydra's
   own verdict for the point to ``<run folder>/.hydra/job_return.json``, so a point that failed before it wrote
@@ -32,9 +32,10 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from harness.progress import ProgressDisplay, Snapshot, render
-from harness.run_folder import tail_step
-from harness.train import PointFailed
+from harness.launcher.progress import ProgressDisplay, Snapshot, render
+from harness.store.run_folder import tail_step
+from harness.launcher.cli import PointFailed
+from harness.contract import METRICS_FILE, SUMMARY_FILE
 
 STATUS_FILE = "job_return.json"
 
@@ -80,7 +81,7 @@ def sweep_points(config: DictConfig) -> list[list[str]]:
 
 def point_name(job_overrides: Iterable[str], config: DictConfig) -> str:
     """Hydra's ``override_dirname`` for one point (same exclusions and separators as the config)."""
-    from harness.compose import override_dirname
+    from harness.launcher.compose import override_dirname
 
     return override_dirname(job_overrides, config.hydra)
 
@@ -95,7 +96,7 @@ def _read_json(path: Path) -> dict | None:
 def read_point(name: str, run_dir: Path) -> PointStatus:
     """Status of one point from its run folder (see the module docstring for the order of trust)."""
     point = PointStatus(name=name, run_dir=run_dir)
-    summary = _read_json(run_dir / "summary.json")
+    summary = _read_json(run_dir / SUMMARY_FILE)
     verdict = _read_json(run_dir / ".hydra" / STATUS_FILE)
     if summary:
         point.status = str(summary.get("status", "missing"))
@@ -106,7 +107,7 @@ def read_point(name: str, run_dir: Path) -> PointStatus:
     if verdict and verdict.get("status") == "FAILED":
         point.status = "failed"
         point.error = point.error or verdict.get("error")
-    step = tail_step(run_dir / "metrics.jsonl")
+    step = tail_step(run_dir / METRICS_FILE)
     if step is not None:
         point.step = step
     if point.error:

@@ -1,6 +1,6 @@
 """Shared fixtures.
 
-* ``embedded_cache`` (session): a private cache root for ``harness.embedded`` (``$GKD_HARNESS_CACHE``), so the
+* ``embedded_cache`` (session): a private cache root for ``harness.fixtures.embedded`` (``$GKD_HARNESS_CACHE``), so the
   tiny models are built once per test session and never touch the user's cache.
 * ``e2e_root`` (session): a folder for end-to-end run folders.
 """

@@ -2,7 +2,7 @@
 
 Run: python tests/measure_tolerances.py [--regimes]   (a few minutes on 2 cores)
 
-``--regimes`` prints issue 13's regime families instead (tests/harness/test_losses_regimes.py): the logit-scale
+``--regimes`` prints issue 13's regime families instead (tests/harness/loss/test_losses_regimes.py): the logit-scale
 sweep (levels and shifted logits, L = 1 … 1e4) against FP64 and textbook FP32 on the same inputs.
 """
 import sys
@@ -38,7 +38,7 @@ def regimes():
     import torch
 
     from harness.losses import make_jsd_loss
-    from tests.harness.test_losses_regimes import SCALES, _levels, _shifted
+    from tests.harness.loss.test_losses_regimes import SCALES, _levels, _shifted
     from tests.reference import reference_jsd
 
     print(f"{'family':<8} {'L':>7} {'max rel':>9} {'max grad':>9} {'textbook rel':>13}")

@@ -1,9 +1,9 @@
 """The config tree: every config composes; every experiment runs (tiny ones for real, seed-scale to argv).
 
 * Every YAML file under ``configs/`` that git would commit is composed with Hydra's compose API
-  (``harness.compose``), through ``train.yaml`` when it belongs to one of its groups (``hydra/launcher`` options
-  are also instantiated); the job's typed config is validated by ``harness.validate`` and turned into the ms-swift
-  argv of its launch plan (``harness.train.make_plan``, dry run). The sign-off criteria file is loaded through its
+  (``harness.launcher.compose``), through ``train.yaml`` when it belongs to one of its groups (``hydra/launcher`` options
+  are also instantiated); the job's typed config is validated by ``harness.config.validate`` and turned into the ms-swift
+  argv of its launch plan (``harness.launcher.cli.make_plan``, dry run). The sign-off criteria file is loaded through its
   own schema (``analysis.signoff_config``).
 * Every experiment is expanded into its sweep points exactly as Hydra's basic sweeper does; every point is
   validated and built to the argument level (names unique, one group per sweep).
@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from harness.config import EMBEDDED
-from harness.train import make_plan
-from harness.validate import validate_config
+from harness.config.schema import EMBEDDED
+from harness.launcher.cli import make_plan
+from harness.config.validate import validate_config
 from launch.sweep import point_name, sweep_points
 from tests.launch.helpers import (compose, harness_env, read_metrics, read_summary, run_gkd_train, tail, task_config,
                                   wandb_offline_run)
@@ -40,7 +40,7 @@ DATASET = "org/gkd-prompts"  # a hub-style id: nothing is downloaded at the argu
 @pytest.fixture(autouse=True)
 def hub_ids_not_fetched(monkeypatch):
     """At the argument level a hub id (``Qwen/Qwen3.5-9B``) is only named, never fetched: the offline-cache check
-    of ``harness.validate`` (tested in tests/harness/test_validate.py) must not depend on this machine's cache."""
+    of ``harness.config.validate`` (tested in tests/harness/config/test_validate.py) must not depend on this machine's cache."""
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
 

@@ -61,12 +61,105 @@ def test_no_module_pair_imports_each_other():
 
 def test_validation_imports_neither_torch_nor_swift():
     code = ("import sys\n"
-            "from harness.compose import point_config\n"
-            "from harness.validate import validate_config\n"
-            "from harness.config import ConfigError\n"
+            "from harness.launcher.compose import point_config\n"
+            "from harness.config.validate import validate_config\n"
+            "from harness.config.schema import ConfigError\n"
             "cfg, _ = point_config(['gkd.beta=0.5', 'run.output_dir=/tmp/x'])\n"
             "validate_config(cfg)\n"
             "bad = [m for m in ('torch', 'swift', 'transformers') if m in sys.modules]\n"
             "assert not bad, bad\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The layout: two processes, and the layers below them
+# ---------------------------------------------------------------------------------------------------------------
+#: What each harness subpackage may import from the harness (besides itself and the contract module).
+ALLOWED = {
+    "config": set(),
+    "store": {"config"},
+    "loss": set(),
+    "fixtures": set(),
+    "launcher": {"config", "store", "fixtures", "loss"},
+    "rank": {"config", "store", "loss", "fixtures"},
+}
+
+
+def _harness_layer(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "harness" or len(parts) < 2:
+        return None
+    return "losses" if parts[1] == "losses" else parts[1]
+
+
+def layer_violations(root: Path = REPO) -> list[str]:
+    """``file: imported module`` for every import that breaks :data:`ALLOWED` (``harness.losses`` counts as loss)."""
+    bad = []
+    for p in sorted((root / "harness").rglob("*.py")):
+        parts = p.relative_to(root).parts
+        own = parts[1] if len(parts) > 2 else None
+        if own is None:  # harness/__init__.py, harness/contract.py, harness/losses.py
+            allowed = {"loss"} if parts[1] == "losses.py" else set()
+        else:
+            allowed = ALLOWED[own] | {own}
+        for m in sorted(_imports(p)):
+            layer = _harness_layer(m)
+            if layer is None or layer == "contract":
+                continue
+            layer = "loss" if layer == "losses" else layer
+            if layer not in allowed and m.split(".")[1] in set(ALLOWED) | {"losses"}:
+                bad.append(f"{p.relative_to(root)}: {m}")
+    return bad
+
+
+def test_harness_has_only_the_contract_and_the_loss_facade_at_top_level():
+    top = sorted(p.name for p in (REPO / "harness").glob("*.py"))
+    assert top == ["__init__.py", "contract.py", "losses.py"], top
+    packages = sorted(p.name for p in (REPO / "harness").iterdir() if (p / "__init__.py").is_file())
+    assert packages == sorted(ALLOWED), packages
+
+
+def test_layers_launcher_and_rank_never_import_each_other_and_lower_layers_import_neither():
+    assert not layer_violations(), "\n".join(layer_violations())
+
+
+def test_the_layer_check_fails_when_a_rank_module_imports_a_launcher_module(tmp_path):
+    import shutil
+
+    shutil.copytree(REPO / "harness", tmp_path / "harness")
+    bad = tmp_path / "harness" / "rank" / "plugin.py"
+    bad.write_text(bad.read_text() + "\n\ndef _late():\n    from harness.launcher.plan import build_plan\n")
+    assert layer_violations(tmp_path) == ["harness/rank/plugin.py: harness.launcher.plan",
+                                          "harness/rank/plugin.py: harness.launcher.plan.build_plan"]
+
+
+def test_the_contract_module_imports_nothing_of_the_harness_and_no_torch():
+    mods = _imports(REPO / "harness" / "contract.py")
+    assert not [m for m in mods if m.split(".")[0] in ("harness", "torch", "swift")], mods
+
+
+def _string_literals(path: Path):
+    """(line, value) of every string constant that is not a docstring."""
+    tree = ast.parse(path.read_text())
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    fragments = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs | fragments:
+            yield node.lineno, node.value
+
+
+def test_contract_facts_have_one_home():
+    """No metric name, run-folder file name, settings variable or callback name as a literal outside
+    ``harness/contract.py`` (tests and docs may spell them)."""
+    from harness import contract
+
+    facts = {v for k, v in vars(contract).items() if k.isupper() and isinstance(v, str)
+             and ("/" in v or k.endswith(("_FILE", "_ENV", "_LOG")) or k in ("CALLBACK_NAME", "ARCHIVE_DIR"))}
+    assert {"gkd/neg_loss_calls", "metrics.jsonl", "GKD_HARNESS_PLUGIN_SETTINGS"} <= facts
+    bad = [f"{p.relative_to(REPO)}:{line}: {value!r}"
+           for p in _sources("harness", "launch", "analysis", "bench") if p.name != "contract.py"
+           for line, value in _string_literals(p) if value in facts]
+    assert not bad, "\n".join(bad)

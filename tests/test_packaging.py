@@ -51,7 +51,7 @@ def test_wheel_holds_the_config_tree(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for required in ("gkd_harness_configs/train.yaml", "gkd_harness_configs/experiment/smoke.yaml",
                      "gkd_harness_configs/signoff/default.yaml", "gkd_harness_configs/hydra/launcher/submitit_slurm.yaml",
-                     "harness/config.py", "launch/slurm.py", "analysis/cli.py", "bench/cli.py"):
+                     "harness/config/schema.py", "launch/slurm.py", "analysis/cli.py", "bench/cli.py"):
         assert required in names, required
 
 
@@ -86,7 +86,7 @@ def test_installed_wheel_runs_outside_the_repository(wheel, tmp_path):
     assert dry.returncode == 0, dry.stdout[-2000:] + dry.stderr[-3000:]
     assert "swift rlhf" in dry.stdout and "--external_plugins" in dry.stdout
     plugin = dry.stdout.split("--external_plugins")[1].split()[0]
-    assert str(REPO) not in plugin and plugin.endswith("harness/plugin.py")
+    assert str(REPO) not in plugin and plugin.endswith("harness/rank/plugin.py")
 
     analyze = subprocess.run([str(env_dir / "bin" / "gkd-analyze"), "--help"], cwd=elsewhere, env=env,
                              capture_output=True, text=True, timeout=300)

@@ -14,10 +14,10 @@ independent FP64 reference in ``tests/reference.py``:
 
 (The textbook formula in FP32, as first written, measured 5e-05 relative and 5e-3 gradient error on the
 same grid, at β = 1e-3 with near-identical distributions: hence the cancellation-free form in
-``harness.losses._jsd_stable``. Under TP/CP with injected vocab-parallel primitives, which use the textbook
-formula, tests/harness/test_losses_parallel.py measured ≤ 1.1e-7 per position and ≤ 9.1e-6 gradient error.)
+``harness.harness.loss.stable._jsd_stable``. Under TP/CP with injected vocab-parallel primitives, which use the textbook
+formula, tests/harness/loss/test_losses_parallel.py measured ≤ 1.1e-7 per position and ≤ 9.1e-6 gradient error.)
 
-Issue 13's regimes (tests/harness/test_losses_regimes.py; `python tests/measure_tolerances.py --regimes`): logit
+Issue 13's regimes (tests/harness/loss/test_losses_regimes.py; `python tests/measure_tolerances.py --regimes`): logit
 scale swept 1 … 1e4 ≤ 1.5e-7 relative / 4.0e-7 gradient (levels) and ≤ 1.2e-6 / 3.7e-6 (shifted logits; textbook
 FP32 0.11–0.16 relative); β = 1e-6 / 1 − 1e-6 on logits of std 8: 1.5e-7 / 1.0e-6; FP16 students under a loss
 scale of 2^16: within 2× FP16's own rounding of the gradient; partially −inf top-k rows: exact.

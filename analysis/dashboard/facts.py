@@ -16,6 +16,7 @@ from typing import Any, Iterable, Optional
 
 from analysis.dashboard import names as n
 from analysis.records import Sweep, UnusableInput, tabulate
+from harness.contract import SUMMARY_FILE
 
 __all__ = ["SweepFacts", "facts_from_folder", "facts_from_wandb"]
 
@@ -85,7 +86,7 @@ def _hydra_experiment(run_folder: Path) -> Optional[str]:
 def _owning_run_folder(path: Path, root: Path) -> Optional[Path]:
     """The run folder (holding ``summary.json`` or ``.hydra/``) at or above ``path``, not above ``root``."""
     for p in (path, *path.parents):
-        if (p / "summary.json").exists() or (p / ".hydra").is_dir():
+        if (p / SUMMARY_FILE).exists() or (p / ".hydra").is_dir():
             return p
         if p == root:
             break

@@ -1,11 +1,11 @@
 """The names the dashboards are built from: metric keys (as logged to wandb and ``metrics.jsonl``) and the
 harness config keys the runs carry in wandb.
 
-Metric names come from ``harness.metric_names``, the one module that owns them (torch-free, so a dashboard
+Metric names come from ``harness.contract``, the one module that owns them (torch-free, so a dashboard
 never imports a training stack); the same keys are used on every backend, in wandb and in ``metrics.jsonl``.
 
 Config keys: the harness adds its flattened config to each wandb run under the prefix ``harness.``
-(``harness.tracking.attach_to_wandb_run``): ``loss.precision`` is ``harness.loss.precision`` in wandb. wandb
+(``harness.rank.wandb_run.attach_to_wandb_run``): ``loss.precision`` is ``harness.loss.precision`` in wandb. wandb
 keeps such a dotted key flat (``{"harness.loss.precision": {"value": "fp32"}}``), so its backend path is
 ``harness.loss.precision.value``: see :func:`config_path`.
 """
@@ -19,19 +19,19 @@ __all__ = [
     "wandb_config_key", "config_path",
 ]
 
-# --- metric names: owned by harness.metric_names (torch-free), re-exported under the dashboard's names -------
-from harness.metric_names import (  # noqa: E402
+# --- metric names: owned by harness.contract (torch-free), re-exported under the dashboard's names -------
+from harness.contract import (  # noqa: E402
     JSD_LOSS, LOSS_CALLS_TOTAL, MIN_TOKEN_JSD, NEG_TOKEN_FRAC, SPOT_GRAD_REL_L2, SPOT_LOSS_FP64,
     SPOT_PARAM_GRAD_REL_L2, SPOT_SIGN_MISMATCH, TRAIN_GRAD_NORM, TRAIN_LOSS,
 )
-from harness.metric_names import NEG_LOSS_CALLS as NEG_CALLS  # noqa: E402
-from harness.metric_names import NEG_LOSS_CALLS_TOTAL as NEG_CALLS_TOTAL  # noqa: E402
-from harness.metric_names import NONFINITE_CALLS_TOTAL as NONFINITE_TOTAL  # noqa: E402
-from harness.metric_names import SPOT_LOSS_ABS_ERR as SPOT_ABS_ERR  # noqa: E402
-from harness.metric_names import SPOT_LOSS_REL_ERR as SPOT_REL_ERR  # noqa: E402
+from harness.contract import NEG_LOSS_CALLS as NEG_CALLS  # noqa: E402
+from harness.contract import NEG_LOSS_CALLS_TOTAL as NEG_CALLS_TOTAL  # noqa: E402
+from harness.contract import NONFINITE_CALLS_TOTAL as NONFINITE_TOTAL  # noqa: E402
+from harness.contract import SPOT_LOSS_ABS_ERR as SPOT_ABS_ERR  # noqa: E402
+from harness.contract import SPOT_LOSS_REL_ERR as SPOT_REL_ERR  # noqa: E402
 
 # --- config keys ---------------------------------------------------------------------------------------
-#: Prefix of the harness config in a wandb run's config (``harness.tracking.attach_to_wandb_run``).
+#: Prefix of the harness config in a wandb run's config (``harness.rank.wandb_run.attach_to_wandb_run``).
 WANDB_CONFIG_PREFIX = "harness."
 PRECISION = "loss.precision"      # native (original) | fp32 | fp64 (patched)
 BETA_FORM = "loss.beta_form"      # paper | continuous

@@ -87,8 +87,8 @@ def test_forms_coincide_exactly_at_0_half_1():
 
 @pytest.mark.parametrize("topk", [None, 8])
 def test_capture_inputs_match_harness_gkd_fp64(tmp_path, topk):
-    """D(β) on a real capture file (harness.capture) equals the harness' fp64 GKD loss / num_valid."""
-    from harness.capture import load_capture, save_capture
+    """D(β) on a real capture file (harness.store.captures) equals the harness' fp64 GKD loss / num_valid."""
+    from harness.store.captures import load_capture, save_capture
     from harness.losses import make_gkd_loss
     from swift.rlhf_trainers.gkd_loss import TeacherOutput
 

@@ -4,7 +4,6 @@ with the exit codes, and --version."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from importlib.metadata import version
@@ -13,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from analysis.cli import main
-from bench.synthetic import write_run
 
 
 def _analyze(*args) -> subprocess.CompletedProcess:

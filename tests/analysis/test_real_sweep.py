@@ -8,7 +8,6 @@ and a paper/continuous pair at β=0.5.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path

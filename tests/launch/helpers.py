@@ -10,8 +10,8 @@ import warnings
 from pathlib import Path
 from typing import Sequence
 
-from harness.compose import CONFIG_MODULE, SCHEMA_MATCH_WARNING, compose as compose_train, point_config, register
-from harness.config import TrainConfig
+from harness.launcher.compose import CONFIG_MODULE, SCHEMA_MATCH_WARNING, compose as compose_train, point_config, register
+from harness.config.schema import TrainConfig
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
@@ -19,7 +19,7 @@ CONFIGS = REPO / "configs"
 
 def compose(overrides, config_name="train"):
     """Hydra's compose API on the packaged config tree (``gkd_harness_configs``): ``train`` with its hydra node
-    (``harness.compose.compose``), or any other config of the tree composed on its own (e.g. ``signoff/default``)."""
+    (``harness.launcher.compose.compose``), or any other config of the tree composed on its own (e.g. ``signoff/default``)."""
     if config_name == "train":
         return compose_train(overrides)
     from hydra import compose as hydra_compose
@@ -39,7 +39,7 @@ def task_config(overrides: Sequence[str], run_dir="/tmp/run", multirun: bool = F
 def harness_env(output_root: Path, **extra: str) -> dict[str, str]:
     """Environment for a gkd-train subprocess: outputs under ``output_root``, no hub, no stale rendezvous.
 
-    The embedded models are cached where harness.embedded puts them (``$GKD_HARNESS_CACHE``, set by the
+    The embedded models are cached where harness.fixtures.embedded puts them (``$GKD_HARNESS_CACHE``, set by the
     session fixture ``embedded_cache`` in tests/conftest.py), so every test shares one build.
     """
     env = dict(os.environ)
@@ -53,7 +53,7 @@ def harness_env(output_root: Path, **extra: str) -> dict[str, str]:
 
 def gkd_train_cmd(overrides: Sequence[str], multirun: bool = False) -> list[str]:
     """``gkd-train [-m] overrides...`` through the same entry point as the console script."""
-    return [sys.executable, "-m", "harness.train", *(["-m"] if multirun else []), *overrides]
+    return [sys.executable, "-m", "harness.launcher.cli", *(["-m"] if multirun else []), *overrides]
 
 
 def run_gkd_train(overrides: Sequence[str], env: dict[str, str], cwd: Path, multirun: bool = False,
@@ -98,9 +98,9 @@ def wandb_offline_run(run_dir: Path):
 
 
 def with_value(cfg: TrainConfig, key: str, value) -> TrainConfig:
-    """A copy of ``cfg`` with the dotted ``key`` set to ``value``, rebuilt through ``harness.config.from_dict`` (for
+    """A copy of ``cfg`` with the dotted ``key`` set to ``value``, rebuilt through ``harness.config.schema.from_dict`` (for
     values a Hydra override cannot express, such as an empty string where the job would see its run folder)."""
-    from harness.config import from_dict, to_dict
+    from harness.config.schema import from_dict, to_dict
 
     data = to_dict(cfg)
     node = data

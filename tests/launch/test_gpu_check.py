@@ -11,7 +11,7 @@ import pytest
 
 from launch.gpu_check import PREFLIGHT, judge_repro, preflight_row, seed_repro, table
 from tests.launch.helpers import REPO, task_config
-from harness.validate import validate_config
+from harness.config.validate import validate_config
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 

@@ -1,6 +1,6 @@
 """launch.sweep with real Hydra multiruns of a small task function (fast; no ms-swift).
 
-The task function follows the run-folder contract the way harness.train does (summary.json running ->
+The task function follows the run-folder contract the way harness.launcher.cli does (summary.json running ->
 completed | failed, metrics.jsonl one line per step, skip when completed) so the callback's bookkeeping is
 exercised through the repo's own ``configs/hydra`` (callbacks, folders, names, launchers). The end-to-end
 versions with the real ``gkd-train`` live in ``tests/launch/test_sweep_e2e.py``.
@@ -22,7 +22,7 @@ APP = textwrap.dedent(
     import json, os, sys
     from pathlib import Path
     import hydra
-    from harness.compose import register
+    from harness.launcher.compose import register
 
     register()  # the harness's resolvers (configs/hydra/launcher/submitit_local.yaml's gkd_local_gpus)
 

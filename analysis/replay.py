@@ -1,0 +1,185 @@
+"""``gkd-replay``: the seed report's diagnostic as a tool.
+
+Recomputes one set of loss inputs with the native (upstream), fp32 and fp64 variants and prints, per variant,
+the per-position mean loss and the relative L2 error of d loss / d student logits against FP64.
+
+Two sources of inputs:
+
+* ``gkd-replay synthetic [--seed 0 --rows 3 --vocab 64 ...]``: the seed's recipe (student = BF16-rounded
+  ``randn·scale`` held in ``--student-dtype``; teacher = student + ``randn·noise`` in ``--teacher-dtype``);
+* ``gkd-replay PATH [PATH ...]``: capture files (``*.safetensors``) or folders searched recursively for
+  ``captures/*.safetensors`` (a run folder or a whole sweep). Rows per capture, then the mean over ranks per
+  (run, step), as in the seed table.
+
+Exit status: 0 on success, 2 on unreadable or inconsistent input (the message names the file).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional
+
+import torch
+
+from harness.store.captures import CaptureError, load_capture
+from harness.losses import BETA_FORMS, DTYPES_BY_NAME as DTYPES, make_gkd_loss_terms
+from swift.rlhf_trainers.gkd_loss import TeacherOutput
+
+VARIANTS = ("native", "fp32", "fp64")
+
+
+def evaluate_variants(student_logits: torch.Tensor, teacher_output: TeacherOutput, labels: torch.Tensor, beta: float,
+                      temperature: float, beta_form: str = "paper") -> Dict[str, dict]:
+    """Loss and student-logit gradient of each precision variant on the same inputs.
+
+    Args:
+        student_logits: ``[B, S, V]``; teacher_output: full or top-k ``TeacherOutput``; labels: ``[B, S]``.
+    Returns:
+        ``{variant: {"loss": float (total / num_valid), "grad_rel_l2": float vs fp64, "num_valid": int}}``.
+    """
+    grads, out = {}, {}
+    for precision in VARIANTS:
+        s = student_logits.detach().clone().requires_grad_(True)
+        terms = make_gkd_loss_terms(precision, beta_form)(s, teacher_output, labels, beta, temperature)
+        n = int(terms.num_valid)
+        loss = terms.total / n if n else terms.total * 0
+        (grad, ) = torch.autograd.grad(loss, s, allow_unused=True)
+        grads[precision] = torch.zeros_like(s, dtype=torch.float64) if grad is None else grad.double()
+        out[precision] = {"loss": float(loss.detach().double()), "num_valid": n}
+    ref = grads["fp64"]
+    ref_norm = float(ref.norm())
+    for precision in VARIANTS:
+        err = float((grads[precision] - ref).norm())
+        out[precision]["grad_rel_l2"] = err / ref_norm if ref_norm > 0 else err
+    return out
+
+
+def synthetic_inputs(seed: int = 0, rows: int = 3, vocab: int = 64, scale: float = 2.0, noise: float = 0.03,
+                     student_dtype: str = "float32", teacher_dtype: str = "bfloat16", topk: Optional[int] = None):
+    """The seed report's synthetic tensors, as ``(student_logits [1, rows, vocab], TeacherOutput, labels [1, rows])``."""
+    rng = torch.Generator().manual_seed(seed)
+    student = (torch.randn(rows, vocab, generator=rng) * scale).bfloat16().float()
+    teacher = student + torch.randn(rows, vocab, generator=rng) * noise
+    student = student.to(DTYPES[student_dtype])[None]
+    teacher = teacher.to(DTYPES[teacher_dtype])[None]
+    labels = torch.zeros(1, rows, dtype=torch.long)
+    if topk is None:
+        return student, TeacherOutput(full_logits=teacher, labels=labels), labels
+    vals, ids = torch.topk(torch.log_softmax(teacher.float(), -1).to(teacher.dtype), topk, dim=-1)
+    return student, TeacherOutput(topk_logprobs=vals, topk_indices=ids, labels=labels), labels
+
+
+def find_captures(paths: Iterable[str]) -> List[Path]:
+    """Capture files named directly, or found under folders (``**/*.safetensors``), sorted."""
+    found: List[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            hits = sorted(p.rglob("*.safetensors"))
+            if not hits:
+                raise CaptureError(f"{p}: no *.safetensors capture under this folder")
+            found.extend(hits)
+        elif p.exists():
+            found.append(p)
+        else:
+            raise CaptureError(f"{p}: no such file or folder")
+    return found
+
+
+def replay_rows(captures: List[Path], beta_form: Optional[str] = None) -> List[dict]:
+    """One row per (capture, variant) with run, step, rank, dtypes, loss and gradient error."""
+    rows = []
+    for path in captures:
+        cap = load_capture(path)
+        meta = cap["meta"]
+        form = beta_form or meta.get("beta_form", "paper")
+        if form not in BETA_FORMS:
+            raise CaptureError(f"{path}: metadata beta_form={form!r} not one of {BETA_FORMS}")
+        teacher = cap["teacher_output"]
+        t_dtype = (teacher.full_logits if teacher.full_logits is not None else teacher.topk_logprobs).dtype
+        res = evaluate_variants(cap["student_logits"], teacher, cap["labels"], cap["beta"], cap["temperature"], form)
+        run = path.parent.parent.name if path.parent.name == "captures" else path.parent.name
+        for variant, r in res.items():
+            rows.append(dict(run=run, step=meta.get("step", ""), rank=meta.get("rank", ""), capture=path.name,
+                             beta=cap["beta"], temperature=cap["temperature"], beta_form=form,
+                             student_dtype=str(cap["student_logits"].dtype).replace("torch.", ""),
+                             teacher_dtype=str(t_dtype).replace("torch.", ""), variant=variant, **r))
+    return rows
+
+
+def replay_table(paths: Iterable[str], beta_form: Optional[str] = None):
+    """(per-capture DataFrame, rank-averaged DataFrame) for captures under ``paths``; pandas is imported lazily."""
+    import pandas as pd
+    per_capture = pd.DataFrame(replay_rows(find_captures(paths), beta_form))
+    averaged = (per_capture.groupby(["run", "step", "variant"], sort=False)
+                .agg(loss=("loss", "mean"), grad_rel_l2=("grad_rel_l2", "mean"), ranks=("rank", "nunique"))
+                .reset_index())
+    return per_capture, averaged
+
+
+def format_variant_table(results: Dict[str, dict]) -> str:
+    lines = [f"{'variant':<8} {'loss (per position)':>22} {'grad rel L2 vs fp64':>20}"]
+    for variant in VARIANTS:
+        r = results[variant]
+        lines.append(f"{variant:<8} {r['loss']:>22.14e} {r['grad_rel_l2']:>20.3e}")
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    from harness.store.run_folder import harness_version
+
+    p = argparse.ArgumentParser(prog="gkd-replay", description=__doc__.split("\n\n")[0].replace("``", ""))
+    p.add_argument("--version", action="version", version=f"gkd-replay (gkd-harness {harness_version()})")
+    p.add_argument("inputs", nargs="+", help="'synthetic', or capture files / run folders / sweep folders")
+    p.add_argument("--beta-form", choices=BETA_FORMS, default=None,
+                   help="β form to replay (default: the capture's, or paper for synthetic)")
+    g = p.add_argument_group("synthetic inputs (the seed recipe)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--rows", type=int, default=3)
+    g.add_argument("--vocab", type=int, default=64)
+    g.add_argument("--scale", type=float, default=2.0)
+    g.add_argument("--noise", type=float, default=0.03)
+    g.add_argument("--student-dtype", choices=sorted(DTYPES), default="float32")
+    g.add_argument("--teacher-dtype", choices=sorted(DTYPES), default="bfloat16")
+    g.add_argument("--beta", type=float, default=0.5)
+    g.add_argument("--temperature", type=float, default=0.9)
+    g.add_argument("--topk", type=int, default=None)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.inputs == ["synthetic"]:
+        if not 0 <= args.beta <= 1:
+            print(f"gkd-replay: --beta must lie in [0, 1], got {args.beta}", file=sys.stderr)
+            return 2
+        if not args.temperature > 0:
+            print(f"gkd-replay: --temperature must be > 0, got {args.temperature}", file=sys.stderr)
+            return 2
+        if args.rows < 1 or args.vocab < 2 or (args.topk is not None and not 1 <= args.topk <= args.vocab):
+            print("gkd-replay: need --rows >= 1, --vocab >= 2 and 1 <= --topk <= --vocab", file=sys.stderr)
+            return 2
+        s, t, labels = synthetic_inputs(args.seed, args.rows, args.vocab, args.scale, args.noise, args.student_dtype,
+                                        args.teacher_dtype, args.topk)
+        res = evaluate_variants(s, t, labels, args.beta, args.temperature, args.beta_form or "paper")
+        print(f"synthetic seed={args.seed} rows={args.rows} vocab={args.vocab} student={args.student_dtype} "
+              f"teacher={args.teacher_dtype} beta={args.beta} T={args.temperature} topk={args.topk} "
+              f"beta_form={args.beta_form or 'paper'}")
+        print(format_variant_table(res))
+        return 0
+    try:
+        per_capture, averaged = replay_table(args.inputs, args.beta_form)
+    except CaptureError as e:
+        print(f"gkd-replay: {e}", file=sys.stderr)
+        return 2
+    import pandas as pd
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.6e}".format):
+        print("per capture:")
+        print(per_capture.to_string(index=False))
+        print("\nmean over ranks:")
+        print(averaged.to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

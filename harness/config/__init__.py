@@ -1,0 +1,1 @@
+"""The typed config: schema, composing the tree, validation (both processes read it)."""

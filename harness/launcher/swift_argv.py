@@ -1,0 +1,174 @@
+"""Typed harness config -> ms-swift command lines.
+
+* :func:`hf_argv`: ``swift rlhf --rlhf_type gkd ...`` (HF backend, optional DeepSpeed; on CPU ``--use_cpu true``
+  so that multi-process DDP really uses gloo across ranks).
+* :func:`megatron_argv`: ``megatron rlhf --rlhf_type gkd ...`` (TP/PP/CP, sequence parallel, colocated rollout).
+* :func:`build_argv`: dispatch on ``backend.name``.
+
+Both load ``harness/rank/plugin.py`` through ``--external_plugins`` and enable its callback with
+``--callbacks gkd_harness``. The process layout (how many data-parallel ranks there are) comes from
+``harness.launcher.node.NodeLayout``, the same object that sets the torchrun variables: ``harness.launcher.plan`` is the
+only caller.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional
+
+from harness.config.schema import HFBackendConfig, MegatronBackendConfig, TrainConfig
+from harness.launcher.node import NodeLayout
+from harness.launcher.rollout_argv import rollout_args
+from harness.contract import CALLBACK_NAME
+
+PLUGIN_PATH = str(Path(__file__).with_name("plugin.py"))
+
+
+@dataclass(frozen=True)
+class ResolvedInputs:
+    """Concrete model / data locations for one run (embedded assets already built, or named as configured)."""
+
+    student: str
+    teacher: str
+    dataset: str
+
+
+def _fmt(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _gkd_args(cfg: TrainConfig) -> List[str]:
+    gkd = cfg.gkd
+    args = ["--beta", _fmt(gkd.beta), "--temperature", _fmt(gkd.temperature), "--sft_alpha", _fmt(gkd.sft_alpha)]
+    if gkd.topk is not None:
+        args += ["--gkd_logits_topk", str(gkd.topk)]
+    return args
+
+
+def _model_args(cfg: TrainConfig, inputs: ResolvedInputs) -> List[str]:
+    model = cfg.model
+    args = ["--model", inputs.student, "--teacher_model", inputs.teacher]
+    if model.model_type:
+        args += ["--model_type", model.model_type, "--teacher_model_type", model.teacher_model_type or model.model_type]
+    if model.template:
+        args += ["--template", model.template]
+    if model.torch_dtype:
+        args += ["--torch_dtype", model.torch_dtype]
+    return args
+
+
+def _save_args(cfg: TrainConfig) -> List[str]:
+    """``run.save_steps`` null: no checkpoints; N: a full checkpoint (with optimizer state) every N steps."""
+    if not cfg.run.save_steps:
+        return ["--save_strategy", "no"]
+    return ["--save_strategy", "steps", "--save_steps", str(cfg.run.save_steps), "--save_only_model", "false"]
+
+
+def _report_to(wandb_mode: str) -> str:
+    return "none" if wandb_mode == "disabled" else "wandb"
+
+
+def _common_tail(cfg: TrainConfig, wandb_mode: str) -> List[str]:
+    return [*_gkd_args(cfg), *rollout_args(cfg), "--external_plugins", PLUGIN_PATH, "--callbacks", CALLBACK_NAME,
+            "--report_to", _report_to(wandb_mode)]
+
+
+def hf_argv(cfg: TrainConfig, inputs: ResolvedInputs, run_dir: str | Path, device: str, wandb_mode: str,
+            run_name: Optional[str] = None) -> List[str]:
+    """``swift rlhf --rlhf_type gkd`` argv for the HF backend.
+
+    Args:
+        cfg: validated typed config (``cfg.backend`` is an :class:`HFBackendConfig`).
+        inputs: resolved student / teacher / dataset locations.
+        run_dir: the run folder; ms-swift's own output goes to ``run_dir/swift``.
+        device: ``cpu`` adds ``--use_cpu true`` (gloo DDP across ranks; without it every rank trains alone).
+        wandb_mode: the mode after the online->offline fallback (``disabled`` -> ``--report_to none``).
+    """
+    backend: HFBackendConfig = cfg.backend
+    run = cfg.run
+    argv = ["swift", "rlhf", "--rlhf_type", "gkd", *_model_args(cfg, inputs),
+            "--check_model", "false", "--use_hf", "true",
+            "--dataset", inputs.dataset, "--split_dataset_ratio", "0",
+            "--tuner_type", "full",
+            "--max_steps", str(run.max_steps),
+            "--per_device_train_batch_size", str(run.per_device_batch_size),
+            "--gradient_accumulation_steps", str(run.grad_accum),
+            "--learning_rate", _fmt(run.learning_rate),
+            "--max_length", str(run.max_length),
+            "--logging_steps", str(run.logging_steps),
+            # NaN/Inf losses are logged as themselves (transformers' default filter logs a NaN step as 0.0)
+            "--logging_nan_inf_filter", "false",
+            *_save_args(cfg),
+            "--output_dir", str(Path(run_dir) / "swift"), "--add_version", "false",
+            "--seed", str(run.seed), "--data_seed", str(run.seed),
+            "--dataloader_num_workers", "0",
+            *_common_tail(cfg, wandb_mode)]
+    if run_name:
+        argv += ["--run_name", run_name]
+    if device == "cpu":
+        argv += ["--use_cpu", "true"]
+    if backend.deepspeed:
+        argv += ["--deepspeed", backend.deepspeed]
+    argv += ["--gradient_checkpointing", _fmt(backend.gradient_checkpointing)]
+    return argv + list(run.extra_args)
+
+
+def megatron_batch_sizes(backend: MegatronBackendConfig, layout: NodeLayout, grad_accum: int) -> tuple[int, int]:
+    """(data-parallel size, global batch size) of a Megatron job.
+
+    The data-parallel size is all processes on all nodes over TP × PP × CP; ``backend.global_batch_size`` null
+    means ``micro_batch_size × data-parallel size × run.grad_accum``.
+    """
+    model_parallel = (backend.tensor_model_parallel_size * backend.pipeline_model_parallel_size
+                      * backend.context_parallel_size)
+    dp = max(1, layout.world_size // model_parallel)
+    gbs = backend.global_batch_size
+    if gbs is None:
+        gbs = backend.micro_batch_size * dp * grad_accum
+    return dp, gbs
+
+
+def megatron_argv(cfg: TrainConfig, inputs: ResolvedInputs, run_dir: str | Path, layout: NodeLayout,
+                  wandb_mode: str, run_name: Optional[str] = None) -> List[str]:
+    """``megatron rlhf --rlhf_type gkd`` argv (Megatron backend: TP/PP/CP, colocated rollout)."""
+    backend: MegatronBackendConfig = cfg.backend
+    run = cfg.run
+    _, gbs = megatron_batch_sizes(backend, layout, run.grad_accum)
+    argv = ["megatron", "rlhf", "--rlhf_type", "gkd", *_model_args(cfg, inputs),
+            "--check_model", "false", "--use_hf", "true",
+            "--dataset", inputs.dataset, "--split_dataset_ratio", "0",
+            "--tuner_type", "full",
+            "--tensor_model_parallel_size", str(backend.tensor_model_parallel_size),
+            "--pipeline_model_parallel_size", str(backend.pipeline_model_parallel_size),
+            "--context_parallel_size", str(backend.context_parallel_size),
+            "--sequence_parallel", _fmt(backend.sequence_parallel),
+            "--micro_batch_size", str(backend.micro_batch_size), "--global_batch_size", str(gbs),
+            "--train_iters", str(run.max_steps),
+            "--lr", _fmt(run.learning_rate),
+            "--max_length", str(run.max_length),
+            "--logging_steps", str(run.logging_steps),
+            "--output_dir", str(Path(run_dir) / "swift"), "--add_version", "false", "--no_save_optim", "true",
+            "--seed", str(run.seed),
+            "--bf16", _fmt(backend.bf16),
+            *_common_tail(cfg, wandb_mode)]
+    if _report_to(wandb_mode) == "wandb":
+        argv += ["--wandb_project", cfg.tracking.wandb.project]
+        if run_name:
+            argv += ["--wandb_exp_name", run_name]
+    if backend.recompute_granularity:
+        argv += ["--recompute_granularity", backend.recompute_granularity]
+    return argv + list(run.extra_args)
+
+
+def build_argv(cfg: TrainConfig, inputs: ResolvedInputs, run_dir: str | Path, layout: NodeLayout, device: str,
+               wandb_mode: str, run_name: Optional[str] = None) -> List[str]:
+    """The ms-swift command line for ``backend.name``."""
+    if isinstance(cfg.backend, MegatronBackendConfig):
+        return megatron_argv(cfg, inputs, run_dir, layout, wandb_mode=wandb_mode, run_name=run_name)
+    return hf_argv(cfg, inputs, run_dir, device=device, wandb_mode=wandb_mode, run_name=run_name)
+
+
+__all__ = ["PLUGIN_PATH", "CALLBACK_NAME", "ResolvedInputs", "hf_argv", "megatron_argv", "megatron_batch_sizes",
+           "build_argv"]

@@ -1,0 +1,1 @@
+"""The GKD loss variants (upstream, cancellation-free, chunked) as plain functions."""

@@ -1,0 +1,157 @@
+"""Row-chunked execution of the patched variants: promotion per chunk, recompute-in-backward for injected
+primitives, and the fused closed-form gradient for the cancellation-free form."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from swift.rlhf_trainers import gkd_loss as upstream
+from swift.rlhf_trainers.gkd_loss import default_kl_div, default_log_softmax
+
+from harness.loss.stable import _jsd_stable, _jsd_stable_and_grad, _pow2_row_scale
+from harness.loss.textbook import _jsd_from_logprobs, _safe_kl
+
+def _prepare_chunk(s: torch.Tensor, t: torch.Tensor, cdtype: torch.dtype, temperature: Optional[float],
+                   align_vocab: bool):
+    """Cast a chunk to the compute dtype, then align vocabularies and scale by temperature."""
+    s = s.to(cdtype)
+    t = t.to(cdtype)
+    if align_vocab and s.shape[-1] != t.shape[-1]:
+        s, t = upstream._align_vocab(s, t)
+    if temperature is not None:
+        s = s / temperature
+        t = t / temperature
+    return s, t
+
+
+def _chunk_fn(precision, cdtype, temperature, align_vocab, beta, beta_form, log_softmax_fn, kl_div_fn):
+    """The per-chunk computation ``(s [C, D], t [C, D']) -> [C]`` of a patched variant.
+
+    ``fp32`` with the default primitives uses the cancellation-free form; ``fp64`` (the reference) and any
+    injected primitives use the textbook formula.
+    """
+    stable = precision == "fp32" and log_softmax_fn is default_log_softmax and kl_div_fn is default_kl_div
+    if kl_div_fn is default_kl_div:
+        kl_div_fn = _safe_kl  # same values, but 0·log 0 = 0 on probability-0 entries (−inf top-k log-probs)
+
+    def fn(s_c: torch.Tensor, t_c: torch.Tensor) -> torch.Tensor:
+        s_c, t_c = _prepare_chunk(s_c, t_c, cdtype, temperature, align_vocab)
+        if stable:
+            return _jsd_stable(s_c, t_c, beta, beta_form)
+        # Injected (e.g. vocab-parallel) primitives: the textbook formula through them, in the compute dtype.
+        return _jsd_from_logprobs(log_softmax_fn(s_c), log_softmax_fn(t_c), beta, beta_form, kl_div_fn)
+
+    return fn
+
+
+class _RecomputedChunkedJSD(torch.autograd.Function):
+    """Per-position JSD over row chunks; activations are recomputed chunk by chunk in backward.
+
+    Only the inputs are saved, so peak memory is the inputs plus one chunk's working set, in whatever
+    dtype the chunk computes in. Injected ``log_softmax_fn`` / ``kl_div_fn`` (e.g. Megatron's vocab-parallel
+    ones with their collectives) run identically in forward and in the recompute.
+    """
+
+    @staticmethod
+    def forward(ctx, s, t, fn, rows, out_dtype):
+        n = s.shape[0]
+        out = torch.empty(n, dtype=out_dtype, device=s.device)
+        with torch.no_grad():
+            for start in range(0, n, rows):
+                out[start:start + rows] = fn(s[start:start + rows], t[start:start + rows])
+        ctx.fn, ctx.rows = fn, rows
+        ctx.save_for_backward(s, t)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        s, t = ctx.saved_tensors
+        need_s, need_t = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_s = torch.zeros_like(s) if need_s else None
+        grad_t = torch.zeros_like(t) if need_t else None
+        for start in range(0, s.shape[0], ctx.rows):
+            sl = slice(start, start + ctx.rows)
+            with torch.enable_grad():
+                s_c = s[sl].detach().requires_grad_(need_s)
+                t_c = t[sl].detach().requires_grad_(need_t)
+                out = ctx.fn(s_c, t_c)
+                inputs = [x for x, need in ((s_c, need_s), (t_c, need_t)) if need]
+                grads = torch.autograd.grad(out, inputs, grad_outputs=grad_out[sl])
+            it = iter(grads)
+            if need_s:
+                grad_s[sl] = next(it)
+            if need_t:
+                grad_t[sl] = next(it)
+        return grad_s, grad_t, None, None, None
+
+
+def _scaled(x: torch.Tensor, cd: torch.dtype, temperature: Optional[float]) -> torch.Tensor:
+    """``x`` in ``cd`` divided by ``temperature`` as a new tensor (never aliases ``x``), in as few passes as possible.
+
+    Same arithmetic as :func:`_prepare_chunk` (cast, then divide), so both paths see identical scaled logits.
+    """
+    y = x.to(cd)
+    if y is x:
+        return x / temperature if temperature is not None else x.clone()
+    return y.div_(temperature) if temperature is not None else y
+
+
+class _FusedChunkedJSD(torch.autograd.Function):
+    """Per-position JSD (:func:`_jsd_stable`) and its closed-form gradient in one pass per row chunk.
+
+    Only for ``fp32`` with the default primitives, equal vocabularies and a teacher without gradient. Forward
+    keeps ``∂JSD_i/∂z_s`` ``[N, D]`` in the student's dtype (no activation graph, nothing recomputed, no FP32
+    copy of BF16 inputs); backward scales it by the incoming per-position gradient (in the compute dtype).
+    """
+
+    @staticmethod
+    def forward(ctx, s, t, cd, temperature, beta, beta_form, rows):
+        n = s.shape[0]
+        need = ctx.needs_input_grad[0]
+        out = torch.empty(n, dtype=cd, device=s.device)
+        # ∂JSD_i/∂z_s in the student's dtype: never a full-width FP32 copy for BF16 inputs (DESIGN contract).
+        dz = torch.empty(s.shape, dtype=s.dtype, device=s.device) if need else None
+        # FP16 has 5 exponent bits: ∂JSD/∂z (before the loss scale reaches it in backward) would underflow to 0.
+        # Each row is stored times a power of two (exact) and the factor undone in backward.
+        row_scale = torch.ones(n, dtype=cd, device=s.device) if need and s.dtype == torch.float16 else None
+        for start in range(0, n, rows):
+            sl = slice(start, start + rows)
+            loss, g = _jsd_stable_and_grad(_scaled(s[sl], cd, temperature), _scaled(t[sl], cd, temperature), beta,
+                                           beta_form, need)
+            out[sl] = loss
+            if need:
+                if temperature is not None:
+                    g.div_(temperature)
+                if row_scale is not None:
+                    row_scale[sl] = _pow2_row_scale(g)
+                    g.mul_(row_scale[sl, None])
+                dz[sl] = g
+                del g
+        ctx.save_for_backward(dz, row_scale)
+        ctx.rows, ctx.cd = rows, cd
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        dz, row_scale = ctx.saved_tensors
+        grad_s = None
+        if dz is not None and ctx.needs_input_grad[0]:
+            grad_s = torch.empty_like(dz)
+            go = grad_out.to(ctx.cd)
+            if row_scale is not None:
+                go = go / row_scale
+            for start in range(0, dz.shape[0], ctx.rows):
+                sl = slice(start, start + ctx.rows)
+                grad_s[sl] = dz[sl].to(ctx.cd) * go[sl, None]
+        return grad_s, None, None, None, None, None, None
+
+
+def _rows_per_chunk(n: int, chunk_size: int, in_itemsize: int, compute_itemsize: int) -> int:
+    """Rows per chunk so a chunk's compute-dtype working set is no larger than upstream's would be.
+
+    Upstream works on ``min(N, chunk_size)`` rows in the input dtype; an FP32 chunk of BF16 inputs gets
+    proportionally fewer rows.
+    """
+    base = max(1, min(n, chunk_size))
+    return max(1, (base * in_itemsize) // max(compute_itemsize, in_itemsize))

@@ -1,0 +1,1 @@
+"""Everything ms-swift loads into a training rank through --external_plugins."""

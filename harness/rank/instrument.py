@@ -1,0 +1,467 @@
+"""Instrumentation of the GKD loss while it trains.
+
+:class:`LossInstrument` wraps a per-position loss function (``harness.losses.make_gkd_loss_terms``) and is itself
+a drop-in for ms-swift's ``gkd_loss`` (returns ``(total, num_valid)``). Per call it records, from detached
+values only (so the loss and its gradient are untouched):
+
+* the JSD of the call (``total / num_valid``), whether it is negative or non-finite; NaN and Inf are recorded as
+  themselves (a non-finite call makes the window's ``gkd/jsd_loss`` non-finite, never 0);
+* the per-position JSD: how many positions are negative and the minimum;
+
+and every ``spot_every`` optimizer steps (first loss call of that step) a **FP64 spot check**: the same inputs,
+capped at ``spot_max_tokens`` active positions, are recomputed with the run's variant and with the FP64
+variant; loss and ``d loss / d student logits`` are compared. Optionally the **parameter gradient** of the
+full call is compared with the one of the FP64 loss (``param_grad``), and the loss inputs are **captured** as
+safetensors (``harness.store.captures.save_capture``).
+
+Cost per call: one device-to-host transfer (a stacked vector of five numbers), no other synchronisation.
+
+**Context parallelism.** Under Megatron CP each CP rank holds a slice of the sequence and calls the loss on it.
+The instrument gathers the slices' statistics over the CP group (one collective, no extra host transfer), so
+one call of the CP group is one loss call, judged on the CP-reduced total ``sum(total) / sum(num_valid)`` (what
+ms-swift's ``cp_reduce`` computes), on every CP rank alike.
+
+**Metric reductions.** Values go into metric objects (:class:`SumMetric`, :class:`CumulativeSumMetric`,
+:class:`MinMetric`, :class:`MaxMetric`, :class:`RatioMetric`, :class:`MeanMetric`) that follow ms-swift's
+``Metric`` protocol. The plugin puts them into the trainer's ``custom_metrics``; ms-swift computes them at each
+logging step on every rank, and ``compute`` all-reduces over all ranks (sums for counts, min/max for extremes;
+NaN survives min/max), dividing counts by the ranks that replicate one call (TP × CP), so every rank logs
+values of the whole job. The collectives run on :class:`MetricDevice`: the device of the loss inputs (bound on
+the first loss call) or the rank's device bound by the trainer callback at train begin; nothing queries a device
+when the module is imported or the metrics are built.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Callable, Dict, Iterable, Optional
+
+import torch
+import torch.distributed as dist
+from swift.metrics.utils import Metric
+from swift.rlhf_trainers.gkd_loss import TeacherOutput, extract_active
+from harness.contract import JSD_LOSS, LOSS_CALLS_TOTAL, MIN_TOKEN_JSD, NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, NEG_TOKEN_FRAC, NONFINITE_CALLS_TOTAL, SFT_LOSS, SPOT_GRAD_REL_L2, SPOT_LOSS, SPOT_LOSS_ABS_ERR, SPOT_LOSS_FP64, SPOT_LOSS_REL_ERR, SPOT_PARAM_GRAD_REL_L2, SPOT_SIGN_MISMATCH
+
+#: DESIGN metric names produced by the instrument (all but ``spot/param_grad_rel_l2`` always registered).
+
+
+class NonFiniteError(RuntimeError):
+    """A non-finite GKD loss or grad_norm with ``monitor.fail_on_nonfinite`` on (the message names the step)."""
+
+
+def _megatron_state():
+    """``megatron.core.parallel_state`` when Megatron's model parallelism is initialised in this process, else None."""
+    mpu = sys.modules.get("megatron.core.parallel_state")
+    try:
+        if mpu is not None and mpu.model_parallel_is_initialized():
+            return mpu
+    except Exception:  # noqa: BLE001 - no Megatron state
+        pass
+    return None
+
+
+def _cp_group():
+    """``(context-parallel group, its size)`` under Megatron with CP > 1, else ``(None, 1)``."""
+    mpu = _megatron_state()
+    if mpu is None:
+        return None, 1
+    size = int(mpu.get_context_parallel_world_size())
+    return (mpu.get_context_parallel_group(), size) if size > 1 else (None, 1)
+
+
+def _loss_replicas() -> int:
+    """How many ranks record the *same* loss call: TP size × CP size under Megatron, else 1.
+
+    Under Megatron every TP rank of the last pipeline stage runs the loss on the same positions (the
+    vocab-parallel primitives reduce over TP), the CP ranks of a group record the CP-reduced statistics of one
+    call (:meth:`LossInstrument._record`), and other stages run none, so a world-wide SUM counts each call
+    TP × CP times. Dividing by it keeps the world-wide collective (every rank takes part, whatever its stage).
+    """
+    mpu = _megatron_state()
+    if mpu is None:
+        return 1
+    return int(mpu.get_tensor_model_parallel_world_size()) * int(mpu.get_context_parallel_world_size())
+
+
+class MetricDevice:
+    """The device the metrics' collectives run on; unresolved until training touches it.
+
+    ``bind_loss_inputs`` (first loss call) always wins: the metrics live where the loss inputs are.
+    ``bind_rank_device`` (trainer callback at train begin, for ranks that never call the loss, e.g. first
+    pipeline stages) only fills an unset device. ``resolve`` is called at logging time, inside the training loop.
+    """
+
+    def __init__(self):
+        self.device: Optional[torch.device] = None
+        self.source: Optional[str] = None
+
+    def bind_loss_inputs(self, device) -> None:
+        if self.source != "loss inputs":
+            self.device, self.source = torch.device(device), "loss inputs"
+
+    def bind_rank_device(self, device) -> None:
+        if self.device is None:
+            self.device, self.source = torch.device(device), "rank device"
+
+    def resolve(self) -> torch.device:
+        if self.device is not None:
+            return self.device
+        if dist.is_initialized() and dist.get_backend() == "gloo":
+            return torch.device("cpu")
+        from swift.utils import get_current_device  # at logging time: the rank's device is set by then
+
+        return torch.device(get_current_device())
+
+
+def _all_reduce(values: Iterable[float], op, where: Optional[MetricDevice]) -> list[float]:
+    """All-reduce a few floats (FP64 on the wire, on ``where``'s device) when a process group exists."""
+    values = list(values)
+    if dist.is_available() and dist.is_initialized():
+        t = torch.tensor(values, dtype=torch.float64, device=(where or MetricDevice()).resolve())
+        dist.all_reduce(t, op=op)
+        values = t.tolist()
+    return values
+
+
+class _HarnessMetric(Metric):
+    """ms-swift ``Metric`` whose collectives run on a shared :class:`MetricDevice`."""
+
+    def __init__(self, where: Optional[MetricDevice] = None):
+        super().__init__()
+        self.where = where if where is not None else MetricDevice()
+
+
+class SumMetric(_HarnessMetric):
+    """Sum over the logging window and over ranks (``None`` when nothing was recorded anywhere)."""
+
+    def __init__(self, where: Optional[MetricDevice] = None):
+        super().__init__(where)
+        self.add_state("value", default=0.0)
+        self.add_state("count", default=0)
+
+    def update(self, value) -> None:
+        self.value += float(value)
+        self.count += 1
+
+    def _window(self):
+        value, count = _all_reduce([self.value, self.count], dist.ReduceOp.SUM, self.where)
+        replicas = _loss_replicas()
+        return value / replicas, count / replicas
+
+    def compute(self):
+        value, count = self._window()
+        return value if count else None
+
+
+class CumulativeSumMetric(SumMetric):
+    """Running total since the start of training, summed over ranks (reset() only clears the window)."""
+
+    def __init__(self, where: Optional[MetricDevice] = None):
+        super().__init__(where)
+        self.total = 0.0
+
+    def compute(self):
+        value, _ = self._window()
+        self.total += value
+        return self.total
+
+
+class MeanMetric(_HarnessMetric):
+    """Mean over the window and over ranks (``None`` when empty; NaN/Inf propagate as themselves)."""
+
+    def __init__(self, where: Optional[MetricDevice] = None):
+        super().__init__(where)
+        self.add_state("state", default=0.0)
+        self.add_state("count", default=0)
+
+    def update(self, value) -> None:
+        self.state += float(value)
+        self.count += 1
+
+    def compute(self):
+        state, count = _all_reduce([self.state, self.count], dist.ReduceOp.SUM, self.where)
+        return state / count if count else None
+
+
+class MinMetric(_HarnessMetric):
+    """Minimum over the window and over ranks (``None`` when empty, NaN when any recorded value was NaN)."""
+
+    _op_name, _init = "MIN", math.inf
+
+    def __init__(self, where: Optional[MetricDevice] = None):
+        super().__init__(where)
+        self.add_state("value", default=self._init)
+        self.add_state("nan", default=0.0)
+
+    def update(self, value) -> None:
+        value = float(value)
+        if math.isnan(value):
+            self.nan = 1.0
+        else:
+            self.value = min(self.value, value) if self._op_name == "MIN" else max(self.value, value)
+
+    def compute(self):
+        # one collective: the NaN flag travels with the same op (negated for MIN so that any NaN wins)
+        sign = -1.0 if self._op_name == "MIN" else 1.0
+        value, nan = _all_reduce([self.value, sign * self.nan], getattr(dist.ReduceOp, self._op_name), self.where)
+        if nan != 0:
+            return math.nan
+        return None if math.isinf(value) and value == self._init else value
+
+
+class MaxMetric(MinMetric):
+    """Maximum over the window and over ranks (``None`` when empty, NaN when any recorded value was NaN)."""
+
+    _op_name, _init = "MAX", -math.inf
+
+
+class RatioMetric(_HarnessMetric):
+    """``sum(numerator) / sum(denominator)`` over the window and over ranks (``None`` when the denominator is 0)."""
+
+    def __init__(self, where: Optional[MetricDevice] = None):
+        super().__init__(where)
+        self.add_state("num", default=0.0)
+        self.add_state("den", default=0.0)
+
+    def update(self, num, den) -> None:  # noqa: D401 - Metric protocol
+        self.num += float(num)
+        self.den += float(den)
+
+    def compute(self):
+        num, den = _all_reduce([self.num, self.den], dist.ReduceOp.SUM, self.where)
+        return num / den if den else None
+
+
+def build_metrics(param_grad: bool = False, where: Optional[MetricDevice] = None) -> Dict[str, Metric]:
+    """One metric object per DESIGN name (all ranks must register the same set), sharing one :class:`MetricDevice`.
+
+    Queries no device: the collectives' device is bound when training begins or on the first loss call.
+    """
+    where = where if where is not None else MetricDevice()
+    kinds = {
+        JSD_LOSS: MeanMetric, SFT_LOSS: MeanMetric, NEG_LOSS_CALLS: SumMetric,
+        NEG_TOKEN_FRAC: RatioMetric, MIN_TOKEN_JSD: MinMetric,
+        NEG_LOSS_CALLS_TOTAL: CumulativeSumMetric, LOSS_CALLS_TOTAL: CumulativeSumMetric,
+        NONFINITE_CALLS_TOTAL: CumulativeSumMetric,
+        SPOT_LOSS: MeanMetric, SPOT_LOSS_FP64: MeanMetric, SPOT_LOSS_ABS_ERR: MaxMetric,
+        SPOT_LOSS_REL_ERR: MaxMetric, SPOT_GRAD_REL_L2: MaxMetric, SPOT_SIGN_MISMATCH: MaxMetric,
+    }
+    if param_grad:
+        kinds[SPOT_PARAM_GRAD_REL_L2] = MaxMetric
+    return {name: kind(where) for name, kind in kinds.items()}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# spot checks
+# ----------------------------------------------------------------------------------------------------------
+def _cap_active(student_logits: torch.Tensor, teacher_output: TeacherOutput, labels: torch.Tensor, max_tokens: int):
+    """The active positions of a call, capped at ``max_tokens``, as a ``[1, N, V]`` problem with all labels active.
+
+    Returns ``(student [1, N, V] detached, TeacherOutput [1, N, ...], labels [1, N])``.
+    """
+    s_act, t_act, _ = extract_active(student_logits.detach(), teacher_output, labels)
+    n = min(int(s_act.shape[0]), int(max_tokens))
+
+    def cut(x):
+        return None if x is None else x[:n].detach().unsqueeze(0)
+
+    teacher = TeacherOutput(full_logits=cut(t_act.full_logits), topk_logprobs=cut(t_act.topk_logprobs),
+                            topk_indices=cut(t_act.topk_indices))
+    lab = torch.zeros((1, n), dtype=torch.long, device=labels.device)
+    teacher.labels = lab
+    return cut(s_act), teacher, lab
+
+
+def _mean_loss_and_grad(terms_fn: Callable, s: torch.Tensor, teacher: TeacherOutput, labels, beta, temperature,
+                        *args, **kwargs):
+    """``(loss = total / num_valid as float, d loss / d s in FP64)`` on a detached leaf copy of ``s``.
+
+    ``args`` / ``kwargs``: the call's extra arguments (gather / log-softmax / KL functions, TP-aware under
+    Megatron), passed through so a spot check computes exactly what the run computes.
+    """
+    x = s.detach().clone().requires_grad_(True)
+    with torch.enable_grad():
+        out = terms_fn(x, teacher, labels, beta, temperature, *args, **kwargs)
+        n = int(out.num_valid)
+        loss = out.total / n if n else out.total * 0
+        (grad, ) = torch.autograd.grad(loss, x, allow_unused=True)
+    grad = torch.zeros_like(x, dtype=torch.float64) if grad is None else grad.to(torch.float64)
+    return float(loss.detach().to(torch.float64)), grad
+
+
+def spot_check(run_terms: Callable, ref_terms: Callable, student_logits, teacher_output, labels, beta, temperature,
+               max_tokens: int, *args, **kwargs) -> Optional[Dict[str, float]]:
+    """FP64 spot check of one loss call (``None`` if the call has no active position).
+
+    Returns the DESIGN ``spot/*`` values: ``loss`` (run's variant, per-position mean on the capped inputs),
+    ``loss_fp64``, ``loss_abs_err``, ``loss_rel_err`` (abs / |fp64|), ``grad_rel_l2``
+    (``‖g − g64‖ / ‖g64‖`` of d loss / d student logits), ``sign_mismatch`` (1.0 when signs differ).
+    A non-finite loss or gradient on either side makes the comparisons NaN (a failed check, logged as NaN).
+    """
+    s, teacher, lab = _cap_active(student_logits, teacher_output, labels, max_tokens)
+    if s.shape[1] == 0:
+        return None
+    loss, grad = _mean_loss_and_grad(run_terms, s, teacher, lab, beta, temperature, *args, **kwargs)
+    ref, grad64 = _mean_loss_and_grad(ref_terms, s, teacher, lab, beta, temperature, *args, **kwargs)
+    finite = math.isfinite(loss) and math.isfinite(ref)
+    abs_err = abs(loss - ref) if finite else math.nan
+    gnorm, dnorm = float(grad64.norm()), float((grad - grad64).norm())
+    if not (finite and math.isfinite(gnorm) and math.isfinite(dnorm)):
+        grad_rel = math.nan
+    else:
+        grad_rel = dnorm / gnorm if gnorm > 0 else dnorm
+    return {
+        SPOT_LOSS: loss,
+        SPOT_LOSS_FP64: ref,
+        SPOT_LOSS_ABS_ERR: abs_err,
+        SPOT_LOSS_REL_ERR: (math.nan if not finite else abs_err / abs(ref) if ref != 0 else
+                              (0.0 if abs_err == 0 else math.inf)),
+        SPOT_GRAD_REL_L2: grad_rel,
+        SPOT_SIGN_MISMATCH: float((loss < 0) != (ref < 0)) if finite else math.nan,
+    }
+
+
+def param_grad_rel_l2(loss_run: torch.Tensor, loss_ref: torch.Tensor, params: list[torch.Tensor]) -> Optional[float]:
+    """``‖∇θ loss_run − ∇θ loss_ref‖ / ‖∇θ loss_ref‖`` over all ``params`` (graph retained, ``.grad`` untouched)."""
+    params = [p for p in params if p.requires_grad]
+    if not params:
+        return None
+    g_run = torch.autograd.grad(loss_run, params, retain_graph=True, allow_unused=True)
+    g_ref = torch.autograd.grad(loss_ref, params, retain_graph=True, allow_unused=True)
+    num = den = 0.0
+    for a, b in zip(g_run, g_ref):
+        if b is None:
+            continue
+        a = torch.zeros_like(b) if a is None else a
+        num += float((a.double() - b.double()).pow(2).sum())
+        den += float(b.double().pow(2).sum())
+    return math.sqrt(num) / math.sqrt(den) if den > 0 else math.sqrt(num)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the instrumented loss
+# ----------------------------------------------------------------------------------------------------------
+def _nan_min(values: Iterable[float]) -> float:
+    values = list(values)
+    return math.nan if any(math.isnan(v) for v in values) else min(values)
+
+
+class LossInstrument:
+    """A drop-in for ms-swift's ``gkd_loss`` that measures every call of ``terms_fn``.
+
+    Args:
+        terms_fn: ``(student_logits [B,S,V], teacher_output, labels [B,S], beta, temperature, *extra) ->
+            GKDTerms(total, num_valid, per_position [N])`` of the run's variant.
+        ref_terms_fn: the same with FP64 arithmetic (spot-check reference).
+        metrics: name -> metric object (:func:`build_metrics`); updated in place.
+        spot_every: spot-check every N optimizer steps (0 = never); ``step`` is set by the trainer callback.
+        spot_max_tokens: cap on the positions a spot check recomputes.
+        param_grad: also compare the parameter gradient with the FP64 loss's on spot steps (needs ``params``).
+        capture_dir: if set, save the loss inputs of spot steps there as ``step{S}_rank{R}.safetensors``.
+        meta: strings stored in captures (precision, beta_form, ...).
+        fail_on_nonfinite: raise :class:`NonFiniteError` (naming the step) on a non-finite loss call, after
+            recording it.
+    """
+
+    def __init__(self, terms_fn: Callable, ref_terms_fn: Callable, metrics: Dict[str, Metric], *, spot_every: int = 0,
+                 spot_max_tokens: int = 256, param_grad: bool = False, capture_dir: Optional[str] = None,
+                 meta: Optional[dict] = None, rank: int = 0, fail_on_nonfinite: bool = False):
+        self.terms_fn, self.ref_terms_fn, self.metrics = terms_fn, ref_terms_fn, metrics
+        self.spot_every, self.spot_max_tokens = int(spot_every or 0), int(spot_max_tokens)
+        self.param_grad, self.capture_dir = bool(param_grad), capture_dir
+        self.meta, self.rank = dict(meta or {}), rank
+        self.fail_on_nonfinite = bool(fail_on_nonfinite)
+        self.where: MetricDevice = getattr(metrics.get(LOSS_CALLS_TOTAL), "where", None) or MetricDevice()
+        self.step = 1  # optimizer step being computed (1-based); the callback keeps it current
+        self._spotted_step: Optional[int] = None
+        self.params: Callable[[], list] = lambda: []
+        self.calls = 0
+
+    def _is_spot_step(self) -> bool:
+        return self.spot_every > 0 and self.step % self.spot_every == 0 and self._spotted_step != self.step
+
+    def __call__(self, student_logits, teacher_output, labels, beta, temperature, *args, **kwargs):
+        out = self.terms_fn(student_logits, teacher_output, labels, beta, temperature, *args, **kwargs)
+        self.calls += 1
+        self.where.bind_loss_inputs(student_logits.device)
+        total, n = self._record(out)
+        if self.fail_on_nonfinite and not math.isfinite(total):
+            raise NonFiniteError(
+                f"non-finite GKD loss at step {self.step}: total {total} over {n} positions (rank {self.rank}); "
+                f"monitor.fail_on_nonfinite=true stops the run")
+        if self._is_spot_step():
+            self._spotted_step = self.step
+            self._spot(out, student_logits, teacher_output, labels, beta, temperature, *args, **kwargs)
+        return out.total, out.num_valid
+
+    @torch.no_grad()
+    def _record(self, out) -> tuple[float, int]:
+        """Update the per-call metrics with a single device→host transfer (this runs on every loss call).
+
+        Under CP > 1 the five statistics of the CP ranks are all-gathered first (one collective on the device),
+        so the call is judged on the CP-reduced total. Returns ``(total, num_valid)`` of the (reduced) call.
+        """
+        m = self.metrics
+        per = out.per_position.detach()
+        total = out.total.detach()
+        stats = torch.stack([
+            total.to(torch.float64),
+            out.num_valid.to(device=total.device, dtype=torch.float64),
+            (per < 0).sum().to(torch.float64),
+            per.new_full((), float(per.numel()), dtype=torch.float64),  # a fill, not a host->device copy
+            per.min().to(torch.float64) if per.numel() else per.new_full((), math.inf, dtype=torch.float64),
+        ])
+        group, cp = _cp_group()
+        if cp > 1:
+            shards = [torch.empty_like(stats) for _ in range(cp)]
+            dist.all_gather(shards, stats, group=group)
+            stats = torch.stack(shards)
+        stats = stats.reshape(-1, 5)
+        # the loss as the trainer sees it: sum(total) / sum(num_valid) in the loss's own dtype (cp_reduce's
+        # arithmetic), on the device so the host reads everything in one transfer
+        t_sum, n_sum = stats[:, 0].sum(), stats[:, 1].sum()
+        loss_t = torch.where(n_sum > 0, t_sum.to(total.dtype) / n_sum.to(total.dtype), t_sum.to(total.dtype) * 0)
+        values = torch.cat([stats.flatten(), loss_t.to(torch.float64).reshape(1)]).tolist()  # the one transfer
+        rows, loss = [values[i:i + 5] for i in range(0, len(values) - 1, 5)], values[-1]
+        total_v = sum(r[0] for r in rows)
+        n = int(sum(r[1] for r in rows))
+        neg_tokens, positions = sum(r[2] for r in rows), int(sum(r[3] for r in rows))
+        min_token = _nan_min(r[4] for r in rows)
+        finite = math.isfinite(total_v)
+        m[LOSS_CALLS_TOTAL].update(1)
+        m[NONFINITE_CALLS_TOTAL].update(0 if finite else 1)
+        neg = 1 if (finite and loss < 0) else 0
+        m[NEG_LOSS_CALLS].update(neg)
+        m[NEG_LOSS_CALLS_TOTAL].update(neg)
+        if n or not finite:
+            m[JSD_LOSS].update(loss)  # NaN / Inf recorded as themselves
+        if positions:
+            m[NEG_TOKEN_FRAC].update(int(neg_tokens), positions)
+            m[MIN_TOKEN_JSD].update(min_token)
+        return total_v, n
+
+    def record_sft(self, value) -> None:
+        """Record the SFT (cross-entropy) term of one call (``gkd.sft_alpha > 0``)."""
+        if value is not None:
+            self.metrics[SFT_LOSS].update(float(value))
+
+    def _spot(self, out, student_logits, teacher_output, labels, beta, temperature, *args, **kwargs) -> None:
+        vals = spot_check(self.terms_fn, self.ref_terms_fn, student_logits, teacher_output, labels, beta,
+                          temperature, self.spot_max_tokens, *args, **kwargs)
+        if vals is not None:
+            for k, v in vals.items():
+                self.metrics[k].update(v)
+        if self.param_grad and SPOT_PARAM_GRAD_REL_L2 in self.metrics and student_logits.requires_grad:
+            n = int(out.num_valid)
+            if n:
+                ref = self.ref_terms_fn(student_logits, teacher_output, labels, beta, temperature, *args, **kwargs)
+                rel = param_grad_rel_l2(out.total / n, ref.total / n, list(self.params()))
+                if rel is not None:
+                    self.metrics[SPOT_PARAM_GRAD_REL_L2].update(rel)
+        if self.capture_dir:
+            from harness.store.captures import save_capture
+
+            meta = {**self.meta, "step": self.step, "rank": self.rank}
+            path = Path(self.capture_dir) / f"step{self.step}_rank{self.rank}.safetensors"
+            save_capture(path, student_logits, teacher_output, labels, beta, temperature, meta)

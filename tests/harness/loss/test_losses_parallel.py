@@ -1,0 +1,331 @@
+"""The patched GKD loss under Megatron TP=2 and CP=2, with ms-swift's own vocab-parallel functions, on gloo CPU ranks.
+
+One torchrun job (2 ranks, ``tests/harness/loss/parallel_gkd_worker.py``) runs every case of this module once; the tests
+below compare its results with the single-process FP64 reference of ``tests/reference.py`` computed here from the
+same full (unsharded) tensors:
+
+* loss (the unnormalised total and the normalised mean) within ``loss_tol(ref, n)``;
+* gradient w.r.t. the student logits (vocab shards concatenated for TP, sequence slices put back in place for CP)
+  within ``GRAD_REL_L2_FP32_STUDENT`` relative L2;
+* per-position JSD of ``make_gkd_loss_terms`` within ``loss_tol(ref_i, 1)`` per position;
+* full vocabulary and top-k, paper and continuous forms, β ∈ {0, 0.5, 0.9, 1}, FP32 student / BF16 teacher,
+  a CP rank without valid tokens, and ``native`` under TP=2 (bit-identical to upstream, and still negative on the
+  seed case).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.reference import reference_gkd, reference_jsd
+from tests.tolerances import GRAD_REL_L2_FP32_STUDENT, loss_tol
+
+pytestmark = [pytest.mark.parallel, pytest.mark.timeout(1200)]
+
+WORKER = Path(__file__).with_name("parallel_gkd_worker.py")
+REPO_ROOT = Path(__file__).resolve().parents[3]
+BETAS = (0.0, 0.5, 0.9, 1.0)
+FORMS = ("paper", "continuous")
+
+
+# ---------------------------------------------------------------------------
+# Inputs: FP32 student (a BF16 model output upcast by Float16Module), BF16 teacher
+# ---------------------------------------------------------------------------
+
+
+def _student_teacher(gen, shape, noise, student_scale=2.0, teacher_mix=1.0):
+    """``[B, S, V]`` FP32 student (BF16-representable) and BF16 teacher ``mix·student + noise·randn``."""
+    student = (torch.randn(*shape, generator=gen) * student_scale).bfloat16().float()
+    teacher = (teacher_mix * student + noise * torch.randn(*shape, generator=gen)).bfloat16()
+    return student, teacher
+
+
+def _make_inputs() -> dict:
+    """Named input sets: tensors ``student [B,S,V] fp32``, ``teacher [B,S,V] bf16``, ``labels [B,S]`` (+ T, k)."""
+    inputs = {}
+    # The seed recipe of report 000 (3 positions, V=64, teacher a BF16 near-copy), as one sequence.
+    rng = torch.Generator().manual_seed(0)
+    student = (torch.randn(3, 64, generator=rng) * 2).bfloat16().float()
+    teacher = (student + torch.randn(3, 64, generator=rng) * 0.03).bfloat16()
+    inputs["seed"] = dict(student=student[None], teacher=teacher[None], labels=torch.ones(1, 3, dtype=torch.long))
+
+    gen = torch.Generator().manual_seed(20260)
+    labels = torch.ones(2, 8, dtype=torch.long)
+    labels[0, :2] = -100  # prompt
+    labels[1, :3] = -100
+    labels[1, -1] = -100  # padding
+    # Near-identical distributions, a vocab shard wider than 1024 (the recompute-in-backward chunk path).
+    student, teacher = _student_teacher(gen, (2, 8, 2304), noise=0.03)
+    inputs["near"] = dict(student=student, teacher=teacher, labels=labels.clone())
+    # Distinct distributions, narrow vocab (the plain chunk path).
+    student, teacher = _student_teacher(gen, (2, 8, 160), noise=1.5, teacher_mix=0.5)
+    inputs["far"] = dict(student=student, teacher=teacher, labels=labels.clone())
+    # CP=2 zigzag over S=8: rank 0 holds positions {0,1,6,7}, rank 1 holds {2,3,4,5}; only rank 0's are valid.
+    student, teacher = _student_teacher(gen, (1, 8, 2304), noise=0.3)
+    cp_labels = torch.full((1, 8), -100, dtype=torch.long)
+    cp_labels[0, [0, 1, 6, 7]] = 1
+    inputs["cp_empty"] = dict(student=student, teacher=teacher, labels=cp_labels)
+    # CP=2 instrumented: rank 0's positions {0,1,6,7} have a BF16 near-copy teacher (native JSD < 0 there), rank 1's
+    # {2,3,4,5} a distinct one (JSD ~0.3 each): rank 0's partial total is negative, the CP-reduced total positive.
+    g = torch.Generator().manual_seed(7)
+    student = (torch.randn(1, 8, 64, generator=g) * 2).bfloat16().float()
+    teacher = student + torch.randn(1, 8, 64, generator=g) * 0.03
+    far = [2, 3, 4, 5]
+    teacher[0, far] = student[0, far] * 0.5 + 1.5 * torch.randn(len(far), 64, generator=g)
+    inputs["cp_mixed"] = dict(student=student, teacher=teacher.bfloat16(), labels=torch.ones(1, 8, dtype=torch.long))
+    near = (student + torch.randn(1, 8, 64, generator=g) * 0.03).bfloat16()  # every position near: reduced < 0
+    inputs["cp_near"] = dict(student=student, teacher=near, labels=torch.ones(1, 8, dtype=torch.long))
+    return inputs
+
+
+INPUT_SETTINGS = {  # temperature, top-k size, row chunk size passed to the loss
+    "seed": dict(temperature=0.9, topk=16, chunk_size=512),
+    "near": dict(temperature=0.9, topk=16, chunk_size=4),
+    "far": dict(temperature=2.0, topk=8, chunk_size=4),
+    "cp_empty": dict(temperature=1.0, topk=16, chunk_size=512),
+    "cp_mixed": dict(temperature=1.0, topk=16, chunk_size=512),
+    "cp_near": dict(temperature=1.0, topk=16, chunk_size=512),
+}
+
+
+def _case(layout, inputs, teacher, precision, beta_form, beta) -> dict:
+    name = f"{layout}-{inputs}-{teacher}-{precision}-{beta_form}-b{beta}"
+    return dict(name=name, layout=layout, inputs=inputs, teacher=teacher, precision=precision, beta_form=beta_form,
+                beta=beta, **INPUT_SETTINGS[inputs])
+
+
+PATCHED_CASES = [
+    _case(layout, inputs, teacher, "fp32", form, beta) for layout in ("tp", "cp") for inputs in ("near", "far")
+    for teacher in ("full", "topk") for form in FORMS for beta in BETAS
+]
+CP_EMPTY_CASES = [
+    _case("cp", "cp_empty", teacher, "fp32", form, beta) for teacher in ("full", "topk")
+    for form, beta in (("paper", 0.0), ("paper", 0.9), ("continuous", 0.9))
+]
+NATIVE_CASES = [
+    _case("tp", "seed", "full", "native", "paper", 0.5),
+    _case("tp", "near", "full", "native", "paper", 0.5),
+    _case("tp", "near", "full", "native", "paper", 0.9),
+    _case("tp", "near", "topk", "native", "paper", 0.5),
+]
+SEED_FP32 = _case("tp", "seed", "full", "fp32", "paper", 0.5)
+CP_INSTRUMENT_CASES = [_case("cpi", inputs, "full", precision, "paper", 0.5)
+                       for inputs, precision in (("cp_mixed", "native"), ("cp_near", "native"), ("cp_mixed", "fp32"),
+                                                 ("cp_empty", "fp32"))]
+ALL_CASES = PATCHED_CASES + CP_EMPTY_CASES + NATIVE_CASES + [SEED_FP32] + CP_INSTRUMENT_CASES
+
+
+# ---------------------------------------------------------------------------
+# The one parallel job of this module
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def parallel_results(tmp_path_factory):
+    """Run every case on 2 gloo ranks; returns ``(inputs, [results of rank 0, results of rank 1])``."""
+    missing = [m for m in ("megatron", "mcore_bridge") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.fail(f"{missing} not installed; the parallel tests need ms-swift's Megatron extras: "
+                    'pip install "megatron-core>=0.16,<0.20" "mcore-bridge>=1.6.3" "torch==<the installed torch>"')
+    work = tmp_path_factory.mktemp("gkd_parallel")
+    inputs = _make_inputs()
+    torch.save({"inputs": inputs, "cases": ALL_CASES}, work / "in.pt")
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    # One node, a c10d rendezvous on a free port (":0") of 127.0.0.1.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(WORKER), str(work / "in.pt"), str(work)]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        pytest.fail(f"torchrun worker failed (rc={proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+    return inputs, [torch.load(work / f"rank{r}.pt", weights_only=True) for r in range(2)]
+
+
+def _grad_rel_l2(grad: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((grad.double() - ref).norm() / ref.norm())
+
+
+def _reference(inp: dict, case: dict, topk=None):
+    """FP64 ``(total, n, grad of total/n [B,S,V], per-position map [B,S])`` from the full, unsharded tensors."""
+    args = (case["beta"], case["temperature"], case["beta_form"])
+    if case["teacher"] == "topk":
+        total, n, grad = reference_gkd(inp["student"], inp["labels"], *args, teacher_topk=topk)
+        s_k = torch.gather(inp["student"], -1, topk[1])
+        per = reference_jsd(s_k.flatten(0, 1), topk[0].flatten(0, 1), case["beta"], case["beta_form"],
+                            case["temperature"])
+    else:
+        total, n, grad = reference_gkd(inp["student"], inp["labels"], *args, teacher_full=inp["teacher"])
+        per = reference_jsd(inp["student"].flatten(0, 1), inp["teacher"].flatten(0, 1), case["beta"],
+                            case["beta_form"], case["temperature"])
+    return total, n, grad, per.view(inp["labels"].shape)
+
+
+def _check_topk(inp: dict, vals: torch.Tensor, ids: torch.Tensor, k: int) -> None:
+    """The teacher top-k handed to the loss is a true global top-k of the full teacher logits."""
+    assert torch.equal(torch.gather(inp["teacher"], -1, ids), vals)
+    assert torch.equal(vals.sort(-1, descending=True).values, torch.topk(inp["teacher"], k, -1).values)
+
+
+def _assert_per_position(per: torch.Tensor, ref: torch.Tensor) -> None:
+    assert per.shape == ref.shape
+    err = (per.double() - ref).abs()
+    bound = torch.tensor([loss_tol(float(r), 1) for r in ref], dtype=torch.float64)
+    assert bool((err <= bound).all()), f"per-position max err {float(err.max()):.3e}, bound {bound.tolist()}"
+
+
+# ---------------------------------------------------------------------------
+# TP = 2
+# ---------------------------------------------------------------------------
+
+TP_PATCHED = [c for c in PATCHED_CASES if c["layout"] == "tp"]
+CP_PATCHED = [c for c in PATCHED_CASES if c["layout"] == "cp"] + CP_EMPTY_CASES
+
+
+@pytest.mark.parametrize("case", TP_PATCHED, ids=lambda c: c["name"])
+def test_tp2_patched_matches_fp64(parallel_results, case):
+    inputs, ranks = parallel_results
+    inp, r0, r1 = inputs[case["inputs"]], ranks[0][case["name"]], ranks[1][case["name"]]
+    topk = None
+    if case["teacher"] == "topk":
+        assert torch.equal(r0["topk_ids"], r1["topk_ids"]) and torch.equal(r0["topk_vals"], r1["topk_vals"])
+        _check_topk(inp, r0["topk_vals"], r0["topk_ids"], case["topk"])
+        topk = (r0["topk_vals"], r0["topk_ids"])
+    ref_total, ref_n, ref_grad, ref_per = _reference(inp, case, topk)
+
+    # The TP-reduced loss is replicated on both ranks.
+    assert torch.equal(r0["total"], r1["total"]) and r0["n"] == r1["n"] == ref_n
+    assert r0["loss_dtype"] == "torch.float32"
+    total = float(r0["total"])
+    assert abs(total - ref_total) <= loss_tol(ref_total, ref_n), (total, ref_total)
+    assert total >= -loss_tol(0.0, ref_n)
+
+    grad = torch.cat([r0["grad"], r1["grad"]], dim=-1)  # vocab shards back in order
+    assert _grad_rel_l2(grad, ref_grad) <= GRAD_REL_L2_FP32_STUDENT
+
+    # make_gkd_loss_terms: same total and gradient as make_gkd_loss, per-position values against FP64.
+    for r in (r0, r1):
+        assert torch.equal(r["terms_total"], r["total"]) and r["terms_n"] == r["n"]
+        assert torch.equal(r["grad_terms"], r["grad"])
+    assert torch.equal(r0["per_position"], r1["per_position"])
+    _assert_per_position(r0["per_position"], ref_per[inp["labels"] != -100])
+
+
+@pytest.mark.parametrize("case", NATIVE_CASES, ids=lambda c: c["name"])
+def test_tp2_native_is_upstream(parallel_results, case):
+    """``native``/``paper`` under TP=2 is upstream's ``gkd_loss`` with the same injected functions, bit for bit,
+    and so is the per-position re-implementation behind ``make_gkd_loss_terms``."""
+    _, ranks = parallel_results
+    for r in (ranks[0][case["name"]], ranks[1][case["name"]]):
+        assert torch.equal(r["total"], r["upstream_total"])
+        assert torch.equal(r["grad"], r["upstream_grad"])
+        assert torch.equal(r["terms_total"], r["upstream_total"])
+        assert torch.equal(r["grad_terms"], r["upstream_grad"])
+
+
+def test_tp2_seed_native_negative_fp32_matches_fp64(parallel_results):
+    """Report 000's seed case, sharded over TP=2: native (ms-swift's vocab-parallel functions, BF16 teacher
+    arithmetic) still gives a negative JSD and a gradient far from FP64; fp32 agrees with FP64."""
+    inputs, ranks = parallel_results
+    inp = inputs["seed"]
+    native = ranks[0][NATIVE_CASES[0]["name"]]
+    fp32 = ranks[0][SEED_FP32["name"]]
+    ref_total, ref_n, ref_grad, _ = _reference(inp, SEED_FP32)
+    native_grad = torch.cat([native["grad"], ranks[1][NATIVE_CASES[0]["name"]]["grad"]], -1)
+    fp32_grad = torch.cat([fp32["grad"], ranks[1][SEED_FP32["name"]]["grad"]], -1)
+
+    assert ref_total > 0
+    assert float(native["total"]) < -loss_tol(0.0, ref_n)
+    assert abs(float(native["total"]) - ref_total) > loss_tol(ref_total, ref_n)
+    assert _grad_rel_l2(native_grad, ref_grad) > 100 * GRAD_REL_L2_FP32_STUDENT
+
+    assert abs(float(fp32["total"]) - ref_total) <= loss_tol(ref_total, ref_n)
+    assert _grad_rel_l2(fp32_grad, ref_grad) <= GRAD_REL_L2_FP32_STUDENT
+
+
+# ---------------------------------------------------------------------------
+# CP = 2
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CP_PATCHED, ids=lambda c: c["name"])
+def test_cp2_patched_matches_fp64(parallel_results, case):
+    inputs, ranks = parallel_results
+    inp, rs = inputs[case["inputs"]], [ranks[0][case["name"]], ranks[1][case["name"]]]
+    topk = None
+    if case["teacher"] == "topk":
+        _check_topk(inp, rs[0]["topk_vals"], rs[0]["topk_ids"], case["topk"])
+        topk = (rs[0]["topk_vals"], rs[0]["topk_ids"])
+    ref_total, ref_n, ref_grad, ref_per = _reference(inp, case, topk)
+
+    # The two ranks partition the sequence.
+    seen = torch.cat([r["positions"] for r in rs], dim=1).sort(dim=1).values
+    assert torch.equal(seen, torch.arange(inp["labels"].shape[1]).expand_as(seen))
+    assert sum(r["n"] for r in rs) == ref_n
+    if case["inputs"] == "cp_empty":
+        assert [r["n"] for r in rs] == [ref_n, 0]  # rank 1 has no valid token
+        assert float(rs[1]["total"]) == 0.0 and not rs[1]["grad"].any()
+
+    # Megatron trainer: per-shard sums, counts summed over CP by finalize_model_grads.
+    total = sum(float(r["total"]) for r in rs)
+    assert abs(total - ref_total) <= loss_tol(ref_total, ref_n), (total, ref_total)
+    assert total >= -loss_tol(0.0, ref_n)
+    for r in rs:
+        assert r["loss_dtype"] == "torch.float32"
+        assert torch.equal(r["terms_total"], r["total"]) and r["terms_n"] == r["n"]
+
+    # Megatron/Ray GKD loss: cp_reduce -> the global mean on every rank, and its gradient.
+    assert torch.equal(rs[0]["cp_loss"], rs[1]["cp_loss"])
+    assert abs(float(rs[0]["cp_loss"]) - ref_total / ref_n) <= loss_tol(ref_total, ref_n) / ref_n
+    grad = torch.zeros_like(ref_grad)
+    for r in rs:
+        pos = r["positions"]
+        grad.scatter_(1, pos[..., None].expand(*pos.shape, grad.shape[-1]), r["grad"].double())
+    assert _grad_rel_l2(grad, ref_grad) <= GRAD_REL_L2_FP32_STUDENT
+
+    for r in rs:
+        local_ref = torch.gather(ref_per, 1, r["positions"])
+        local_labels = torch.gather(inp["labels"], 1, r["positions"])
+        _assert_per_position(r["per_position"], local_ref[local_labels != -100])
+
+
+# ---------------------------------------------------------------------------
+# CP = 2 through the instrument: one loss call per step, judged on the CP-reduced total
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CP_INSTRUMENT_CASES, ids=lambda c: c["name"])
+def test_cp2_instrument_counts_one_call_judged_on_the_reduced_total(parallel_results, case):
+    """Both CP ranks call the loss once on their slices (one training step): the instrument counts one loss call,
+    its ``gkd/jsd_loss`` is ms-swift's ``cp_reduce`` of the shards' totals, and its sign decides
+    ``gkd/neg_loss_calls`` even where one shard's partial total has the other sign."""
+    inputs, ranks = parallel_results
+    rs = [ranks[0][case["name"]], ranks[1][case["name"]]]
+    assert rs[0]["logs"] == rs[1]["logs"]  # every rank logs the job's values
+    assert all(r["device"] == "cpu" for r in rs)  # the metrics live on the loss inputs' device
+    logs, cp_loss = rs[0]["logs"], float(rs[0]["cp_loss"])
+    assert torch.equal(rs[0]["cp_loss"], rs[1]["cp_loss"])
+    assert logs["gkd/loss_calls_total"] == 1.0
+    assert logs["gkd/nonfinite_calls_total"] == 0.0
+    assert logs["gkd/jsd_loss"] == pytest.approx(cp_loss, rel=1e-6, abs=1e-12)
+    assert logs["gkd/neg_loss_calls"] == logs["gkd/neg_loss_calls_total"] == float(cp_loss < 0)
+    # independent FP64 reference of the reduced mean (full, unsharded tensors)
+    inp = inputs[case["inputs"]]
+    ref_total, ref_n, _, _ = _reference(inp, case)
+    assert sum(r["n"] for r in rs) == ref_n
+    if case["precision"] == "fp32":
+        assert abs(cp_loss - ref_total / ref_n) <= loss_tol(ref_total, ref_n) / ref_n
+    if case["precision"] == "fp32":  # no position of the patched loss is negative beyond its tolerance
+        assert logs["gkd/min_token_jsd"] >= -loss_tol(0.0, 1)
+    if case["inputs"] == "cp_mixed" and case["precision"] == "native":
+        # the situation the old per-shard judgement got wrong: rank 0's partial total < 0, the step's loss > 0
+        assert float(rs[0]["total"]) < 0 < float(rs[1]["total"]) and cp_loss > 0
+        assert logs["gkd/neg_loss_calls_total"] == 0.0
+    if case["inputs"] == "cp_near" and case["precision"] == "native":
+        assert cp_loss < 0 and logs["gkd/neg_loss_calls_total"] == 1.0
+    if case["inputs"] == "cp_empty":
+        assert [r["n"] for r in rs] == [ref_n, 0]
