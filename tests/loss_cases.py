@@ -22,7 +22,7 @@ class Case:
     student: torch.Tensor  # [B, S, V]
     teacher: TeacherOutput
     labels: torch.Tensor  # [B, S]
-    ref_kwargs: dict  # for tests.reference.reference_gkd
+    ref_kwargs: dict  # for harness.loss.reference.reference_gkd
 
 
 def seed_of(*key) -> int:

@@ -1,4 +1,4 @@
-"""Measure the fp32 variant's worst errors against the FP64 reference (the numbers in tests/tolerances.py).
+"""Measure the fp32 variant's worst errors against the FP64 reference (the numbers in harness/loss/tolerances.py).
 
 Run: python tests/measure_tolerances.py [--regimes]   (a few minutes on 2 cores)
 
@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.losses import make_gkd_loss  # noqa: E402
 from tests.loss_cases import grid, make_case, seed_of  # noqa: E402
-from tests.reference import reference_gkd  # noqa: E402
+from harness.loss.reference import reference_gkd  # noqa: E402
 
 
 def main():
@@ -39,7 +39,7 @@ def regimes():
 
     from harness.losses import make_jsd_loss
     from tests.harness.loss.test_losses_regimes import SCALES, _levels, _shifted
-    from tests.reference import reference_jsd
+    from harness.loss.reference import reference_jsd
 
     print(f"{'family':<8} {'L':>7} {'max rel':>9} {'max grad':>9} {'textbook rel':>13}")
     for fam, make in (("levels", _levels), ("shifted", _shifted)):

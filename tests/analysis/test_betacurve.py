@@ -1,5 +1,5 @@
 """FP64 D(β): the β-curve runs the harness's own fp64 loss (harness.losses); checked against the table in
-docs/beta.md, the independent FP64 reference (tests/reference.py) and ms-swift's upstream jsd_loss in FP64."""
+docs/beta.md, the independent FP64 reference (harness/loss/reference.py) and ms-swift's upstream jsd_loss in FP64."""
 from __future__ import annotations
 
 import numpy as np
@@ -53,7 +53,7 @@ def test_paper_form_matches_upstream_jsd_loss_in_fp64(beta):
 @pytest.mark.parametrize("form", ["paper", "continuous"])
 @pytest.mark.parametrize("beta", [0.0, 0.01, 0.5, 0.8, 1.0])
 def test_matches_independent_reference(form, beta):
-    from tests.reference import reference_jsd
+    from harness.loss.reference import reference_jsd
 
     s, t = _random_logits(1)
     ours = generalized_jsd_fp64(s, t, beta, form, temperature=0.7)

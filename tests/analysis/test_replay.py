@@ -7,8 +7,8 @@ import torch
 from harness.store.captures import save_capture
 from analysis.replay import evaluate_variants, main, replay_table, synthetic_inputs
 from tests.loss_cases import make_case
-from tests.reference import reference_gkd
-from tests.tolerances import GRAD_REL_L2_FP32_STUDENT, loss_tol
+from harness.loss.reference import reference_gkd
+from harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT, loss_tol
 
 SEED_FP64 = 7.975079402659209e-05  # report 000's FP64 value for its recipe
 

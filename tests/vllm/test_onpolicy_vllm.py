@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tolerances import GRAD_REL_L2_FP32_STUDENT, LOSS_ATOL_PER_POSITION, LOSS_RTOL
+from harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT, LOSS_ATOL_PER_POSITION, LOSS_RTOL
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

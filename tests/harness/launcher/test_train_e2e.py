@@ -19,7 +19,7 @@ from harness.losses import make_gkd_loss
 from harness.store.run_folder import read_metrics
 from harness.launcher.cli import train
 from tests.conftest import entry_point
-from tests.reference import reference_gkd
+from harness.loss.reference import reference_gkd
 
 pytestmark = pytest.mark.slow
 

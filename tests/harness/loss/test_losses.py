@@ -1,4 +1,4 @@
-"""harness.losses against an independent FP64 reference (tests/reference.py), and against upstream ms-swift."""
+"""harness.losses against an independent FP64 reference (harness/loss/reference.py), and against upstream ms-swift."""
 import inspect
 import math
 import re
@@ -12,8 +12,8 @@ from harness.losses import make_gkd_loss, make_gkd_loss_terms, make_jsd_loss
 from swift.rlhf_trainers import gkd_loss as upstream
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 from tests.loss_cases import DTYPES, grid, make_case, seed_of
-from tests.reference import reference_gkd, reference_jsd
-from tests.tolerances import FP64_GRAD_REL_L2, FP64_RTOL, grad_tol, loss_tol
+from harness.loss.reference import reference_gkd, reference_jsd
+from harness.loss.tolerances import FP64_GRAD_REL_L2, FP64_RTOL, grad_tol, loss_tol
 
 
 def _run(fn, case, beta, temp, **kw):

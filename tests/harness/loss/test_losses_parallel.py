@@ -1,7 +1,7 @@
 """The patched GKD loss under Megatron TP=2 and CP=2, with ms-swift's own vocab-parallel functions, on gloo CPU ranks.
 
 One torchrun job (2 ranks, ``tests/harness/loss/parallel_gkd_worker.py``) runs every case of this module once; the tests
-below compare its results with the single-process FP64 reference of ``tests/reference.py`` computed here from the
+below compare its results with the single-process FP64 reference of ``harness/loss/reference.py`` computed here from the
 same full (unsharded) tensors:
 
 * loss (the unnormalised total and the normalised mean) within ``loss_tol(ref, n)``;
@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.reference import reference_gkd, reference_jsd
-from tests.tolerances import GRAD_REL_L2_FP32_STUDENT, loss_tol
+from harness.loss.reference import reference_gkd, reference_jsd
+from harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT, loss_tol
 
 pytestmark = [pytest.mark.parallel, pytest.mark.timeout(1200)]
 

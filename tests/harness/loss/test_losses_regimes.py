@@ -1,7 +1,7 @@
 """Issue 13: the four regimes where the patched loss used to be less accurate than it should be.
 
-Each family is checked against the independent FP64 reference in ``tests/reference.py`` (log-space mixture,
-``0·log 0 = 0``) with the suite's tolerances (``tests/tolerances.py``): loss value ``1e-5·|ref| + 1e-6·N``,
+Each family is checked against the independent FP64 reference in ``harness/loss/reference.py`` (log-space mixture,
+``0·log 0 = 0``) with the suite's tolerances (``harness/loss/tolerances.py``): loss value ``1e-5·|ref| + 1e-6·N``,
 student-logit gradient relative L2 ``1e-4`` for FP32 students, and ``1e-4 + 2×`` the dtype's own rounding of the
 reference gradient for BF16/FP16 students. Where it is meaningful the patched value is also compared with the
 textbook formula in FP32 on the same inputs (upstream's arithmetic, ``native``): never more than 2× less
@@ -22,8 +22,8 @@ from harness.losses import jsd_per_position, make_gkd_loss, make_gkd_loss_terms,
 from swift.rlhf_trainers import gkd_loss as upstream
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 from tests.loss_cases import make_case, seed_of
-from tests.reference import reference_gkd, reference_jsd
-from tests.tolerances import GRAD_REL_L2_AFTER_FP32_DIVISION, GRAD_REL_L2_FP32_STUDENT, grad_tol, loss_tol
+from harness.loss.reference import reference_gkd, reference_jsd
+from harness.loss.tolerances import GRAD_REL_L2_AFTER_FP32_DIVISION, GRAD_REL_L2_FP32_STUDENT, grad_tol, loss_tol
 
 LOSS_SCALE = 2.0**16
 

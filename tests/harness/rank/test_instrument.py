@@ -10,7 +10,7 @@ from bench.host_syncs import count_host_syncs
 from harness.rank.instrument import (CumulativeSumMetric, LossInstrument, MaxMetric, MinMetric, NonFiniteError,
                                 RatioMetric, SumMetric, build_metrics, spot_check)
 from harness.losses import make_gkd_loss, make_gkd_loss_terms
-from tests.reference import reference_gkd, reference_jsd
+from harness.loss.reference import reference_gkd, reference_jsd
 
 BETA, T = 0.5, 0.9
 

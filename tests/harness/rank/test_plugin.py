@@ -16,7 +16,7 @@ from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
 from harness.rank import plugin
 from harness.losses import make_gkd_loss
-from tests.reference import reference_gkd
+from harness.loss.reference import reference_gkd
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 Measured on this CPU (torch 2.13.0) by `python tests/measure_tolerances.py` over the loss-suite grid
 (β ∈ {0, 1e-3, 0.1, 0.5, 0.9, 0.999, 1} × T ∈ {0.5, 0.9, 1, 2} × paper/continuous × full/top-k ×
 near-identical/distinct distributions, 42 active positions of V = 96) for the *fp32* variant against the
-independent FP64 reference in ``tests/reference.py``:
+independent FP64 reference in ``harness/loss/reference.py``:
 
     inputs (student/teacher)   max |Δloss|/|ref|   max |Δloss|/N    max grad rel-L2
     fp32 / bf16                1.7e-06             3.1e-07          7.4e-06
@@ -14,7 +14,7 @@ independent FP64 reference in ``tests/reference.py``:
 
 (The textbook formula in FP32, as first written, measured 5e-05 relative and 5e-3 gradient error on the
 same grid, at β = 1e-3 with near-identical distributions: hence the cancellation-free form in
-``harness.harness.loss.stable._jsd_stable``. Under TP/CP with injected vocab-parallel primitives, which use the textbook
+``harness.loss.stable._jsd_stable``. Under TP/CP with injected vocab-parallel primitives, which use the textbook
 formula, tests/harness/loss/test_losses_parallel.py measured ≤ 1.1e-7 per position and ≤ 9.1e-6 gradient error.)
 
 Issue 13's regimes (tests/harness/loss/test_losses_regimes.py; `python tests/measure_tolerances.py --regimes`): logit
