@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 
 from harness.launcher.compose import compose, point_config
 from harness.launcher.plan import format_command
-from harness.launcher.cli import make_plan
+from harness.launcher.run import make_plan
 from launch.sweep import point_name, sweep_points
 
 DRY_JOB_ID = "4242"

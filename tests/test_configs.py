@@ -3,7 +3,7 @@
 * Every YAML file under ``configs/`` that git would commit is composed with Hydra's compose API
   (``harness.launcher.compose``), through ``train.yaml`` when it belongs to one of its groups (``hydra/launcher`` options
   are also instantiated); the job's typed config is validated by ``harness.config.validate`` and turned into the ms-swift
-  argv of its launch plan (``harness.launcher.cli.make_plan``, dry run). The sign-off criteria file is loaded through its
+  argv of its launch plan (``harness.launcher.run.make_plan``, dry run). The sign-off criteria file is loaded through its
   own schema (``analysis.signoff_config``).
 * Every experiment is expanded into its sweep points exactly as Hydra's basic sweeper does; every point is
   validated and built to the argument level (names unique, one group per sweep).
@@ -23,7 +23,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from harness.config.schema import EMBEDDED
-from harness.launcher.cli import make_plan
+from harness.launcher.run import make_plan
 from harness.config.validate import validate_config
 from launch.sweep import point_name, sweep_points
 from tests.launch.helpers import (compose, harness_env, read_metrics, read_summary, run_gkd_train, tail, task_config,

@@ -1,4 +1,4 @@
-"""Checkpoint discovery for requeue -> ms-swift checkpoint resume (used by gkd-train, harness.launcher.plan).
+"""What a rerun does with its run folder, and checkpoint discovery for requeue -> ms-swift checkpoint resume.
 
 With ``hydra.launcher.max_num_timeout > 0`` (submitit_slurm), submitit signals the job ``signal_delay_s`` before
 its time limit and requeues the same point; the point's ``gkd-train`` job then runs again in the same run
@@ -10,7 +10,9 @@ instead of from step 0: :func:`resume_args` returns ``["--resume_from_checkpoint
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -41,3 +43,51 @@ def resume_args(resume: bool, run_dir: str | Path) -> list[str]:
         return []
     ckpt = latest_checkpoint(run_dir)
     return [] if ckpt is None else ["--resume_from_checkpoint", str(ckpt)]
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What ``gkd-train`` does with a run folder: the one place the resume decision is made.
+
+    action: ``"skip"`` (completed with the same config: ``summary`` is returned), ``"new"`` (nothing there),
+        ``"restart"`` (an earlier attempt is archived under ``previous_attempts/`` first) or ``"resume"``
+        (continue from ``resume_args``' checkpoint, keeping the metrics up to ``checkpoint_step``).
+    notes: one line each, for the log.
+    """
+
+    action: str
+    summary: Optional[Dict[str, Any]] = None
+    resume_args: List[str] = field(default_factory=list)
+    checkpoint_step: Optional[int] = None
+    notes: Tuple[str, ...] = ()
+
+
+def decide_attempt(folder, flat_config: Mapping[str, Any], *, overwrite: bool, resume: bool) -> Attempt:
+    """Decide, archive if needed, and return the :class:`Attempt` (call it holding the folder's lock).
+
+    ``run.resume=true`` continues only from a usable checkpoint. Without one the earlier attempt is archived and
+    the run restarts from step 0 with a note, so ``metrics.jsonl`` never holds two copies of a step and the
+    cumulative counters never restart inside one file.
+    """
+    prior = folder.check_prior(flat_config, overwrite=overwrite, resume=resume)
+    if prior.action == "skip":
+        return Attempt("skip", prior.summary, notes=("completed earlier with the same config, skipping",))
+    notes: List[str] = []
+    if prior.action == "resume":
+        args = resume_args(True, folder.path)
+        if args:
+            step = int(_CKPT.match(Path(args[1]).name).group(1))
+            return Attempt("resume", prior.summary, args, step)
+        notes.append(f"run.resume=true but no usable checkpoint under {Path(folder.path) / 'swift'} "
+                     "(checkpoint-N/trainer_state.json): the earlier attempt is archived and the run restarts")
+        reason = "run.resume=true without a usable checkpoint"
+    elif prior.action == "restart":
+        if prior.differing:
+            notes.append(f"the earlier attempt differs in {', '.join(prior.differing)}")
+        reason = "run.overwrite=true" if overwrite else "an unfinished attempt is restarted"
+    else:
+        return Attempt("new")
+    previous = folder.archive_previous_attempt(reason=reason)
+    if previous is not None:
+        notes.append(f"the earlier attempt moved to {previous}")
+    return Attempt("restart", prior.summary, notes=tuple(notes))

@@ -6,6 +6,10 @@ from typing import Any, Dict, Mapping, Optional
 
 from harness.config.flat import flatten
 from harness.contract import HARNESS_PREFIXES, HF_KEY_MAP, WANDB_SUMMARIES
+import importlib
+import sys
+from typing import Callable
+
 from harness.config.secrets import redact
 
 
@@ -54,3 +58,50 @@ def update_wandb_config(values: Mapping[str, Any]) -> None:
     if wandb.run is not None:
         wandb.run.config.update({f"harness.{k}": v for k, v in flatten(redact(dict(values))).items()},
                                 allow_val_change=True)
+
+
+def _keep_harness_names(rewrite: Callable) -> Callable:
+    """Wrap a ``rewrite_logs(dict) -> dict`` so the harness's keys (``gkd/*``, ``spot/*``, ``rollout/*``) pass
+    through unchanged; every other key is renamed by ``rewrite`` as before."""
+    if getattr(rewrite, "_gkd_harness", False):
+        return rewrite
+    from harness.contract import HARNESS_PREFIXES
+
+    def rewrite_logs(d):
+        keep = {k: v for k, v in d.items() if isinstance(k, str) and k.startswith(HARNESS_PREFIXES)}
+        out = rewrite({k: v for k, v in d.items() if k not in keep})
+        out.update(keep)
+        return out
+
+    rewrite_logs._gkd_harness = True
+    rewrite_logs.__wrapped__ = rewrite
+    return rewrite_logs
+
+
+#: ms-swift's Megatron report callbacks, each with ``from .utils import rewrite_logs`` (``gkd/x`` -> ``train/gkd_x``).
+MEGATRON_REPORT_MODULES = ("swift.megatron.callbacks.wandb", "swift.megatron.callbacks.tensorboard",
+                           "swift.megatron.callbacks.swanlab")
+
+
+def keep_harness_names_in_wandb() -> Dict[str, str]:
+    """The DESIGN names in wandb on both backends: HF's WandbCallback prefixes every key with ``train/``, and
+    ms-swift's Megatron report callbacks rename ``gkd/x`` to ``train/gkd_x``; the harness's keys are kept as they
+    are (``train/loss``, ``train/grad_norm`` keep the backends' own naming, which agrees). Megatron modules that
+    cannot be imported here (no Transformer Engine) are skipped."""
+    result = {}
+    from transformers.integrations import integration_utils as iu
+
+    iu.rewrite_logs = _keep_harness_names(iu.rewrite_logs)
+    result["transformers"] = "kept"
+    for name in MEGATRON_REPORT_MODULES:
+        if "swift.megatron.callbacks" not in sys.modules:  # register_callbacks could not import it: no Megatron
+            result[name] = "skipped: swift.megatron.callbacks not importable"
+            continue
+        try:
+            mod = importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - not importable on this machine
+            result[name] = f"skipped: {type(e).__name__}"
+            continue
+        mod.rewrite_logs = _keep_harness_names(mod.rewrite_logs)
+        result[name] = "kept"
+    return result

@@ -109,10 +109,10 @@ def test_wrapped_command_is_the_same_command():
 
 
 def test_node_plan_is_the_plan_gkd_train_builds_on_that_node(tmp_path):
-    """launch.slurm prints harness.launcher.cli.make_plan's plan under the node's SLURM variables: same argv, same torchrun
+    """launch.slurm prints harness.launcher.run.make_plan's plan under the node's SLURM variables: same argv, same torchrun
     variables (one copy of the layout arithmetic)."""
     from harness.launcher.compose import point_config
-    from harness.launcher.cli import make_plan
+    from harness.launcher.run import make_plan
     from launch.slurm import node_plan
 
     cfg, run_dir = point_config(["experiment=seed", "run.dataset=x/y"], run_dir=tmp_path / "run")

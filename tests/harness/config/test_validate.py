@@ -10,7 +10,7 @@ import pytest
 
 from harness.launcher.compose import point_config
 from harness.config.schema import ConfigError
-from harness.launcher.cli import train
+from harness.launcher.run import train
 from harness.config.validate import validate_config
 from tests.launch.helpers import with_value
 
@@ -115,7 +115,7 @@ def test_boundary_cast_on_megatron_needs_explicit_consent():
 
 def test_train_rejects_before_creating_anything(tmp_path, monkeypatch):
     """train() raises on a bad value without building models or starting ms-swift."""
-    import harness.launcher.cli as tr
+    import harness.launcher.run as tr
 
     monkeypatch.setattr(tr, "resolve_inputs", lambda *a, **k: pytest.fail("models prepared before validation"))
     cfg = base_cfg("gkd.temperature=-2", run_dir=tmp_path / "run")

@@ -2,7 +2,7 @@
 
 For every experiment preset (``configs/experiment/*.yaml``, every point of a sweep preset) and the default config,
 composed for real with ``run.dataset=x/y`` where the preset needs a dataset, the launch plan of node 0 of a 1-node
-and of a 2-node SLURM job (``launch.slurm.node_plan``: ``harness.launcher.cli.make_plan`` under the node's SLURM
+and of a 2-node SLURM job (``launch.slurm.node_plan``: ``harness.launcher.run.make_plan`` under the node's SLURM
 variables, ``SLURM_GPUS_ON_NODE=8``) is parsed by the class ms-swift's CLI parses it with:
 
 - ``swift rlhf`` -> ``swift.pipelines.train.rlhf.SwiftRLHF.args_class`` (``RLHFArguments``);

@@ -30,7 +30,7 @@ def test_single_process_single_node_gets_no_torchrun_but_a_private_port():
 def test_process_env_drops_stale_torchrun_variables_and_keeps_the_rest(tmp_path):
     """The ms-swift process of a single-process run must not inherit NNODES/NPROC_PER_NODE (ms-swift would then
     start torchrun); everything else of the node's environment is kept."""
-    from harness.launcher.cli import make_plan
+    from harness.launcher.run import make_plan
 
     cfg = point_config(["backend.nproc_per_node=1", "run.device=cpu"], run_dir=tmp_path)[0]
     base = {"PATH": "/bin", "NNODES": "1", "NPROC_PER_NODE": "1", "NODE_RANK": "0"}

@@ -16,7 +16,7 @@ from harness.launcher.compose import point_config
 from harness.config.schema import MegatronBackendConfig
 from harness.launcher.plan import build_plan
 from harness.launcher.swift_argv import megatron_batch_sizes
-from harness.launcher.cli import make_plan
+from harness.launcher.run import make_plan
 from launch.slurm import node_plan, node_slurm_env
 from tests.conftest import entry_point
 
@@ -142,7 +142,7 @@ def test_boundary_cast_on_megatron_is_refused_unless_asked_for(tmp_path):
 
 def test_build_plan_is_the_only_place_argv_is_made():
     """gkd-train's executed plan and its dry run are the same object type from the same function."""
-    import harness.launcher.cli as train_mod
+    import harness.launcher.run as train_mod
 
     assert train_mod.build_plan is build_plan
     src = Path(train_mod.__file__).read_text()

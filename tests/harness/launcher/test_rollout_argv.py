@@ -14,7 +14,7 @@ from harness.launcher.compose import point_config
 from harness.config.schema import ConfigError
 from harness.config.rollout_rules import VLLM_CPU_MIN_HEAD_DIM, validate_rollout
 from harness.launcher.rollout_argv import needs_torchrun, rollout_args, rollout_engine_name, rollout_env
-from harness.launcher.cli import make_plan
+from harness.launcher.run import make_plan
 
 
 def compose_cfg(*overrides: str):

@@ -284,16 +284,17 @@ def test_instrument_adds_one_host_sync_per_loss_call_and_monitor_off_adds_none(t
     args = (s.clone().requires_grad_(True), teacher, labels, BETA, T)
     bare = count_host_syncs(make_gkd_loss(precision, "paper"), *args)
     from harness.launcher.compose import point_config
-    from harness.launcher.cli import plugin_settings
+    from harness.launcher.run import plugin_settings
 
     ov = ["loss=fp32" if precision == "fp32" else "loss=original", "monitor.spot_check.every_n_steps=0"]
-    settings = plugin_settings(*point_config(ov, run_dir=tmp_path))
-    on, inst = build_loss(settings)
+    cfg, run_dir = point_config(ov, run_dir=tmp_path)
+    settings = plugin_settings(cfg, run_dir)
+    on, inst = build_loss(settings, cfg)
     assert inst is not None
     with_monitor = count_host_syncs(on, *args)
     assert len(with_monitor) == len(bare) + 1, (bare, with_monitor)
     assert with_monitor.count("tolist") == bare.count("tolist") + 1  # the instrument's one transfer
-    settings["config"]["monitor"]["enabled"] = False
-    off, none = build_loss(settings)
+    cfg.monitor.enabled = False
+    off, none = build_loss(settings, cfg)
     assert none is None
     assert count_host_syncs(off, *args) == bare

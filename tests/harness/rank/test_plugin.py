@@ -3,6 +3,7 @@
 The end-to-end proof that the real HF trainer calls the harness loss is in test_train_e2e (the harness's call
 counter equals the number of training steps); here the real ``GKDTrainer._compute_jsd_loss`` is called directly.
 """
+import dataclasses
 import json
 import logging
 import math
@@ -14,7 +15,11 @@ from swift.rlhf_trainers import gkd_loss as upstream
 from swift.rlhf_trainers import gkd_trainer
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
+from harness.contract import CALLBACK_NAME
 from harness.rank import plugin
+from harness.rank import state as rank_state
+from harness.rank.callbacks import _make_hf_callback
+from harness.rank.wandb_run import keep_harness_names_in_wandb
 from harness.losses import make_gkd_loss
 from harness.loss.reference import reference_gkd
 
@@ -26,24 +31,24 @@ def restore_swift():
     from transformers.integrations import integration_utils as iu
 
     saved = (gkd_trainer.gkd_loss, gkd_trainer.GKDTrainer.compute_loss, iu.rewrite_logs, dict(callbacks_map),
-             plugin.STATE)
+             rank_state.STATE)
     yield
     gkd_trainer.gkd_loss, gkd_trainer.GKDTrainer.compute_loss, iu.rewrite_logs = saved[:3]
     callbacks_map.clear()
     callbacks_map.update(saved[3])
-    plugin.STATE = saved[4]
+    rank_state.STATE = saved[4]
 
 
 def settings(tmp_path, precision="fp32", monitor=True, overrides=(), **extra):
-    """The plugin settings ``gkd-train`` writes (``harness.launcher.cli.plugin_settings``) for the default config with
+    """The plugin settings ``gkd-train`` writes (``harness.launcher.run.plugin_settings``) for the default config with
     ``loss.precision=precision``, spot checks on every step (or ``monitor=off``) and ``overrides``."""
     from harness.launcher.compose import point_config
-    from harness.launcher.cli import plugin_settings
+    from harness.launcher.run import plugin_settings
 
     ov = ["loss=fp32" if precision == "fp32" else "loss=original"]
     ov += (["monitor.spot_check.every_n_steps=1", "monitor.spot_check.max_tokens=64"] if monitor else ["monitor=off"])
     cfg, run_dir = point_config([*ov, *overrides], run_dir=tmp_path)
-    return {**plugin_settings(cfg, run_dir), **extra}
+    return dataclasses.replace(plugin_settings(cfg, run_dir), **extra)
 
 
 def inputs(seed=0):
@@ -67,7 +72,7 @@ def test_install_rebinds_hf_and_logs_skipped_modules(tmp_path, restore_swift, ca
             assert any(name in r.getMessage() and "cannot be imported" in r.getMessage() for r in caplog.records)
     from swift.callbacks import callbacks_map
 
-    assert plugin.CALLBACK_NAME in callbacks_map
+    assert CALLBACK_NAME in callbacks_map
 
 
 def test_the_hf_trainer_calls_the_harness_loss(tmp_path, restore_swift):
@@ -117,11 +122,11 @@ def test_wandb_keeps_design_names(tmp_path, restore_swift):
 
 def test_settings_from_env_file(tmp_path, monkeypatch, restore_swift):
     path = tmp_path / "s.json"
-    path.write_text(json.dumps(settings(tmp_path)))
+    settings(tmp_path).write(path)
     monkeypatch.setenv(plugin.SETTINGS_ENV, str(path))
-    plugin.STATE = None
+    rank_state.STATE = None
     state = plugin.ensure_installed()
-    assert state is not None and plugin.settings_config(state.settings).loss.precision == "fp32"
+    assert state is not None and state.config.loss.precision == "fp32"
     assert plugin.ensure_installed() is state  # once per process
 
 
@@ -167,7 +172,8 @@ from swift.utils import import_external_file  # exactly how ms-swift loads --ext
 import_external_file(sys.argv[1])
 from harness.rank import plugin
 
-assert plugin.STATE is not None and plugin.STATE.instrument is not None, "the plugin did not install"
+from harness.rank import state
+assert state.STATE is not None and state.STATE.instrument is not None, "the plugin did not install"
 print("COUNTS=" + json.dumps(counts))
 """
 
@@ -182,7 +188,7 @@ def test_importing_and_installing_the_plugin_queries_no_device(tmp_path):
     from pathlib import Path
 
     path = tmp_path / "settings.json"
-    path.write_text(json.dumps(settings(tmp_path)))
+    settings(tmp_path).write(path)
     env = dict(os.environ, **{plugin.SETTINGS_ENV: str(path)})
     proc = subprocess.run([sys.executable, "-c", DEVICE_QUERY_PROBE, str(Path(plugin.__file__).resolve())], env=env,
                           capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[3])
@@ -212,14 +218,14 @@ from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
 from harness.rank import plugin
 
-settings = json.load(open(os.environ[plugin.SETTINGS_ENV]))
+settings = plugin.load_settings()
 state = plugin.install(settings)
 from swift.megatron.callbacks import megatron_callbacks_map
 
 # ms-swift builds trainer.callbacks from args.callbacks = [--callbacks..., 'print', 'default_flow', *report_to]
 # and BaseMegatronTrainer.call_event('on_log', logs=logs) calls each in that order; the trainer itself needs
 # Transformer Engine, so a namespace with the attributes the callbacks read stands in for it.
-run_dir = settings["run_dir"]
+run_dir = settings.run_dir
 trainer = SimpleNamespace(args=SimpleNamespace(output_dir=run_dir, wandb_exp_name="megatron-names",
                                                wandb_project="gkd-harness-test"),
                           state=SimpleNamespace(iteration=0))
@@ -273,7 +279,7 @@ def test_megatron_logs_harness_metrics_under_the_hf_names(tmp_path, rank):
     from transformers.integrations import integration_utils as iu
 
     path = tmp_path / "settings.json"
-    path.write_text(json.dumps(settings(tmp_path)))
+    settings(tmp_path).write(path)
     env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", WANDB_MODE="offline",
                WANDB_DIR=str(tmp_path / "wandb"), **{plugin.SETTINGS_ENV: str(path)})
     proc = subprocess.run([sys.executable, "-c", MEGATRON_LOG_PROBE], env=env, capture_output=True, text=True,
@@ -287,7 +293,7 @@ def test_megatron_logs_harness_metrics_under_the_hf_names(tmp_path, rank):
         assert files == [] and not (tmp_path / "metrics.jsonl").exists() and "dtypes_seen" not in summary
         return
     # the names HF gives the same logs (the plugin's wrapper of transformers' rewrite_logs, installed here)
-    plugin._keep_harness_names_in_wandb()
+    keep_harness_names_in_wandb()
     hf_names = set(iu.rewrite_logs({k: 1.0 for k in logged}))
     assert {k for k in history if not k.startswith("_")} == hf_names
     assert {"gkd/jsd_loss", "gkd/loss_calls_total", "spot/grad_rel_l2", "train/loss", "train/grad_norm"} <= history
@@ -304,7 +310,7 @@ def test_megatron_logs_harness_metrics_under_the_hf_names(tmp_path, rank):
 # NaN / Inf in the logs; fail_on_nonfinite
 # ----------------------------------------------------------------------------------------------------------
 def _hf_callback(state_args):
-    cls = plugin._make_hf_callback()
+    cls = _make_hf_callback()
     return cls(state_args, types.SimpleNamespace())
 
 
@@ -356,8 +362,8 @@ def test_hf_nan_filter_is_turned_off_at_train_begin(tmp_path, restore_swift):
     args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to=[])
     assert args.logging_nan_inf_filter is True
     trainer = types.SimpleNamespace(custom_metrics={"train": {}}, model=torch.nn.Linear(2, 2))
-    cb = plugin._make_hf_callback()(args, trainer)
+    cb = _make_hf_callback()(args, trainer)
     cb.on_train_begin(args, types.SimpleNamespace(global_step=0, is_world_process_zero=True), None)
     assert args.logging_nan_inf_filter is False
-    assert plugin.STATE.instrument.where.device == torch.device("cpu")  # bound to the rank's device at train begin
+    assert rank_state.STATE.instrument.where.device == torch.device("cpu")  # bound to the rank's device at train begin
     assert set(trainer.custom_metrics["train"]) >= {"gkd/jsd_loss", "gkd/loss_calls_total"}

@@ -1,0 +1,111 @@
+"""Running ms-swift's own CLI as a child process: its output to the run's log (and the console when streaming),
+a live progress line for a single run, and one-line failures naming the rank's own error."""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from harness.launcher.plan import LaunchPlan
+
+log = logging.getLogger("gkd_harness.train")
+
+
+class TrainingFailed(RuntimeError):
+    """ms-swift's process failed, or the run did not meet the harness's own checks."""
+
+
+def _last_error_line(log_path: Path) -> str:
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return ""
+    # Wrappers' errors (torchrun's ChildFailedError, ms-swift's CalledProcessError) only say that a rank died;
+    # the rank's own error, printed before them, is the one worth reporting.
+    wrappers = ("ChildFailedError", "CalledProcessError")
+    errors = [line.strip() for line in lines
+              if re.match(r"^\s*([A-Za-z_][\w.]*(Error|Exception)|AssertionError|KeyboardInterrupt)\b", line)]
+    for line in reversed(errors):
+        if not any(w in line for w in wrappers):
+            return line
+    if errors:
+        return errors[-1]
+    return lines[-1].strip() if lines else ""
+
+
+def _run_subprocess(argv: List[str], env: Dict[str, str], log_path: Path, stream: bool) -> int:
+    """Run ms-swift, writing its output to ``log_path`` (and the console when ``stream``); returns the exit code."""
+    # The CLI of the interpreter's own environment (e.g. .venv-vllm/bin/swift), even when that bin is not on PATH.
+    local = Path(sys.executable).parent / argv[0]
+    if local.is_file() and os.access(local, os.X_OK):
+        argv = [str(local), *argv[1:]]
+    with open(log_path, "ab") as logf:
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            for chunk in iter(lambda: proc.stdout.readline(), b""):
+                logf.write(chunk)
+                logf.flush()
+                if stream:
+                    sys.stdout.buffer.write(chunk)
+                    sys.stdout.flush()
+        except BaseException:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+        return proc.wait()
+
+
+def _failure(argv: List[str], rc: int, log_path: Path) -> TrainingFailed:
+    how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
+    return TrainingFailed(f"ms-swift ({Path(argv[0]).name} {argv[1]}) failed with {how}: "
+                          f"{_last_error_line(log_path)} (log: {log_path})")
+
+
+def execute(plan: LaunchPlan, log_path: Path, stream: bool, progress_of: Optional[tuple] = None) -> None:
+    """Run the plan; ms-swift's output goes to ``log_path`` (and the console when ``stream``). ``progress_of``
+    (label, metrics.jsonl, max_steps) shows a live progress line (a single run; a sweep passes None)."""
+    import threading
+
+    log.debug("running: " + " ".join(plan.argv))
+    stop = threading.Event()
+    watcher = None
+    if progress_of is not None and not stream:
+        watcher = threading.Thread(target=_show_progress, args=(*progress_of, stop), daemon=True)
+        watcher.start()
+    try:
+        rc = _run_subprocess(plan.argv, plan.process_env(os.environ), log_path, stream)
+    finally:
+        stop.set()
+        if watcher is not None:
+            watcher.join(timeout=5)
+    if rc != 0:
+        raise _failure(plan.argv, rc, log_path)
+
+
+def _show_progress(label: str, metrics: Path, max_steps: int, stop, every_s: float = 2.0) -> None:
+    """A single run's live progress line, fed from its metrics.jsonl until ``stop`` is set."""
+    from harness.launcher.progress import ProgressDisplay, Snapshot
+    from harness.store.run_folder import tail_step
+
+    display = ProgressDisplay()
+
+    def snapshot(final: bool) -> Snapshot:
+        step = tail_step(metrics) or 0
+        finished = final and step >= max_steps
+        return Snapshot(label=f"run {label}", total=1, done=int(finished), failed=int(final and not finished),
+                        running=None if final else label, step=step, max_steps=max_steps)
+
+    try:
+        while not stop.wait(every_s):
+            display.update(snapshot(False))
+        display.update(snapshot(True))
+    finally:
+        display.close()

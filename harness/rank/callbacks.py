@@ -1,0 +1,190 @@
+"""The ``gkd_harness`` trainer callbacks (HF and Megatron): the instrument's metrics into the trainer's logs, the
+instrument's step kept current, and, on the rank that owns the wandb run (global rank 0 on HF, the last rank on
+Megatron: the last pipeline stage, which computes the loss), ``metrics.jsonl``, ``summary.json``'s world size,
+dtypes and last step, and the harness config on the wandb run."""
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import sys
+from typing import Any, Dict
+
+from harness.contract import CALLBACK_NAME
+from harness.rank import state
+from harness.rank.state import logger
+
+
+def _run_folder():
+    from harness.store.run_folder import RunFolder
+
+    return RunFolder(state.STATE.settings.run_dir)
+
+
+def _record_start(world_size: int, is_writer: bool) -> None:
+    """Summary fields and the harness config on the wandb run; only on the rank that owns the wandb run."""
+    if not is_writer:
+        return
+    _run_folder().update_summary(world_size=world_size, train_pid=os.getpid(), plugin={"rebound": state.STATE.rebound})
+    try:
+        from harness.store.run_folder import package_versions
+        from harness.rank.wandb_run import attach_to_wandb_run
+
+        attach_to_wandb_run({**state.STATE.settings.config, "experiment": state.STATE.settings.experiment,
+                             "world_size": world_size,
+                             "versions": package_versions()})
+    except Exception as e:  # noqa: BLE001 - tracking never kills training
+        logger.warning(f"could not add the harness config to the wandb run: {e}")
+
+
+def _check_finite_logs(logs: Dict[str, Any], step: int) -> None:
+    """With ``monitor.fail_on_nonfinite``: stop at a non-finite logged loss or grad_norm (every rank sees them)."""
+    if not state.STATE.fail_on_nonfinite:
+        return
+    for key in ("loss", "grad_norm"):
+        value = logs.get(key)
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            continue
+        if not math.isfinite(value):
+            from harness.rank.instrument import NonFiniteError
+
+            raise NonFiniteError(f"non-finite {key} ({value}) at step {step}; monitor.fail_on_nonfinite=true stops "
+                                 f"the run")
+
+
+def _record_log(logs: Dict[str, Any], step: int, is_writer: bool) -> None:
+    """One ``metrics.jsonl`` record and the summary's last step / dtypes; only on the rank that owns the wandb run."""
+    if not is_writer:
+        return
+    from harness.store.run_folder import MetricsWriter
+    from harness.rank.wandb_run import design_record, update_wandb_config
+
+    rec = design_record(logs, step)
+    if rec is not None:
+        MetricsWriter(_run_folder().metrics_path).write(rec)
+    fields: Dict[str, Any] = {"last_step": int(step)}
+    if state.STATE.boundary.seen:
+        fields.update(dtypes_seen=state.STATE.boundary.seen, dtypes_arrived=state.STATE.boundary.arrived)
+        if not state.STATE.dtypes_sent:
+            state.STATE.dtypes_sent = True
+            try:
+                update_wandb_config({"dtypes_seen": state.STATE.boundary.seen, "dtypes_arrived": state.STATE.boundary.arrived})
+            except Exception as e:  # noqa: BLE001
+                logger.warning(f"could not add dtypes to the wandb run: {e}")
+    _run_folder().update_summary(**fields)
+
+
+def _finish_wandb_run() -> None:
+    """Close this process's wandb run synchronously, so its files are complete when ms-swift exits.
+
+    Without it the run is closed by wandb's own service only after it notices the process is gone (measured:
+    over a minute later), so a reader right after ``gkd-train`` returns can find a file with a header only.
+    """
+    wandb = sys.modules.get("wandb")
+    if wandb is None or getattr(wandb, "run", None) is None:
+        return
+    try:
+        wandb.finish()
+    except Exception as e:  # noqa: BLE001 - tracking never kills training
+        logger.warning(f"wandb.finish() failed: {e}")
+
+
+def _make_hf_callback():
+    from swift.callbacks import TrainerCallback
+
+    class HarnessCallback(TrainerCallback):
+        """HF-backend callback: metrics into ``custom_metrics``, step tracking, run-folder records."""
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            import torch.distributed as dist
+
+            inst = state.STATE.instrument
+            if inst is not None:
+                inst.where.bind_rank_device(args.device)  # the rank's device, known by now (never at import)
+                self.trainer.custom_metrics["train"].update(inst.metrics)
+                model = self.trainer.model
+                inst.params = lambda: [p for p in model.parameters() if p.requires_grad]
+                inst.step = state.global_step + 1
+            if getattr(args, "logging_nan_inf_filter", False):
+                # HF replaces a NaN/Inf step loss by the window's mean (0.0 right after a log): log it as it is
+                args.logging_nan_inf_filter = False
+                logger.info("logging_nan_inf_filter turned off: NaN/Inf losses are logged as themselves")
+            world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+            _record_start(world, is_writer=state.is_world_process_zero)
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.STATE.instrument is not None:
+                state.STATE.instrument.step = state.global_step + 1
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "train_runtime" not in logs:
+                _record_log(logs, state.global_step, is_writer=state.is_world_process_zero)
+                _check_finite_logs(logs, state.global_step)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            # Reporting callbacks (wandb's among them) come first in the trainer's list, so they are done here.
+            _finish_wandb_run()
+
+    return HarnessCallback
+
+
+def _megatron_writer() -> bool:
+    """The rank that owns ms-swift's Megatron wandb run: the last rank (on the last pipeline stage)."""
+    from swift.utils import is_last_rank
+
+    return bool(is_last_rank())
+
+
+def _make_megatron_callback():
+    from swift.megatron.callbacks.base import MegatronCallback
+
+    class HarnessMegatronCallback(MegatronCallback):
+        """Megatron-backend callback: step tracking and run-folder records (metrics computed at log time).
+
+        ms-swift's Megatron wandb callback owns the run on the last rank (``is_last_rank``), which is also on the
+        last pipeline stage, the one that computes the loss: that rank writes the run folder's records.
+        """
+
+        def on_train_begin(self):
+            import torch.distributed as dist
+            from swift.utils import get_current_device
+
+            if state.STATE.instrument is not None:
+                state.STATE.instrument.where.bind_rank_device(get_current_device())  # set per rank by now
+            world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+            _record_start(world, is_writer=_megatron_writer())
+
+        def on_step_begin(self):
+            if state.STATE.instrument is not None:
+                state.STATE.instrument.step = int(self.state.iteration) + 1
+
+        def on_log(self, logs):
+            if state.STATE.instrument is not None:  # every rank: the metrics' all-reduce is a collective
+                from swift.trainers.mixin import SwiftMixin
+
+                logs.update(SwiftMixin.compute_custom_metrics(state.STATE.instrument.metrics))
+            _record_log(logs, int(self.state.iteration), is_writer=_megatron_writer())
+            _check_finite_logs(logs, int(self.state.iteration))
+
+        def on_train_end(self):
+            _finish_wandb_run()
+
+    return HarnessMegatronCallback
+
+
+def register_callbacks() -> Dict[str, str]:
+    """Put the harness callback into ms-swift's HF and Megatron callback maps under ``gkd_harness``."""
+    result = {}
+    for name, make, mod_name in (("hf", _make_hf_callback, "swift.callbacks"),
+                                 ("megatron", _make_megatron_callback, "swift.megatron.callbacks")):
+        try:
+            mod = importlib.import_module(mod_name)
+            cb_map = mod.callbacks_map if name == "hf" else mod.megatron_callbacks_map
+            cb_map[CALLBACK_NAME] = make()
+            result[name] = "registered"
+        except Exception as e:  # noqa: BLE001
+            result[name] = f"skipped: {type(e).__name__}: {e}"
+            logger.info(f"{name} callback not registered: {type(e).__name__}: {e}")
+    return result
