@@ -26,6 +26,75 @@ _KAPPA_MAX = 8.0
 _FP16_ROW_TOP = 15
 
 
+class TorchRows:
+    """Row reductions of the stable form on a whole row held here (the default primitives).
+
+    ``log_softmax [C, D] -> [C, D]``; ``sum [C, D] -> [C]``; ``kappa_argmax`` (κ and the student argmax, see
+    :func:`_kappa_argmax`); ``any`` (a python bool); ``fix_argmax`` (:func:`_zero_sum_at_argmax`).
+    """
+
+    @staticmethod
+    def log_softmax(z: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(z, -1)
+
+    @staticmethod
+    def sum(v: torch.Tensor) -> torch.Tensor:
+        return v.sum(-1)
+
+    @staticmethod
+    def any(mask: torch.Tensor) -> bool:
+        return bool(mask.any())
+
+    @staticmethod
+    def kappa_argmax(zs, zt, s_log, t_log):
+        return _kappa_argmax(zs, zt, s_log, t_log)
+
+    @staticmethod
+    def argmax_share(p: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """``p`` at the student argmax, ``[C, 1]`` (read before ``p`` is overwritten)."""
+        return p.gather(-1, j)
+
+    @staticmethod
+    def fix_argmax(grad: torch.Tensor, j: torch.Tensor, p_j: torch.Tensor) -> torch.Tensor:
+        return _zero_sum_at_argmax(grad, j, p_j)
+
+
+class InjectedRows:
+    """The same row operations through caller-injected primitives (Megatron's vocab-parallel ones, any TP size).
+
+    Only ``log_softmax_fn`` ``[C, D] -> [C, D]`` and ``kl_div_fn(input_log, target_log) -> [C]`` are used, so a
+    row may be a vocabulary shard: ``kl_div_fn(−v, 0) = Σ e^0·(0 − (−v)) = Σ v`` exactly (negation and
+    subtraction from 0 are exact), reduced over the shards by the injected function itself. κ is the
+    q-weighted mean of its per-element estimates ``(zt − t_log) − (zs − s_log)`` (a row constant, to which the
+    ψ form is insensitive at first order: 0 exactly on identical rows); the student's argmax is the one element
+    with ``p > 1/2`` where there is one (the only rows the zero-sum correction touches). Every method is called
+    the same number of times on every rank (no data-dependent collectives).
+    """
+
+    def __init__(self, log_softmax_fn, kl_div_fn):
+        self.log_softmax, self.kl_div_fn = log_softmax_fn, kl_div_fn
+
+    def sum(self, v: torch.Tensor) -> torch.Tensor:
+        return self.kl_div_fn(torch.neg(v), torch.zeros_like(v))
+
+    def any(self, mask: torch.Tensor) -> bool:
+        return bool((self.sum(mask.to(torch.float32)) > 0).any())
+
+    def kappa_argmax(self, zs, zt, s_log, t_log):
+        q = t_log.exp()
+        est = (zt - t_log).sub_(zs - s_log)
+        est = torch.where((q > 0) & torch.isfinite(est), est, 0.0).mul_(q)  # −inf logits carry no weight
+        return (self.sum(est) / self.sum(q))[:, None], None
+
+    @staticmethod
+    def argmax_share(p: torch.Tensor, j) -> torch.Tensor:
+        return p > 0.5  # at most one element per row
+
+    def fix_argmax(self, grad: torch.Tensor, j, top: torch.Tensor) -> torch.Tensor:
+        others = self.sum(torch.where(top, 0.0, grad))
+        return torch.where(top, -others[:, None], grad)
+
+
 def _direct_bounds(beta: float):
     """``(d_T, d_S)`` for 0 < β < 1: the T side uses the direct form for ``d > d_T`` (M/T < 1/4), the S side for
     ``d < d_S`` (M/S < 1/4); ``±inf`` where that ratio never falls below 1/4 (1/4 ≤ β ≤ 3/4). At β = 0 and β = 1
@@ -133,7 +202,7 @@ def _jsd_stable(s: torch.Tensor, t: torch.Tensor, beta: float, beta_form: str, c
 
 
 def _jsd_stable_and_grad(zs: torch.Tensor, zt: torch.Tensor, beta: float, beta_form: str, need_grad: bool,
-                         cut: float = _CUT):
+                         cut: float = _CUT, rows=TorchRows):
     """Per-position JSD of :func:`_jsd_stable`'s form and its closed-form gradient, with few full-size temporaries.
 
     Same quantities and per-element formula choice as :func:`_jsd_stable`: ``p = softmax(zs)``, ``q =
@@ -146,16 +215,20 @@ def _jsd_stable_and_grad(zs: torch.Tensor, zt: torch.Tensor, beta: float, beta_f
 
     Gradient: ``∂L/∂zs = p·h − p·Σ p·h`` with ``p·h`` = ``−(1−β)·p·ℓ`` (paper),
     ``p·[(1−β)(2β−1)·x/(1+βx) − β·ℓ]`` (continuous, ``x/(1+βx) = e^(d−ℓ) − e^(−ℓ)`` on direct S elements),
-    ``p − q`` (β = 0), ``−p·d`` (β = 1).
+    ``p − q`` (β = 0), ``−p·d`` (β = 1). For 0 < β < 1, where the teacher's share vanishes (d → −∞) h tends to
+    a constant ``c`` and ``h − Σ p·h`` would cancel (student and teacher confident on different tokens): those
+    elements (``ℓ < log(1−β)/2``) hold ``h − c`` instead, from ``ℓ' = ℓ − log(1−β) = softplus(d + log(β/(1−β)))``
+    and ``e^(d−ℓ)`` (see :func:`_gradient_from_h`).
 
     Args:
         zs, zt: ``[C, D]`` temperature-scaled logits in the compute dtype; consumed (modified in place).
+        rows: the row operations (:class:`TorchRows`, or :class:`InjectedRows` for a vocabulary shard).
     Returns:
         ``(loss [C], grad [C, D] w.r.t. zs, or None)``.
     """
-    s_log = torch.log_softmax(zs, -1)
-    t_log = torch.log_softmax(zt, -1)
-    kappa, j_s = _kappa_argmax(zs, zt, s_log, t_log)
+    s_log = rows.log_softmax(zs)
+    t_log = rows.log_softmax(zt)
+    kappa, j_s = rows.kappa_argmax(zs, zt, s_log, t_log)
     d = zt.sub_(zs).sub_(kappa)  # (zt − zs) − κ, in zt's storage
     del zs, zt
     far = (kappa.abs() > _KAPPA_MAX).squeeze(-1)
@@ -168,7 +241,7 @@ def _jsd_stable_and_grad(zs: torch.Tensor, zt: torch.Tensor, beta: float, beta_f
     q = t_log.exp_()
     del s_log, t_log
     d_t, d_s = _direct_bounds(beta)
-    ph = None
+    ph, shifted, c = None, None, 0.0
     if beta == 0.0:
         big = d < -cut
         if d_t < math.inf:
@@ -177,7 +250,7 @@ def _jsd_stable_and_grad(zs: torch.Tensor, zt: torch.Tensor, beta: float, beta_f
         if bool(big.any()):
             db, pb, qb = d[big], p[big], q[big]
             term[big] = (pb - qb) + _times(qb, db)
-        loss = term.sum(-1)
+        loss = rows.sum(term)
         del term
         if need_grad:
             up = d > cut  # −p·expm1(d) may overflow: p − q there
@@ -190,7 +263,7 @@ def _jsd_stable_and_grad(zs: torch.Tensor, zt: torch.Tensor, beta: float, beta_f
         if bool(big.any()):
             db, pb, qb = d[big], p[big], q[big]
             term[big] = (qb - pb) - _times(pb, db)
-        loss = term.sum(-1)
+        loss = rows.sum(term)
         del term
         if need_grad:
             ph = torch.mul(p, d).neg_()
@@ -216,7 +289,7 @@ def _jsd_stable_and_grad(zs: torch.Tensor, zt: torch.Tensor, beta: float, beta_f
             ellb = torch.logaddexp(torch.full_like(dsb, log_1mb), dsb + log_b)
             term[big_s] = beta * (qb - pb) - pb * ellb
             ell[big_s] = ellb
-        loss = w_s * term.sum(-1)
+        loss = w_s * rows.sum(term)
         # T side: q·ψ((1−β)·expm1(−d)), computed in term's storage.
         u = torch.neg(d, out=term).expm1_().mul_(1.0 - beta)
         lg = torch.log1p(u)
@@ -226,22 +299,58 @@ def _jsd_stable_and_grad(zs: torch.Tensor, zt: torch.Tensor, beta: float, beta_f
             db, pb, qb = d[big_t], p[big_t], q[big_t]
             tmb = torch.logaddexp(torch.full_like(db, log_b), log_1mb - _live(db, qb)).neg_()  # log(T/M)
             u[big_t] = _times(qb, tmb) + (1.0 - beta) * (pb - qb)
-        loss = loss + w_t * u.sum(-1)
+        loss = loss + w_t * rows.sum(u)
         del u, term
         if need_grad:
+            # Elements near h's limit c (the teacher's share vanishes): ℓ < log(1−β)/2.
+            shifted = (ell < 0.5 * log_1mb) & (p > 0)
+            any_shift = rows.any(shifted)
+            if not any_shift:
+                shifted = None
             if beta_form == "paper":
-                ph = ell.mul_(p).mul_(-(1.0 - beta))
+                c = -(1.0 - beta) * log_1mb
+                if shifted is not None:
+                    ell_sh = _softplus(d[shifted] + (log_b - log_1mb))  # ℓ' = ℓ − log(1−β)
+                    ell[shifted] = ell_sh
+                ph = ell.mul_(p).mul_(-(1.0 - beta))  # shifted elements: −(1−β)·ℓ' = h − c
             else:
+                c = -(2.0 * beta - 1.0) + beta * (-log_1mb)
                 y = xs.div_(torch.mul(xs, beta).add_(1.0))  # x/(1+βx)
                 if any_s:
                     y[big_s] = torch.exp(dsb - ellb) - torch.exp(-ellb)
+                if shifted is not None:
+                    ell_sh = _softplus(d[shifted] + (log_b - log_1mb))
+                    e_dl = torch.exp(d[shifted] - log_1mb - ell_sh)  # e^(d−ℓ)
+                    # h − c = (2β−1)·e^(d−ℓ) − β·ℓ', written so the common code below forms it.
+                    y[shifted] = e_dl / (1.0 - beta)  # times (1−β)(2β−1) below
+                    ell[shifted] = ell_sh
                 ph = y.mul_((1.0 - beta) * (2.0 * beta - 1.0)).sub_(ell, alpha=beta).mul_(p)
         del xs
     if ph is not None:
-        p_j = p.gather(-1, j_s)
-        ph.sub_(p.mul_(ph.sum(-1, keepdim=True)))
-        _zero_sum_at_argmax(ph, j_s, p_j)
+        top = rows.argmax_share(p, j_s)
+        _gradient_from_h(ph, p, shifted, c, rows)
+        rows.fix_argmax(ph, j_s, top)
     return loss, ph
+
+
+def _gradient_from_h(ph: torch.Tensor, p: torch.Tensor, shifted, c: float, rows) -> torch.Tensor:
+    """``∂L/∂z = p·(h − Σ p·h)`` in place in ``ph`` (``[C, D]``, holding ``p·r``; ``p`` is overwritten).
+
+    ``r = h`` except on ``shifted`` elements (bool ``[C, D]`` or None), where ``r = h − c``. With
+    ``P_f = Σ_shifted p`` and ``P_n = Σ_rest p`` (each summed over its own elements, so neither is ``1 − ·``):
+    ``h_i − Σ p·h = r_i − Σ p·r + c·(P_n if i shifted else −P_f)``.
+    """
+    mean = rows.sum(ph)[:, None]
+    if shifted is not None:
+        p_f = rows.sum(torch.where(shifted, p, 0.0))[:, None]
+        p_n = rows.sum(torch.where(shifted, 0.0, p))[:, None]
+        ph.add_(torch.where(shifted, p_n * c, p_f * -c).mul_(p))
+    return ph.sub_(p.mul_(mean))
+
+
+def _softplus(x: torch.Tensor) -> torch.Tensor:
+    """``log(1 + e^x)``, accurate for any x (``log1p(exp(x))``, and x where ``exp`` overflows)."""
+    return torch.where(x > 30.0, x, torch.log1p(torch.exp(torch.where(x > 30.0, 30.0, x))))
 
 
 def _times(w: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

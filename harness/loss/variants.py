@@ -45,8 +45,10 @@ from swift.rlhf_trainers import gkd_loss as upstream
 from swift.rlhf_trainers.gkd_loss import (TeacherOutput, default_gather, default_kl_div, default_log_softmax,
                                           extract_active)
 
-from harness.loss.chunked import _chunk_fn, _FusedChunkedJSD, _RecomputedChunkedJSD, _rows_per_chunk
+from harness.loss.chunked import _chunk_fn, _FusedChunkedJSD, _RecomputedChunkedJSD, _rows_per_chunk, block_rows
+from harness.loss.injected import StableJSDWithRows
 from harness.loss.native import _jsd_native_chunk
+from harness.loss.stable import InjectedRows, TorchRows
 
 PRECISIONS = ("native", "fp32", "fp64")
 
@@ -180,11 +182,19 @@ def jsd_per_position(
     if (recompute is None and precision == "fp32" and log_softmax_fn is default_log_softmax
             and kl_div_fn is default_kl_div and s_logits.shape[-1] == t_logits.shape[-1]
             and not t_logits.requires_grad):
-        # Fused closed-form gradient: no activation graph, no recompute. Narrow (top-k) inputs in one chunk.
+        # Fused closed-form gradient: no activation graph, no recompute; row blocks sized from the width.
+        rows = block_rows(n, width, s_logits.device)
+        per_position = _FusedChunkedJSD.apply(s_logits, t_logits, cd, temperature, beta, beta_form, rows)
+        return per_position, per_position.sum()
+    if recompute is None and s_logits.shape[-1] == t_logits.shape[-1] and not t_logits.requires_grad:
+        # Injected primitives (fp32) and the fp64 reference: the same cancellation-free form and closed-form
+        # gradient, its row sums through the injected kl_div_fn (vocab-parallel under TP).
+        default = log_softmax_fn is default_log_softmax and kl_div_fn is default_kl_div
+        ops = TorchRows if default else InjectedRows(log_softmax_fn, kl_div_fn)
         in_itemsize = min(s_logits.element_size(), t_logits.element_size())
         rows = n if width <= 1024 else _rows_per_chunk(n, chunk_size, in_itemsize,
                                                        torch.empty((), dtype=cd).element_size())
-        per_position = _FusedChunkedJSD.apply(s_logits, t_logits, cd, temperature, beta, beta_form, rows)
+        per_position = StableJSDWithRows.apply(s_logits, t_logits, cd, temperature, beta, beta_form, rows, ops)
         return per_position, per_position.sum()
     fn = _chunk_fn(precision, cd, temperature, align_vocab, beta, beta_form, log_softmax_fn, kl_div_fn)
     if recompute is None:
