@@ -26,7 +26,7 @@ __all__ = [
     "generalized_jsd_fp64",
     "fp64_beta_curve",
     "endpoint_jumps",
-    "report001_inputs",
+    "beta_defect_inputs",
     "capture_inputs",
     "training_beta_curve",
 ]
@@ -109,7 +109,7 @@ def endpoint_jumps(curve: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def report001_inputs() -> tuple:
+def beta_defect_inputs() -> tuple:
     """The β-curve's fixed synthetic inputs (seed 7, vocabulary 300) as ``[1, 300]`` float64 arrays.
 
     On these, paper D(0.001)=0.0019, D(0.999)=0.0020; continuous D(0.001)=1.9069, D(0.999)=2.0119;

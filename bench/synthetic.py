@@ -1,9 +1,9 @@
-"""Synthetic sweeps: run folders that follow the run folder contract (DESIGN.md), without training.
+"""Synthetic sweeps: run folders that follow the run folder contract (docs/architecture.md), without training.
 
 For the report's timing script (200 runs x 2,000 steps) and for loader/report tests that need shapes a tiny
 real sweep cannot produce cheaply. The numbers are shaped like real runs, not produced by one:
 
-* loss level per run = FP64 D(β) of the chosen form on report 001's inputs (:mod:`analysis.betacurve`), scaled
+* loss level per run = FP64 D(β) of the chosen form on the β defect's inputs (:mod:`analysis.betacurve`), scaled
   down and decaying with the step, so the β-curve of a synthetic sweep shows the paper form's endpoint jump;
 * runs that differ only in the β form at β ∈ {0, 0.5, 1} get identical streams (same random state), as the math
   says they should;
@@ -24,7 +24,7 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
-from analysis.betacurve import fp64_beta_curve, report001_inputs
+from analysis.betacurve import fp64_beta_curve, beta_defect_inputs
 from harness.contract import CONFIG_FILE, JSD_LOSS, LOSS_CALLS_TOTAL, METRICS_FILE, MIN_TOKEN_JSD, NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, NEG_TOKEN_FRAC, NONFINITE_CALLS_TOTAL, SFT_LOSS, SPOT_GRAD_REL_L2, SPOT_LOSS, SPOT_LOSS_ABS_ERR, SPOT_LOSS_FP64, SPOT_LOSS_REL_ERR, SPOT_PARAM_GRAD_REL_L2, SPOT_SIGN_MISMATCH, SUMMARY_FILE, TRAIN_GRAD_NORM, TRAIN_LEARNING_RATE, TRAIN_LOSS
 
 __all__ = ["write_run", "write_sweep", "main"]
@@ -37,7 +37,7 @@ def _seed_for(*parts) -> int:
 
 
 def _d_of_beta(forms=("paper", "continuous"), betas: Iterable[float] = ()) -> dict:
-    s, t = report001_inputs()
+    s, t = beta_defect_inputs()
     curve = fp64_beta_curve(s, t, sorted(set(betas) | {0.0, 0.5, 1.0}), forms=forms)
     return {(r.form, r.beta): r.D for r in curve.itertuples()}
 
@@ -49,7 +49,7 @@ def write_run(folder: Path, *, beta: float, beta_form: str, precision: str, seed
     """Write one synthetic run folder (``config.yaml``, ``metrics.jsonl``, ``summary.json``).
 
     Args:
-        level: loss level at step 1 (default: FP64 D(β) of the form on report 001's inputs / 100).
+        level: loss level at step 1 (default: FP64 D(β) of the form on the β defect's inputs / 100).
         status: completed | failed | running; failed/running runs stop at ``steps // 2``.
     """
     folder = Path(folder)
@@ -140,7 +140,7 @@ def write_sweep(root: Path, *, betas: Sequence[float] = (0.0, 0.5, 0.9, 0.99, 1.
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="Write a synthetic sweep of run folders (contract of DESIGN.md).")
+    p = argparse.ArgumentParser(description="Write a synthetic sweep of run folders (the run-folder contract of docs/architecture.md).")
     p.add_argument("root")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--spot-every", type=int, default=50)

@@ -5,7 +5,7 @@ Two independent axes select a variant:
 * ``precision``
     - ``"native"``: upstream ms-swift arithmetic. Temperature scaling, log-softmax and exp run in whatever
       dtype each side arrives in (BF16 teacher logits stay BF16), which makes the JSD negative on
-      near-identical distributions (report 000).
+      near-identical distributions (the precision defect, docs/defects.md).
     - ``"fp32"``: BF16/FP16 logits are promoted to FP32 *before* temperature scaling; FP64 stays FP64; mixed
       inputs compute in the widest dtype. Top-k: the student is gathered at the teacher's ids first, then
       upcast. With the default primitives it computes the cancellation-free form (``_jsd_stable``) and its
@@ -20,13 +20,13 @@ Two independent axes select a variant:
 * ``beta_form``
     - ``"paper"``: ``β·KL(T‖M) + (1−β)·KL(S‖M)``, ``M = (1−β)·S + β·T`` (GKD paper, upstream).
     - ``"continuous"``: ``(1−β)·KL(T‖M) + β·KL(S‖M)`` with the same M: continuous at β→0/1 where the limits
-      are the pure KLs returned by the endpoint branches (report 001). β=0, β=1 and β=0.5 are identical
+      are the pure KLs returned by the endpoint branches (the β defect, docs/defects.md). β=0, β=1 and β=0.5 are identical
       to the paper form.
 
 At the endpoints both forms return ``β=0 → KL(T‖S)`` (forward KL) and ``β=1 → KL(S‖T)`` (reverse KL).
 No variant clamps anything.
 
-Public API (contract in DESIGN.md)::
+Public API (the contract in docs/architecture.md)::
 
     make_gkd_loss(precision, beta_form)        # drop-in for swift.rlhf_trainers.gkd_loss.gkd_loss
     make_jsd_loss(precision, beta_form)        # drop-in for swift.rlhf_trainers.gkd_loss.jsd_loss

@@ -17,7 +17,7 @@ from harness.config.secrets import redact
 # metrics
 # ----------------------------------------------------------------------------------------------------------
 def design_record(logs: Mapping[str, Any], step: int) -> Optional[Dict[str, Any]]:
-    """The DESIGN-named subset of one HF ``logs`` dict plus ``step``; ``None`` for a log without any."""
+    """The contract-named subset of one HF ``logs`` dict plus ``step``; ``None`` for a log without any."""
     rec: Dict[str, Any] = {}
     for k, v in logs.items():
         name = HF_KEY_MAP.get(k, k if k.startswith(HARNESS_PREFIXES) else None)
@@ -84,7 +84,7 @@ MEGATRON_REPORT_MODULES = ("swift.megatron.callbacks.wandb", "swift.megatron.cal
 
 
 def keep_harness_names_in_wandb() -> Dict[str, str]:
-    """The DESIGN names in wandb on both backends: HF's WandbCallback prefixes every key with ``train/``, and
+    """The contract names in wandb on both backends: HF's WandbCallback prefixes every key with ``train/``, and
     ms-swift's Megatron report callbacks rename ``gkd/x`` to ``train/gkd_x``; the harness's keys are kept as they
     are (``train/loss``, ``train/grad_norm`` keep the backends' own naming, which agrees). Megatron modules that
     cannot be imported here (no Transformer Engine) are skipped."""
