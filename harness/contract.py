@@ -22,7 +22,12 @@ from typing import Any, Dict, Mapping, Optional
 # Loss variants
 # ---------------------------------------------------------------------------------------------------------------
 #: ``loss.precision``: upstream arithmetic, promote BF16/FP16 to FP32 before temperature, or everything in FP64.
-PRECISIONS = ("native", "fp32", "fp64")
+PRECISIONS = ("native", "fp32", "fp64", "candidate")
+#: ``loss.precision=candidate``: a loss loaded from ``loss.source`` (a file with ms-swift's gkd_loss.py interface, or
+#: ``package.module:attr``); a fix someone ships, so its role is "patched" (``harness.loss.candidate``).
+CANDIDATE = "candidate"
+#: The run-folder sub-folder holding a copy of the candidate's source (the evidence outlives the branch).
+CANDIDATE_DIR = "candidate"
 #: ``loss.beta_form``: the GKD paper's weights (upstream) or the endpoint-continuous ones.
 BETA_FORMS = ("paper", "continuous")
 #: dtype names of ``model.student_dtype`` / ``model.teacher_dtype`` and ``gkd-replay --student-dtype``.
@@ -31,7 +36,7 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
 #: What a run is, by its precision. ``reference`` (FP64 everywhere) is the yardstick, not a fix anyone ships, so
 #: it is never called "patched": tags, tables, dashboards and the report all say "reference".
 ORIGINAL, PATCHED, REFERENCE = "original", "patched", "reference"
-ROLE_BY_PRECISION = {"native": ORIGINAL, "fp32": PATCHED, "fp64": REFERENCE}
+ROLE_BY_PRECISION = {"native": ORIGINAL, "fp32": PATCHED, "fp64": REFERENCE, "candidate": PATCHED}
 
 
 def role_of(precision: Optional[str]) -> str:
@@ -46,6 +51,8 @@ def role_of(precision: Optional[str]) -> str:
 SETTINGS_ENV = "GKD_HARNESS_PLUGIN_SETTINGS"
 #: Set for on-policy runs; read in the ms-swift process by the rollout patches.
 ROLLOUT_ENGINE_ENV = "GKD_ROLLOUT_ENGINE"
+#: The module ms-swift loads by file path through ``--external_plugins`` (in every rank).
+PLUGIN_MODULE = "harness.rank.plugin"
 #: The trainer callback's name in ms-swift's callback maps (``--callbacks gkd_harness``).
 CALLBACK_NAME = "gkd_harness"
 
@@ -59,6 +66,8 @@ CONFIG_FILE = "config.yaml"
 SWIFT_LOG = "swift.log"
 PLUGIN_SETTINGS_FILE = "plugin_settings.json"
 LOCK_FILE = ".lock"
+#: What a sweep planned (launch.sweep writes it in the sweep folder before the first point starts).
+SWEEP_MANIFEST_FILE = "sweep_manifest.json"
 CAPTURES_DIR = "captures"
 WANDB_DIR = "wandb"
 SWIFT_DIR = "swift"
@@ -137,6 +146,9 @@ SPOT_GRAD_REL_L2 = "spot/grad_rel_l2"
 SPOT_SIGN_MISMATCH = "spot/sign_mismatch"
 SPOT_METRICS = (SPOT_LOSS, SPOT_LOSS_FP64, SPOT_LOSS_ABS_ERR, SPOT_LOSS_REL_ERR, SPOT_GRAD_REL_L2, SPOT_SIGN_MISMATCH)
 SPOT_PARAM_GRAD_REL_L2 = "spot/param_grad_rel_l2"
+#: The student dtype's own share of the gradient tolerance: LOW_PRECISION_GRAD_FACTOR x the rounding of the FP64
+#: gradient to the student dtype (harness.loss.tolerances.grad_tol minus its FP32 part; 0 for an FP32/FP64 student).
+SPOT_GRAD_REL_L2_DTYPE_FLOOR = "spot/grad_rel_l2_dtype_floor"
 
 # transformers' step metric (the optimizer step, the x-axis of every dashboard line plot)
 TRAIN_GLOBAL_STEP = "train/global_step"
@@ -147,12 +159,24 @@ ROLLOUT_ON_POLICY_FRAC = "rollout/on_policy_frac"
 ROLLOUT_ON_POLICY_LOSS_TOKENS = "rollout/on_policy_loss_tokens"
 ROLLOUT_METRICS = (ROLLOUT_COMPLETION_TOKENS, ROLLOUT_ON_POLICY_FRAC, ROLLOUT_ON_POLICY_LOSS_TOKENS)
 
+# held-out evaluation (harness.rank.evaluation): the student against the teacher on the held-out split, in FP64
+# on the logits as they reach the loss, at the run's beta, beta form and temperature; token-weighted means
+EVAL_JSD = "eval/jsd"
+EVAL_FORWARD_KL = "eval/forward_kl"    # KL(teacher || student)
+EVAL_REVERSE_KL = "eval/reverse_kl"    # KL(student || teacher)
+EVAL_TOP1_AGREEMENT = "eval/top1_agreement"
+EVAL_TOKENS = "eval/tokens"            # positions evaluated (the same every evaluation of a run)
+EVAL_METRICS = (EVAL_JSD, EVAL_FORWARD_KL, EVAL_REVERSE_KL, EVAL_TOP1_AGREEMENT, EVAL_TOKENS)
+#: The held-out split next to the embedded training file (harness.fixtures.embedded), by its row count.
+VALIDATION_FILE = "validation-{n}.jsonl"
+
 #: prefixes of the harness's own metrics (kept under these names in wandb on both backends)
-HARNESS_PREFIXES = ("gkd/", "spot/", "rollout/")
+HARNESS_PREFIXES = ("gkd/", "spot/", "rollout/", "eval/")
 #: wandb summary aggregation per metric
 WANDB_SUMMARIES = {
     NEG_LOSS_CALLS_TOTAL: "max", NONFINITE_CALLS_TOTAL: "max", LOSS_CALLS_TOTAL: "max", NEG_LOSS_CALLS: "max",
     NEG_TOKEN_FRAC: "max", MIN_TOKEN_JSD: "min", SPOT_LOSS_ABS_ERR: "max", SPOT_LOSS_REL_ERR: "max",
-    SPOT_GRAD_REL_L2: "max", SPOT_SIGN_MISMATCH: "max", SPOT_PARAM_GRAD_REL_L2: "max",
+    SPOT_GRAD_REL_L2: "max", SPOT_SIGN_MISMATCH: "max", SPOT_PARAM_GRAD_REL_L2: "max", SPOT_GRAD_REL_L2_DTYPE_FLOOR: "max",
+    EVAL_JSD: "last", EVAL_FORWARD_KL: "last", EVAL_REVERSE_KL: "last", EVAL_TOP1_AGREEMENT: "last",
 }
-ALL_METRICS = TRAIN_METRICS + WINDOW_METRICS + CUMULATIVE_METRICS + SPOT_METRICS + (SPOT_PARAM_GRAD_REL_L2,)
+ALL_METRICS = TRAIN_METRICS + WINDOW_METRICS + CUMULATIVE_METRICS + SPOT_METRICS + (SPOT_PARAM_GRAD_REL_L2, SPOT_GRAD_REL_L2_DTYPE_FLOOR) + EVAL_METRICS

@@ -12,6 +12,8 @@ only caller.
 """
 from __future__ import annotations
 
+import importlib.util
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
@@ -19,9 +21,10 @@ from typing import List, Optional
 from harness.config.schema import HFBackendConfig, MegatronBackendConfig, TrainConfig
 from harness.launcher.node import NodeLayout
 from harness.launcher.rollout_argv import rollout_args
-from harness.contract import CALLBACK_NAME
+from harness.contract import CALLBACK_NAME, PLUGIN_MODULE
 
-PLUGIN_PATH = str(Path(__file__).with_name("plugin.py"))
+#: The plugin file ms-swift loads in every rank (found, not imported: gkd-train never imports the rank side).
+PLUGIN_PATH = str(importlib.util.find_spec(PLUGIN_MODULE).origin)
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ class ResolvedInputs:
     student: str
     teacher: str
     dataset: str
+    val_dataset: Optional[str] = None  # the held-out split of monitor.eval (None: no evaluation)
 
 
 def _fmt(value) -> str:
@@ -64,6 +68,18 @@ def _save_args(cfg: TrainConfig) -> List[str]:
     if not cfg.run.save_steps:
         return ["--save_strategy", "no"]
     return ["--save_strategy", "steps", "--save_steps", str(cfg.run.save_steps), "--save_only_model", "false"]
+
+
+def _eval_args(cfg: TrainConfig, inputs: ResolvedInputs, megatron: bool = False) -> List[str]:
+    """ms-swift's own evaluation on the held-out split every ``monitor.eval.every_n_steps`` steps (the plugin adds
+    the ``eval/*`` metrics and the final evaluation, harness.rank.evaluation); nothing when it is off."""
+    every = cfg.monitor.eval.every_n_steps
+    if not every or not inputs.val_dataset:
+        return []
+    if megatron:
+        return ["--val_dataset", inputs.val_dataset, "--eval_steps", str(every)]
+    return ["--val_dataset", inputs.val_dataset, "--eval_strategy", "steps", "--eval_steps", str(every),
+            "--per_device_eval_batch_size", str(cfg.monitor.eval.batch_size)]
 
 
 def _report_to(wandb_mode: str) -> str:
@@ -104,6 +120,7 @@ def hf_argv(cfg: TrainConfig, inputs: ResolvedInputs, run_dir: str | Path, devic
             "--output_dir", str(Path(run_dir) / "swift"), "--add_version", "false",
             "--seed", str(run.seed), "--data_seed", str(run.seed),
             "--dataloader_num_workers", "0",
+            *_eval_args(cfg, inputs),
             *_common_tail(cfg, wandb_mode)]
     if run_name:
         argv += ["--run_name", run_name]
@@ -152,6 +169,7 @@ def megatron_argv(cfg: TrainConfig, inputs: ResolvedInputs, run_dir: str | Path,
             "--output_dir", str(Path(run_dir) / "swift"), "--add_version", "false", "--no_save_optim", "true",
             "--seed", str(run.seed),
             "--bf16", _fmt(backend.bf16),
+            *_eval_args(cfg, inputs, megatron=True),
             *_common_tail(cfg, wandb_mode)]
     if _report_to(wandb_mode) == "wandb":
         argv += ["--wandb_project", cfg.tracking.wandb.project]

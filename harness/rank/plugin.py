@@ -31,7 +31,7 @@ import os
 from typing import Callable, Dict, Optional
 
 from harness.config.schema import from_dict
-from harness.contract import CAPTURES_DIR, SETTINGS_ENV, PluginSettings
+from harness.contract import CAPTURES_DIR, PLUGIN_MODULE, SETTINGS_ENV, PluginSettings
 from harness.rank import state
 from harness.rank.boundary import DtypeBoundary
 from harness.rank.callbacks import register_callbacks
@@ -156,7 +156,7 @@ def ensure_installed() -> Optional[PluginState]:
     return state.STATE
 
 
-if __name__ != "harness.rank.plugin":
+if __name__ != PLUGIN_MODULE:
     # ms-swift imports this file by path under a private module name: delegate to the package module so a
     # process has exactly one plugin state, whoever imports it.
     from harness.rank import plugin as _package_module

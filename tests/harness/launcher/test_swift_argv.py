@@ -64,7 +64,7 @@ def test_hf_argv_maps_every_design_key():
     assert (a["seed"], a["data_seed"], a["max_steps"]) == ("7", "7", "11")
     assert (a["gradient_accumulation_steps"], a["per_device_train_batch_size"]) == ("3", "4")
     assert a["use_vllm"] == "false" and a["lmbda"] == "0.0"
-    assert a["external_plugins"] == PLUGIN_PATH and Path(PLUGIN_PATH).name == "plugin.py"
+    assert a["external_plugins"] == PLUGIN_PATH and Path(PLUGIN_PATH).name == "plugin.py" and Path(PLUGIN_PATH).is_file()
     assert a["callbacks"] == "gkd_harness" and a["report_to"] == "wandb" and a["run_name"] == "r1"
     assert a["output_dir"] == "/runs/r1/swift" and a["add_version"] == "false"
     assert a["use_cpu"] == "true"  # gloo DDP across ranks on CPU
