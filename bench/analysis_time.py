@@ -4,7 +4,7 @@
   ``json.loads`` line by line: the floor any report pays to see the data.
 * ``analysis/report``: the whole ``gkd-analyze SWEEP --report DIR`` command as a fresh process (interpreter
   start, imports, loading, criteria, tables, plots, Markdown/HTML/verdict): the time a user waits. The in-process
-  part (``load_sweep`` + ``build_report``, as ``bench.time_report`` measures it) is reported beside it.
+  part (``load_sweep`` + ``build_report``) is reported beside it.
 
 The synthetic sweep (``bench.synthetic.write_sweep``: 5 β x 2 forms x 2 precisions x 2 T x 5 seeds) is written
 once per benchmark run into the work folder and is not timed. ``--quick`` uses 1 seed and 50 steps.

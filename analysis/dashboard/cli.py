@@ -25,12 +25,9 @@ EXIT_OK, EXIT_PUSH_FAILED, EXIT_UNUSABLE = 0, 1, 2
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from harness.store.run_folder import harness_version
 
-    try:
-        return version("gkd-harness")
-    except PackageNotFoundError:  # pragma: no cover - running from a checkout without install
-        return "unknown"
+    return harness_version()
 
 
 def _parser() -> argparse.ArgumentParser:
