@@ -50,12 +50,9 @@ examples:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from harness.store.run_folder import harness_version
 
-    try:
-        return version("gkd-harness")
-    except PackageNotFoundError:
-        return "unknown (gkd-harness is not installed)"
+    return harness_version()
 
 
 def _parser() -> argparse.ArgumentParser:
