@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv with gkd-harness and everything its CPU tests need. Idempotent.
 #   bash launch/setup_env.sh            # then: . .venv/bin/activate
-# torch is installed first and pinned: on a CPU machine an unpinned torch would pull a multi-GB CUDA build.
+# torch is installed first and pinned, the CPU-only build preferred (launch/torch_choice.py); a CUDA build is
+# accepted where no CPU build is at hand (it runs on a CPU too). A rerun repairs a broken venv.
 # On a GPU cluster install your CUDA torch first and then: pip install -e ".[gpu]" (see README).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,13 +16,18 @@ if ! command -v chromium >/dev/null 2>&1; then
         echo "setup_env: install Debian's chromium package for the report's browser test" >&2
     fi
 fi
-[ -x .venv/bin/python ] || python3 -m venv .venv
+# a venv whose python no longer runs (moved, its base python upgraded, half-created) is made afresh
+if ! .venv/bin/python -c "import pip" >/dev/null 2>&1; then
+    python3 -m venv --clear .venv
+fi
 . .venv/bin/activate
+# torch first: the CPU-only build where pip can get one, else the registry's build (one line says so and its
+# size); a torch that does not import is reinstalled. The logic and its order: launch/torch_choice.py
+python launch/torch_choice.py install
 # -qq: errors only (the README's main command stays short); pip still fails loudly
-pip install -qq "torch==2.13.0"
 pip install -qq -e ".[test,parallel-cpu]" "torch==2.13.0"
+python launch/torch_choice.py check
 python -W ignore - <<'PY'   # -W ignore: megatron's Transformer-Engine/Apex notices are expected on a CPU
 import torch, swift, megatron.core, wandb, hydra
-assert torch.__version__.endswith("+cpu"), f"expected the CPU torch, got {torch.__version__}"
 print(f"gkd-harness env ready: torch {torch.__version__}, ms-swift {swift.__version__}, wandb {wandb.__version__}")
 PY

@@ -114,13 +114,43 @@ def _job(cfg) -> Optional[int]:
     return summary.get("last_step") if summary else None
 
 
+def _one_line_config_errors(run_and_report):
+    """Hydra's ``run_and_report`` with its own config errors (unknown key, unknown group option, bad override
+    syntax), raised before any job starts, turned into one line and exit 2 instead of its multi-line message and
+    exit 1. Errors from inside a job, and everything under ``HYDRA_FULL_ERROR=1``, go to Hydra unchanged."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from harness.launcher.compose import composition_error
+
+    def guarded_run_and_report(func):
+        def composed():
+            try:
+                return func()
+            except (HydraException, OmegaConfBaseException) as e:
+                if run_mod._TASK_CFG or os.environ.get("HYDRA_FULL_ERROR") == "1":
+                    raise
+                print(f"gkd-train: invalid config: {composition_error(e)}", file=sys.stderr)
+                sys.exit(EXIT_CONFIG)
+
+        return run_and_report(composed)
+
+    return guarded_run_and_report
+
+
 def _hydra_main() -> None:
     import hydra
+    import hydra._internal.utils as hydra_utils  # Hydra offers no public hook for its composition errors
 
     from harness.launcher.compose import CONFIG_NAME, CONFIG_PATH, register
 
     register()
-    hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name=CONFIG_NAME)(_job)()
+    original = hydra_utils.run_and_report
+    hydra_utils.run_and_report = _one_line_config_errors(original)
+    try:
+        hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name=CONFIG_NAME)(_job)()
+    finally:
+        hydra_utils.run_and_report = original
 
 
 def _flag_value(args: Sequence[str], key: str) -> Optional[str]:
