@@ -10,7 +10,7 @@ py=.venv/bin/python
 [ -x "$py" ] || py=python
 # the entry points (gkd-train, gkd-analyze, ...) the tests start are those of .venv, from a fresh shell too
 [ -d .venv/bin ] && export PATH="$PWD/.venv/bin:$PATH"
-"$py" -m pytest "$@"
+"$py" -m pytest --durations=15 "$@"   # the 15 slowest tests close the report
 rc=$?
 if [ -x .venv-vllm/bin/python ]; then
     PATH="$PWD/.venv-vllm/bin:$PATH" .venv-vllm/bin/python -m pytest -m vllm tests/vllm -p no:cacheprovider
