@@ -26,23 +26,7 @@ from harness.config.schema import (
 )
 from harness.config.rollout_rules import server_urls, vllm_device
 from harness.contract import ROLLOUT_ENGINE_ENV
-
-
-
-def _fmt(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return str(v)
-
-
-
-
-
-
-
-
-
-
+from harness.launcher.argv_format import cli_value as _fmt
 
 
 def rollout_args(cfg: TrainConfig) -> list[str]:
