@@ -201,11 +201,22 @@ class SpotCheckConfig:
 
 
 @dataclass
+class EvalConfig:
+    """The held-out evaluation (harness.rank.evaluation): every N steps and at the end; 0 = off."""
+
+    every_n_steps: int = MISSING
+    dataset: Optional[str] = MISSING   # the held-out file (null: the embedded dataset's validation split)
+    embedded_samples: int = MISSING    # rows of the embedded validation split
+    batch_size: int = MISSING          # per-device eval batch size
+
+
+@dataclass
 class MonitorConfig:
     enabled: bool = MISSING
     spot_check: SpotCheckConfig = MISSING
     capture: bool = MISSING
     fail_on_nonfinite: bool = MISSING
+    eval: EvalConfig = MISSING
 
 
 @dataclass
@@ -401,6 +412,6 @@ __all__ = [
     "EMBEDDED", "ConfigError", "TrainConfig", "RunConfig", "ModelConfig", "EmbeddedConfig", "LossConfig",
     "GKDConfig", "BackendConfig", "HFBackendConfig", "MegatronBackendConfig", "RolloutConfig", "OnPolicyRolloutConfig",
     "VllmColocateRolloutConfig", "VllmServerRolloutConfig", "VllmColocateConfig", "VllmServerConfig",
-    "VllmServerAddress", "TrackingConfig", "WandbConfig", "MonitorConfig", "SpotCheckConfig", "register_schemas",
+    "VllmServerAddress", "TrackingConfig", "WandbConfig", "MonitorConfig", "SpotCheckConfig", "EvalConfig", "register_schemas",
     "to_typed", "from_dict", "to_dict",
 ]

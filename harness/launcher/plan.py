@@ -105,7 +105,26 @@ def resolve_inputs(cfg: TrainConfig, build: bool) -> ResolvedInputs:
         student = str(paths[0]) if student == EMBEDDED else student
         teacher = str(paths[1]) if teacher == EMBEDDED else teacher
         dataset = str(paths[2]) if dataset is None else dataset
-    return ResolvedInputs(student=student, teacher=teacher, dataset=str(dataset))
+    return ResolvedInputs(student=student, teacher=teacher, dataset=str(dataset),
+                          val_dataset=_held_out(cfg, dataset, build))
+
+
+def _held_out(cfg: TrainConfig, dataset: str, build: bool) -> Optional[str]:
+    """The held-out split of ``monitor.eval`` (None when it is off): ``monitor.eval.dataset``, or the embedded
+    dataset's disjoint validation split (built with ``build``; named only in the dry run)."""
+    ev = cfg.monitor.eval
+    if not ev.every_n_steps:
+        return None
+    if ev.dataset:
+        return ev.dataset
+    if cfg.run.dataset is not None:
+        raise ConfigError("monitor.eval.dataset", "needed with run.dataset (the embedded split only holds out "
+                                                  "rows of the embedded dataset)")
+    from harness.fixtures.embedded import prepare_validation, validation_path
+
+    seed = cfg.model.embedded.seed
+    return str(prepare_validation(Path(dataset), ev.embedded_samples, seed) if build
+               else validation_path(Path(dataset), ev.embedded_samples))
 
 
 def boundary_note(cfg: TrainConfig) -> str:

@@ -22,6 +22,7 @@ from harness.config.schema import HFBackendConfig, MegatronBackendConfig, TrainC
 from harness.launcher.node import NodeLayout
 from harness.launcher.rollout_argv import rollout_args
 from harness.contract import CALLBACK_NAME, PLUGIN_MODULE
+from harness.launcher.argv_format import cli_value as _fmt
 
 #: The plugin file ms-swift loads in every rank (found, not imported: gkd-train never imports the rank side).
 PLUGIN_PATH = str(importlib.util.find_spec(PLUGIN_MODULE).origin)
@@ -35,12 +36,6 @@ class ResolvedInputs:
     teacher: str
     dataset: str
     val_dataset: Optional[str] = None  # the held-out split of monitor.eval (None: no evaluation)
-
-
-def _fmt(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
 
 
 def _gkd_args(cfg: TrainConfig) -> List[str]:

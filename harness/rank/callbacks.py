@@ -91,13 +91,18 @@ def _finish_wandb_run() -> None:
         logger.warning(f"wandb.finish() failed: {e}")
 
 
+def _eval_on() -> bool:
+    """``monitor.eval.every_n_steps > 0`` in this run's config."""
+    return bool(state.STATE.config.monitor.eval.every_n_steps)
+
+
 def _make_hf_callback():
     from swift.callbacks import TrainerCallback
 
     class HarnessCallback(TrainerCallback):
         """HF-backend callback: metrics into ``custom_metrics``, step tracking, run-folder records."""
 
-        def on_train_begin(self, args, state, control, **kwargs):
+        def on_train_begin(self, args, tstate, control, **kwargs):
             import torch.distributed as dist
 
             inst = state.STATE.instrument
@@ -106,28 +111,42 @@ def _make_hf_callback():
                 self.trainer.custom_metrics["train"].update(inst.metrics)
                 model = self.trainer.model
                 inst.params = lambda: [p for p in model.parameters() if p.requires_grad]
-                inst.step = state.global_step + 1
+                inst.step = tstate.global_step + 1
             if getattr(args, "logging_nan_inf_filter", False):
                 # HF replaces a NaN/Inf step loss by the window's mean (0.0 right after a log): log it as it is
                 args.logging_nan_inf_filter = False
                 logger.info("logging_nan_inf_filter turned off: NaN/Inf losses are logged as themselves")
             world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-            _record_start(world, is_writer=state.is_world_process_zero)
+            _record_start(world, is_writer=tstate.is_world_process_zero)
 
-        def on_step_begin(self, args, state, control, **kwargs):
+        def on_step_begin(self, args, tstate, control, **kwargs):
             if state.STATE.instrument is not None:
-                state.STATE.instrument.step = state.global_step + 1
+                state.STATE.instrument.step = tstate.global_step + 1
 
-        def on_log(self, args, state, control, logs=None, **kwargs):
+        def on_step_end(self, args, tstate, control, **kwargs):
+            # the held-out evaluation also at the end of the run (ms-swift's loop runs it every eval_steps)
+            strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
+            if _eval_on() and strategy != "no" and tstate.max_steps and tstate.global_step >= tstate.max_steps:
+                control.should_evaluate = True
+            return control
+
+        def on_log(self, args, tstate, control, logs=None, **kwargs):
             if logs and "train_runtime" not in logs:
-                _record_log(logs, state.global_step, is_writer=state.is_world_process_zero)
-                _check_finite_logs(logs, state.global_step)
+                _record_log(logs, tstate.global_step, is_writer=tstate.is_world_process_zero)
+                _check_finite_logs(logs, tstate.global_step)
 
-        def on_train_end(self, args, state, control, **kwargs):
+        def on_train_end(self, args, tstate, control, **kwargs):
             # Reporting callbacks (wandb's among them) come first in the trainer's list, so they are done here.
             _finish_wandb_run()
 
     return HarnessCallback
+
+
+def _eval_only(logs: Dict[str, Any]) -> bool:
+    """A record of the held-out evaluation only (the instrument's training window is not read for it)."""
+    from harness.contract import EVAL_METRICS
+
+    return bool(logs) and set(logs) <= set(EVAL_METRICS)
 
 
 def _megatron_writer() -> bool:
@@ -160,8 +179,25 @@ def _make_megatron_callback():
             if state.STATE.instrument is not None:
                 state.STATE.instrument.step = int(self.state.iteration) + 1
 
+        def on_eval_begin(self):
+            from harness.rank.evaluation import find_tap
+
+            tap = find_tap(state.STATE.boundary)
+            if tap is not None:
+                tap.sums = None
+
+        def on_eval_end(self):
+            # every rank: the sums' all-reduce is a collective; logged as their own record at this iteration
+            from harness.rank.evaluation import find_tap
+
+            tap = find_tap(state.STATE.boundary)
+            values = tap.finish() if tap is not None else {}
+            if values:
+                self.trainer.on_log(logs={**values, "n_steps": 1})
+
         def on_log(self, logs):
-            if state.STATE.instrument is not None:  # every rank: the metrics' all-reduce is a collective
+            if state.STATE.instrument is not None and not _eval_only(logs):
+                # every rank: the metrics' all-reduce is a collective
                 from swift.trainers.mixin import SwiftMixin
 
                 logs.update(SwiftMixin.compute_custom_metrics(state.STATE.instrument.metrics))

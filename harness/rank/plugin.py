@@ -76,6 +76,10 @@ def build_loss(settings: PluginSettings, cfg):
         inner = instrument
     else:
         inner = make_gkd_loss(precision, beta_form)
+    if mon.eval.every_n_steps:  # the held-out evaluation sees the logits as they reach the loss
+        from harness.rank.evaluation import EvalTap
+
+        inner = EvalTap(inner, make_gkd_loss(precision, beta_form), beta_form)
     boundary = DtypeBoundary(inner, DTYPES_BY_NAME.get(cfg.model.student_dtype),
                              DTYPES_BY_NAME.get(cfg.model.teacher_dtype))
     return boundary, instrument
@@ -136,6 +140,13 @@ def install(settings: PluginSettings) -> PluginState:
         _record_sft_term()
     except Exception as e:  # noqa: BLE001
         logger.info(f"SFT term not recorded: {e}")
+    if cfg.monitor.eval.every_n_steps:
+        try:
+            from harness.rank.evaluation import find_tap, install_hf_hooks
+
+            install_hf_hooks(find_tap(boundary))
+        except Exception as e:  # noqa: BLE001 - the HF trainer cannot import here (Megatron-only machine)
+            logger.info(f"HF evaluation hook not installed: {type(e).__name__}: {e}")
     try:  # vLLM CPU-lane switches and rollout counters; a no-op unless the launcher's rollout_env set them
         from harness.rank.rollout_patches import install_rollout_patches
 
