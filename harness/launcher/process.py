@@ -20,6 +20,78 @@ class TrainingFailed(RuntimeError):
     """ms-swift's process failed, or the run did not meet the harness's own checks."""
 
 
+#: The signals that end a run as ``interrupted``: SLURM's preemption / time-out (SIGTERM), a lost terminal
+#: (SIGHUP) and Ctrl-C (SIGINT).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+#: How long ms-swift's process group gets to stop after SIGTERM before it is killed.
+STOP_GRACE_S = 30.0
+
+
+class Interrupted(BaseException):
+    """``gkd-train`` received a stop signal (a BaseException, like KeyboardInterrupt, so that no ``except
+    Exception`` swallows it). ``exit_code`` is the shell's convention, 128 + the signal's number."""
+
+    def __init__(self, signum: int):
+        self.signum = int(signum)
+        self.signal_name = signal.Signals(self.signum).name
+        super().__init__(f"interrupted by {self.signal_name}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+class stop_signals:
+    """``with stop_signals(): ...``: SIGTERM / SIGHUP / SIGINT raise :class:`Interrupted` in the main thread
+    (once: a second signal while the run is being stopped is ignored); the previous handlers come back on exit.
+    Outside the main thread it does nothing."""
+
+    def __init__(self):
+        self._old: Dict[int, object] = {}
+        self._fired = False
+
+    def _handle(self, signum, _frame) -> None:
+        if self._fired:
+            return
+        self._fired = True
+        raise Interrupted(signum)
+
+    def __enter__(self) -> "stop_signals":
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
+    """Stop the child and every process it started (its own process group: torchrun and the ranks): SIGTERM,
+    then SIGKILL after ``grace_s``."""
+    def kill(sig: int) -> None:
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    if proc.poll() is None:
+        kill(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    kill(signal.SIGKILL)  # whatever of the group is left (ranks outliving torchrun)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 def _last_error_line(log_path: Path) -> str:
     try:
         lines = log_path.read_text(errors="replace").splitlines()
@@ -44,8 +116,15 @@ def _run_subprocess(argv: List[str], env: Dict[str, str], log_path: Path, stream
     local = Path(sys.executable).parent / argv[0]
     if local.is_file() and os.access(local, os.X_OK):
         argv = [str(local), *argv[1:]]
-    with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        logf = open(log_path, "ab")
+    except OSError as e:
+        raise TrainingFailed(f"cannot write {log_path}: {e.strerror or e}") from None
+    with logf:
+        # its own session and process group: a stop signal to gkd-train stops the whole tree (stop_group), and a
+        # terminal's Ctrl-C reaches gkd-train only, which then stops ms-swift in order
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         try:
             for chunk in iter(lambda: proc.stdout.readline(), b""):
                 logf.write(chunk)
@@ -53,12 +132,11 @@ def _run_subprocess(argv: List[str], env: Dict[str, str], log_path: Path, stream
                 if stream:
                     sys.stdout.buffer.write(chunk)
                     sys.stdout.flush()
+        except OSError as e:  # the log cannot be written (a full disk): one line, ms-swift stopped
+            stop_group(proc)
+            raise TrainingFailed(f"cannot write {log_path}: {e.strerror or e}; ms-swift was stopped") from None
         except BaseException:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_group(proc)
             raise
         return proc.wait()
 

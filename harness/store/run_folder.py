@@ -2,10 +2,11 @@
 
 Run folder (one per run, ``run.output_dir``)::
 
-    .lock              the owner: {"pid", "host", "started_at", "pid_start", "token"}; present while a run lives
+    .lock              the owner: {"pid", "host", "started_at", "pid_start", "token", "slurm_job_id",
+                       "slurm_restart_count"}; present while a run lives
     config.yaml        resolved harness config (secrets redacted)
-    metrics.jsonl      one JSON object per logging step, DESIGN metric names + "step", flushed line by line
-    summary.json       status running|completed|failed, error, run_name, group, flat config, fingerprint,
+    metrics.jsonl      one JSON object per logging step, contract metric names + "step", flushed line by line
+    summary.json       status running|completed|failed|interrupted (then "signal"), error, run_name, group, flat config, fingerprint,
                        harness_version, dtypes_seen, versions, last_step, started_at, ended_at, wall_s
     captures/          step{S}_rank{R}.safetensors where capture is enabled
     wandb/             WANDB_DIR
@@ -13,7 +14,8 @@ Run folder (one per run, ``run.output_dir``)::
     previous_attempts/<n>/   earlier attempts, moved here only by the lock's owner
 
 Ownership: :class:`RunLock` (``RunFolder.lock()``) is held for a run's whole life. A second owner gets
-:class:`RunFolderBusy` at once; a lock left by a dead process on this host is taken over, with a note. Only the
+:class:`RunFolderBusy` at once; a lock left by a dead process on this host, or by this same SLURM job before
+it was requeued (any host), is taken over, with a note. Only the
 owner may archive (move) files, so nothing ever moves a live run's files.
 
 Identity: :func:`config_fingerprint` hashes every key of the resolved (flat, redacted) config plus the harness
@@ -295,10 +297,29 @@ def describe_owner(owner: Mapping[str, Any]) -> str:
             if owner else "an unreadable lock")
 
 
+def host_name() -> str:
+    """The host name a lock records."""
+    return socket.gethostname()
+
+
+def _requeued_self(owner: Mapping[str, Any], me: Mapping[str, Any]) -> bool:
+    """Is ``owner`` the lock of this same SLURM job before a requeue (same SLURM_JOB_ID, on another host or from
+    an earlier SLURM_RESTART_COUNT)? SLURM ends a job's processes before it requeues it, so that owner is gone."""
+    job = me.get("slurm_job_id")
+    if not job or str(owner.get("slurm_job_id")) != str(job):
+        return False
+    if owner.get("host") != me.get("host"):
+        return True
+    try:
+        return int(owner.get("slurm_restart_count") or 0) < int(me.get("slurm_restart_count") or 0)
+    except (TypeError, ValueError):
+        return False
+
+
 def owned_by_this_process(run_dir: str | os.PathLike) -> bool:
     """Does this process hold the run folder's lock?"""
     owner = read_lock(run_dir)
-    return bool(owner) and owner.get("pid") == os.getpid() and owner.get("host") == socket.gethostname()
+    return bool(owner) and owner.get("pid") == os.getpid() and owner.get("host") == host_name()
 
 
 @contextlib.contextmanager
@@ -326,7 +347,9 @@ class RunLock:
     slurm_job_id}; a daemon thread then refreshes its mtime every ``heartbeat_s``. A live owner -> 
     :class:`RunFolderBusy` at once, naming the folder and the owner. Taken over, with ``note`` saying whose it was
     (also logged): a lock of a dead pid (or a reused one) on this host, an unreadable lock, and a lock of another
-    host whose heartbeat stopped more than ``stale_after_s`` ago (a node that died). ``release()`` removes the lock
+    host whose heartbeat stopped more than ``stale_after_s`` ago (a node that died), and, at once, the lock of this
+    same SLURM job before a requeue (same ``SLURM_JOB_ID``, another host or an earlier ``SLURM_RESTART_COUNT``).
+    ``release()`` removes the lock
     if it is still this one's.
     """
 
@@ -359,9 +382,10 @@ class RunLock:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise _os_error(e, "create", self.run_dir, self.run_dir) from None
-        me = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": now_iso(),
+        me = {"pid": os.getpid(), "host": host_name(), "started_at": now_iso(),
               "pid_start": _proc_start(os.getpid()), "token": uuid.uuid4().hex,
-              "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
+              "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+              "slurm_restart_count": os.environ.get("SLURM_RESTART_COUNT")}
         tmp = self.run_dir / f"{LOCK_FILE}.{os.getpid()}.tmp"
         try:
             with _guard(self.run_dir):
@@ -369,7 +393,10 @@ class RunLock:
                 note = None
                 if owner is not None:
                     why_stale = "that process is gone"
-                    if owner.get("host") and owner.get("host") != me["host"]:
+                    if _requeued_self(owner, me):
+                        why_stale = (f"SLURM job {me['slurm_job_id']} was requeued: the lock was its own earlier "
+                                     "run's")
+                    elif owner.get("host") and owner.get("host") != me["host"]:
                         age = self._age()
                         if age is not None and age < self.stale_after_s:
                             raise self._busy(owner, f"another host, lock refreshed {age:.0f} s ago; if that process "
@@ -617,7 +644,7 @@ class RunFolder:
         return summary
 
     def finish_summary(self, status: str, error: Optional[str] = None) -> Dict[str, Any]:
-        """Final status (completed | failed) with ended_at, wall_s and last_step; raises :class:`RunFolderError`."""
+        """Final status (completed | failed | interrupted) with ended_at, wall_s and last_step; raises :class:`RunFolderError`."""
         summary = self.read_summary() or {}
         started = summary.get("started_at")
         wall = None
@@ -652,6 +679,25 @@ class RunFolder:
             return True
         except RunFolderError as e:
             log.warning(f"could not record the failure: {e}")
+            return False
+
+    def record_interrupt(self, signal_name: str) -> bool:
+        """Best effort, never raises: summary.json says ``interrupted`` (a stop signal: preemption, time-out,
+        Ctrl-C) with ``signal`` and ``last_step``, the metrics' last step. Returns whether it was recorded."""
+        error = f"interrupted by {signal_name}"
+        try:
+            self.finish_summary("interrupted", error)
+            self.update_summary(signal=signal_name)
+            return True
+        except Exception as e:  # noqa: BLE001 - a stop must never end in a traceback
+            log.warning(f"could not record the interruption in {self.summary_path}: {e}")
+        try:  # a full disk: the existing file's blocks
+            summary = self.read_summary_quietly() or {}
+            summary.update(status="interrupted", error=error, signal=signal_name, ended_at=now_iso(),
+                           last_step=max(int(summary.get("last_step") or 0), last_metrics_step(self.metrics_path)))
+            _write_in_place(self.summary_path, _json(redact(summary)), self.path)
+            return True
+        except Exception:  # noqa: BLE001
             return False
 
     def read_summary_quietly(self) -> Optional[Dict[str, Any]]:
@@ -842,7 +888,7 @@ def scrub_folder_name(path: str | os.PathLike, values: Iterable[str] = ()) -> Pa
         return path
     owner = read_lock(path)
     if owner and not owned_by_this_process(path) and isinstance(owner.get("pid"), int) and \
-            (owner.get("host") != socket.gethostname() or pid_alive(owner["pid"], owner.get("pid_start"))):
+            (owner.get("host") != host_name() or pid_alive(owner["pid"], owner.get("pid_start"))):
         raise RunFolderError(f"cannot rename run folder {redact_name(str(path), values)}: in use by "
                              f"{describe_owner(owner)}", path, path)
     if target.exists():
