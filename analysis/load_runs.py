@@ -183,8 +183,8 @@ def load_run_folder(path: os.PathLike) -> RunRecord:
     if not isinstance(summary, dict):
         raise UnusableInput(f"{summary_path}: expected a JSON object")
     status = summary.get("status")
-    if status not in ("running", "completed", "failed"):
-        raise UnusableInput(f"{summary_path}: 'status' must be running|completed|failed, got {status!r}")
+    if status not in ("running", "completed", "failed", "interrupted"):
+        raise UnusableInput(f"{summary_path}: 'status' must be running|completed|failed|interrupted, got {status!r}")
     config = summary.get("config") or {}
     if not isinstance(config, dict):
         raise UnusableInput(f"{summary_path}: 'config' must be an object")

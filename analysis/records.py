@@ -8,9 +8,13 @@ all import from here; this module imports none of them).
 * ``runs``: one row per run, keyed by ``run``; config columns with their dotted names (``loss.precision``,
   ``loss.beta_form``, ``gkd.beta``, ``gkd.temperature``, ``gkd.topk``, ``run.seed``, ``backend.name``, ...),
   the dtypes seen at the loss boundary (``dtype.student``, ``dtype.teacher``), ``status`` as the run reported
-  it, and ``outcome`` in {completed, failed, incomplete}. Failed or incomplete runs are kept and marked.
+  it, and ``outcome`` in {completed, failed, incomplete, missing}. Failed or incomplete runs are kept and
+  marked; a completed run whose log lacks a step that ``run.max_steps`` and ``run.logging_steps`` promise is
+  incomplete (the problems name the steps); ``missing`` is a point the sweep planned that has no run folder.
+  ``low_precision``: a BF16/FP16 side reaches the loss (``mixed_dtypes``: the two sides differ as well).
 * ``history``: one row per (run, step) with one column per metric name (``train/loss``, ``spot/grad_rel_l2``,
-  ...). Several lines logged for the same step are merged (later non-null values win). NaN and ±Inf stay as
+  ...). Several lines logged for the same step are merged (later non-null values win, except counts and error
+  maxima, where the worst copy wins) and reported in the run's problems. NaN and ±Inf stay as
   they were logged; a metric a step did not log is also NaN there.
 * ``nonfinite``: one row per logged value that was NaN or ±Inf (columns ``run, step, metric, value``), so a
   logged NaN can be told apart from a metric that was not logged at that step.
@@ -23,6 +27,10 @@ from typing import Any, Iterable, Mapping, Optional
 
 import pandas as pd
 
+from harness.contract import (MIN_TOKEN_JSD, NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, NEG_TOKEN_FRAC,
+                              NONFINITE_CALLS_TOTAL, SPOT_GRAD_REL_L2, SPOT_LOSS_ABS_ERR, SPOT_LOSS_REL_ERR,
+                              SPOT_PARAM_GRAD_REL_L2, SPOT_SIGN_MISMATCH)
+
 __all__ = [
     "UnusableInput",
     "RunRecord",
@@ -31,6 +39,8 @@ __all__ = [
     "TRACKING_COLUMNS",
     "int_step",
     "tabulate",
+    "expected_steps",
+    "step_gaps",
 ]
 
 #: Config columns every runs table carries (NaN/None when a run does not say).
@@ -71,7 +81,8 @@ class RunRecord:
     """
 
     name: str
-    status: str  # as reported: completed | failed | running (wandb: finished->completed, crashed->failed)
+    status: str  # as reported: completed | failed | running (wandb: finished->completed, crashed->failed);
+    # missing: a point the sweep planned that has no run folder
     config: dict
     history: Any
     error: Optional[str] = None
@@ -149,6 +160,11 @@ def _is_mixed(student: Optional[str], teacher: Optional[str]) -> bool:
     return student != teacher and (student in _LOW_PRECISION or teacher in _LOW_PRECISION)
 
 
+def _is_low_precision(student: Optional[str], teacher: Optional[str]) -> bool:
+    """True when either side reaches the loss in BF16/FP16 (mixed or not: BF16/BF16 included)."""
+    return bool(student in _LOW_PRECISION or teacher in _LOW_PRECISION)
+
+
 def _nonfinite_rows(name: str, rec: RunRecord) -> list:
     """``(run, step, metric, value)`` for every logged float that is NaN or ±Inf: scanned in a list-of-dicts
     history, taken from ``rec.nonfinite`` for a DataFrame history."""
@@ -162,25 +178,99 @@ def _nonfinite_rows(name: str, rec: RunRecord) -> list:
     return out
 
 
-def _history_frame(rec: RunRecord) -> pd.DataFrame:
+#: Metrics where a larger value is worse (counts, error maxima): duplicate copies of a step keep the largest.
+_WORST_IS_MAX = (NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, NONFINITE_CALLS_TOTAL, NEG_TOKEN_FRAC, SPOT_LOSS_ABS_ERR,
+                 SPOT_LOSS_REL_ERR, SPOT_GRAD_REL_L2, SPOT_SIGN_MISMATCH, SPOT_PARAM_GRAD_REL_L2)
+#: Metrics where a smaller value is worse: duplicate copies keep the smallest.
+_WORST_IS_MIN = (MIN_TOKEN_JSD,)
+
+
+def _history_frame(rec: RunRecord) -> tuple:
+    """-> (history ``[steps, metrics]`` one row per step, problems). Copies of one step are merged: the later
+    non-null value wins, except for counts and error maxima (the worst copy wins, so a negative or a large
+    error in any copy counts); each duplicated step is reported."""
     if isinstance(rec.history, pd.DataFrame):
         df = rec.history
     elif not rec.history:
-        return pd.DataFrame({"step": pd.Series([], dtype="int64")})
+        return pd.DataFrame({"step": pd.Series([], dtype="int64")}), []
     else:
         df = pd.DataFrame.from_records(rec.history)
-    if df["step"].duplicated().any():
-        df = df.groupby("step", sort=True).last().reset_index()  # last non-null per column
+    problems = []
+    dup = df["step"].duplicated(keep=False)
+    if dup.any():
+        counts = df.loc[dup, "step"].value_counts().sort_index()
+        problems.append("duplicate logged steps (worst copy counted for counts and errors): "
+                        + ", ".join(f"step {int(s)} x{int(n)}" for s, n in counts.head(20).items())
+                        + (f" ... ({len(counts)} steps)" if len(counts) > 20 else ""))
+        g = df.groupby("step", sort=True)
+        merged = g.last()  # last non-null per column
+        for col in _WORST_IS_MAX:
+            if col in merged.columns:
+                merged[col] = pd.to_numeric(df[col], errors="coerce").groupby(df["step"]).max()
+        for col in _WORST_IS_MIN:
+            if col in merged.columns:
+                merged[col] = pd.to_numeric(df[col], errors="coerce").groupby(df["step"]).min()
+        df = merged.reset_index()
     else:
         df = df.sort_values("step", kind="stable")
-    return df
+    return df, problems
+
+
+def _int_or_none(x: Any) -> Optional[int]:
+    try:
+        if x is None or x == "" or (isinstance(x, float) and math.isnan(x)):
+            return None
+        return int(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def expected_steps(max_steps: Optional[int], logging_steps: Optional[int], last: Optional[int] = None) -> list:
+    """The steps a run promises to log: every multiple of ``logging_steps`` (default 1) up to ``max_steps``
+    (or up to ``last`` for a run that stopped early)."""
+    end = max_steps if last is None else min(max_steps or last, last)
+    if end is None or end < 1:
+        return []
+    every = logging_steps if logging_steps and logging_steps > 0 else 1
+    return list(range(every, end + 1, every))
+
+
+def _ranges(steps: list) -> str:
+    """[3, 4, 5, 8] -> "3-5, 8"."""
+    out, steps = [], sorted(steps)
+    i = 0
+    while i < len(steps):
+        j = i
+        while j + 1 < len(steps) and steps[j + 1] == steps[j] + 1:
+            j += 1
+        out.append(f"{steps[i]}" if i == j else f"{steps[i]}-{steps[j]}")
+        i = j + 1
+    return ", ".join(out[:20]) + (f" ... ({len(steps)} steps)" if len(out) > 20 else "")
+
+
+def step_gaps(logged: Iterable[int], cfg: Mapping, status: str, last_step: Optional[int]) -> list:
+    """Steps promised by ``run.max_steps`` and ``run.logging_steps`` that ``logged`` lacks (a completed run:
+    all of them; a failed or running one: those up to its last logged step)."""
+    max_steps = _int_or_none(cfg.get("run.max_steps"))
+    every = _int_or_none(cfg.get("run.logging_steps"))
+    logged = set(int(s) for s in logged)
+    if status == "completed":
+        want = expected_steps(max_steps, every)
+    else:
+        want = expected_steps(max_steps, every, last=max(logged) if logged else None)
+    return [s for s in want if s not in logged]
 
 
 def _outcome(rec: RunRecord, cfg: Mapping, last_step: Optional[int], n_logged: int) -> tuple:
     """-> (outcome, extra problems) from the reported status, the steps logged and ``run.max_steps``."""
     problems = []
     max_steps = cfg.get("run.max_steps")
+    if rec.status == "missing":
+        return "missing", problems
     if rec.status == "failed":
+        return "failed", problems
+    if rec.status == "interrupted":  # a stop signal (preemption, time-out, Ctrl-C): never a completed run
+        problems.append(f"interrupted ({rec.error or 'stop signal'}) at step {last_step}")
         return "failed", problems
     if rec.status == "running":
         problems.append("status is still 'running' (died without closing, or not finished)")
@@ -212,7 +302,7 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
             seen[name] = 0
         cfg = _canonical_config(rec.config)
         bad += _nonfinite_rows(name, rec)
-        h = _history_frame(rec)
+        h, dup_problems = _history_frame(rec)
         h.insert(0, "run", name)
         frames.append(h)
         n_logged = int(len(h))
@@ -221,6 +311,13 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
         student = _dtype_name(rec.dtypes_seen.get("student", cfg.get("dtypes_seen.student")))
         teacher = _dtype_name(rec.dtypes_seen.get("teacher", cfg.get("dtypes_seen.teacher")))
         outcome, more = _outcome(rec, cfg, last_step, n_logged)
+        gaps = step_gaps(h["step"], cfg, rec.status, last_step) if rec.status != "missing" and n_logged else []
+        if gaps:
+            more.append(f"steps {_ranges(gaps)} not logged (run.max_steps={cfg.get('run.max_steps')}, logging "
+                        f"every {cfg.get('run.logging_steps') or 1} step(s); {n_logged} steps logged)")
+            if outcome == "completed":
+                outcome = "incomplete"
+        more += dup_problems
         row = {
             "run": name,
             "group": rec.group if rec.group is not None else cfg.get("group"),
@@ -233,6 +330,7 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
             "dtype.student": student,
             "dtype.teacher": teacher,
             "mixed_dtypes": _is_mixed(student, teacher),
+            "low_precision": _is_low_precision(student, teacher),
             "path": rec.path,
             "wall_s": rec.wall_s,
         }

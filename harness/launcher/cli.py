@@ -7,7 +7,8 @@ config -> run folder (config.yaml, summary.json "running") -> plugin settings (t
 ``swift rlhf`` / ``megatron rlhf`` as a subprocess (output to ``swift.log``) -> summary.json "completed", or
 "failed" with the error.
 
-Exit codes: 0 completed (or skipped), 1 the run failed, 2 a config or input error.
+Exit codes: 0 completed (or skipped), 1 the run failed, 2 a config or input error, 128 + the signal's number
+when stopped by SIGTERM (143), SIGHUP (129) or SIGINT (130): the run is then recorded as "interrupted".
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typing import Any, Optional, Sequence
 
 from harness.config.schema import ConfigError
 from harness.launcher import run as run_mod
-from harness.launcher.process import TrainingFailed
+from harness.launcher.process import Interrupted, TrainingFailed
 from harness.launcher.run import _is_multirun, train
 from harness.store.run_folder import harness_version
 
@@ -111,6 +112,10 @@ def _job(cfg) -> Optional[int]:
         if _is_multirun():
             return PointFailed(code, f"{type(e).__name__}: {e}")
         sys.exit(code)
+    except Interrupted as e:  # preemption, time-out, Ctrl-C: the run is recorded as interrupted; the sweep ends
+        print(f"gkd-train: {e} (summary.json says interrupted; rerun the same command to restart, or add "
+              "run.resume=true)", file=sys.stderr)
+        sys.exit(e.exit_code)
     return summary.get("last_step") if summary else None
 
 
@@ -186,7 +191,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         sys.exit(EXIT_CONFIG)
     if argv is not None:
         sys.argv = [sys.argv[0], *args]
-    _hydra_main()
+    try:
+        _hydra_main()
+    except KeyboardInterrupt:  # Ctrl-C before a run started (composing the config): one line, 128 + SIGINT
+        print("gkd-train: interrupted by SIGINT", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,7 +2,8 @@
 (``harness.launcher.plan``) -> with ``run.dry_run=true``: print the plan and stop -> the attempt decision
 (``harness.launcher.resume.decide_attempt``: skip, fresh, restart or resume) -> run folder (config.yaml, summary.json
 "running") -> plugin settings (:class:`harness.contract.PluginSettings`) -> ``swift rlhf`` / ``megatron rlhf`` as a
-subprocess (``harness.launcher.process``) -> summary.json "completed", or "failed" with the error."""
+subprocess (``harness.launcher.process``) -> summary.json "completed", or "failed" with the error, or
+"interrupted" with the signal (SIGTERM / SIGHUP / SIGINT: ms-swift's process group stopped, the lock released)."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,7 +17,7 @@ from typing import Any, Dict, Optional, Sequence
 from harness.config.schema import TrainConfig, to_dict, to_typed
 from harness.contract import PLUGIN_SETTINGS_FILE, SWIFT_LOG, PluginSettings
 from harness.launcher.plan import LaunchPlan, build_plan, resolve_inputs
-from harness.launcher.process import TrainingFailed, execute
+from harness.launcher.process import Interrupted, TrainingFailed, execute, stop_signals
 
 log = logging.getLogger("gkd_harness.train")
 
@@ -108,13 +109,16 @@ def train(cfg: Any, experiment: Optional[str] = None) -> Dict[str, Any]:
         sys.stdout.write(dry_run(cfg, run_dir, experiment=experiment))
         return {"status": "dry_run"}
     make_plan(cfg, run_dir, dry_run=True, experiment=experiment)  # the layout's checks, before anything is written
-    if not is_main_node(dict(os.environ)):
-        return _train_other_node(cfg, run_dir, experiment)
-    from harness.store.run_folder import RunFolder
+    # SIGTERM / SIGHUP / SIGINT raise Interrupted: ms-swift's process group is stopped, summary.json says
+    # "interrupted", the lock is released on the way out (the caller exits 128 + signum)
+    with stop_signals():
+        if not is_main_node(dict(os.environ)):
+            return _train_other_node(cfg, run_dir, experiment)
+        from harness.store.run_folder import RunFolder
 
-    folder = RunFolder(run_dir)
-    with folder.lock():
-        return _train_main_node(cfg, run_dir, folder, experiment)
+        folder = RunFolder(run_dir)
+        with folder.lock():
+            return _train_main_node(cfg, run_dir, folder, experiment)
 
 
 def _train_other_node(cfg: TrainConfig, run_dir: Path, experiment: Optional[str]) -> Dict[str, Any]:
@@ -181,6 +185,9 @@ def _train_main_node(cfg: TrainConfig, run_dir: Path, folder, experiment: Option
         if expected > 1 and int(seen) != expected:
             raise TrainingFailed(f"expected a process group of {expected} ranks but training saw world size {seen}: "
                                  "ranks trained alone (on CPU, --use_cpu true is required for gloo DDP)")
+    except Interrupted as e:
+        folder.record_interrupt(e.signal_name)
+        raise
     except BaseException as e:
         folder.record_failure(f"{type(e).__name__}: {e}")
         raise
