@@ -82,22 +82,29 @@ def reference_gkd(student_logits, labels, beta, temperature, beta_form="paper", 
     (grad, ) = torch.autograd.grad(loss, s_all, allow_unused=True)
     if grad is None:
         grad = torch.zeros_like(s_all)
-    if teacher_full is not None and teacher_full.shape[-1] == student_logits.shape[-1]:
-        grad = _zero_sum_at_argmax(grad, student_logits, labels)
+    rows = labels != -100
+    if teacher_topk is not None:
+        # The loss sees the student only at the teacher's ids: the argmax among those (gradient 0 elsewhere).
+        s_act, idx_act = student_logits.detach()[rows].double(), teacher_topk[1][t_mask]
+        j = idx_act.gather(-1, s_act.gather(-1, idx_act).argmax(-1, keepdim=True))
+        grad = _zero_sum_at_argmax(grad, rows, j)
+    elif teacher_full.shape[-1] == student_logits.shape[-1]:
+        grad = _zero_sum_at_argmax(grad, rows, student_logits.detach()[rows].double().argmax(-1, keepdim=True))
     return float(total.detach()), n, grad
 
 
-def _zero_sum_at_argmax(grad: torch.Tensor, student_logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Replace each active row's gradient at the student's argmax by minus the sum of the row's other entries.
+def _zero_sum_at_argmax(grad: torch.Tensor, rows: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+    """Replace each active row's gradient at the student's argmax ``j`` (``[N, 1]`` column of each of the ``N``
+    rows selected by the bool mask ``rows``) by minus the sum of the row's other entries.
 
-    The loss is invariant under adding a constant to a row of student logits (equal vocabularies), so each row
-    of the exact gradient sums to 0. At the argmax of a nearly one-hot row (logits / T of thousands) autograd
-    forms ``p·(1 − p)``-like differences that FP64 cannot resolve (``1 − p ≈ 1e-27``), while every other entry is
-    a product of small factors, accurate to FP64 rounding. Elsewhere the change is at FP64 rounding level.
+    The loss is invariant under adding a constant to a row of the student logits it sees (equal vocabularies,
+    or the teacher's top-k ids), so each row of the exact gradient sums to 0. At the argmax of a nearly one-hot
+    row (logits / T of thousands, or a dominant logit at low T) autograd forms ``p·(1 − p)``-like differences that
+    FP64 cannot resolve (``1 − p ≈ 1e-27``), while every other entry is a product of small factors, accurate to
+    FP64 rounding. Elsewhere the change is at FP64 rounding level.
     """
     grad = grad.clone()
-    rows = labels != -100
-    g, j = grad[rows], student_logits.detach()[rows].double().argmax(-1, keepdim=True)
+    g = grad[rows]
     at_j = g.gather(-1, j)
     g.scatter_(-1, j, -(g.sum(-1, keepdim=True) - at_j))
     grad[rows] = g

@@ -12,6 +12,8 @@ The loss is called exactly as ms-swift's Megatron GKD trainer calls ``gkd_loss``
 (``swift/megatron/trainers/gkd_trainer.py``: ``gather_fn=tp_gather_topk, log_softmax_fn=vocab_parallel_log_softmax,
 kl_div_fn=vocab_parallel_kl_div``), with ms-swift's own functions:
 
+* TP=1 (layout ``tp1``, 2 data-parallel ranks computing the same call): the same functions at TP=1, where they are
+  ``F.log_softmax`` and the textbook KL (distinct objects from ms-swift's default primitives).
 * TP=2: student and teacher logits are split along the vocabulary (rank r holds ids ``[r·V/2, (r+1)·V/2)``, as
   Megatron's vocab-parallel output layer does); top-k teachers come from ``vocab_parallel_topk`` on the teacher
   shard, as the trainer's local-teacher path does.
@@ -196,7 +198,8 @@ def main(in_path: str, out_dir: str) -> None:
     fns = import_megatron_gkd_fns()
     spec = torch.load(in_path, weights_only=True)
     results = {}
-    for layout, sizes, runner in (("tp", dict(tensor_model_parallel_size=2), run_tp_case),
+    for layout, sizes, runner in (("tp1", dict(tensor_model_parallel_size=1), run_tp_case),
+                                  ("tp", dict(tensor_model_parallel_size=2), run_tp_case),
                                   ("cp", dict(context_parallel_size=2), run_cp_case),
                                   ("cpi", dict(context_parallel_size=2), run_cp_instrument_case)):
         cases = [c for c in spec["cases"] if c["layout"] == layout]

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from harness.loss.reference import reference_gkd, reference_jsd
-from harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT, loss_tol
+from harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT, grad_tol, loss_tol
 
 pytestmark = [pytest.mark.parallel, pytest.mark.timeout(1200)]
 
@@ -118,7 +118,68 @@ SEED_FP32 = _case("tp", "seed", "full", "fp32", "paper", 0.5)
 CP_INSTRUMENT_CASES = [_case("cpi", inputs, "full", precision, "paper", 0.5)
                        for inputs, precision in (("cp_mixed", "native"), ("cp_near", "native"), ("cp_mixed", "fp32"),
                                                  ("cp_empty", "fp32"))]
-ALL_CASES = PATCHED_CASES + CP_EMPTY_CASES + NATIVE_CASES + [SEED_FP32] + CP_INSTRUMENT_CASES
+
+
+# ---------------------------------------------------------------------------
+# Megatron's full width (issue 22): V = 151,936, 4 positions per input set, TP=1 and TP=2
+# ---------------------------------------------------------------------------
+
+WIDE_V = 151_936
+
+
+def _make_wide_inputs() -> dict:
+    """Issue 22's regimes at Qwen's vocabulary width: ``student [1, 4, V]``, ``teacher [1, 4, V] bf16``, labels.
+
+    ``wide_same``: teacher = the student (self-distillation); ``wide_near``: teacher = student + N(0, 0.05²);
+    ``wide_near_bf16``: the same with a BF16 student; ``wide_disjoint``: logit std 5, student and teacher each
+    confident (+30) on a different token; ``wide_confident``: one dominant logit (+25) shared by both.
+    """
+    g = torch.Generator().manual_seed(2222)
+    shape, labels = (1, 4, WIDE_V), torch.ones(1, 4, dtype=torch.long)
+    out = {}
+    s = (torch.randn(*shape, generator=g) * 2).bfloat16().float()
+    out["wide_same"] = dict(student=s, teacher=s.bfloat16(), labels=labels.clone())
+    t = (s + 0.05 * torch.randn(*shape, generator=g)).bfloat16()
+    out["wide_near"] = dict(student=s, teacher=t, labels=labels.clone())
+    out["wide_near_bf16"] = dict(student=s.bfloat16(), teacher=t, labels=labels.clone())
+    s, t = torch.randn(*shape, generator=g) * 5, torch.randn(*shape, generator=g) * 5
+    s[0, torch.arange(4), torch.arange(4)] += 30.0
+    t[0, torch.arange(4), torch.arange(4) + 4] += 30.0
+    out["wide_disjoint"] = dict(student=s.bfloat16().float(), teacher=t.bfloat16(), labels=labels.clone())
+    s = torch.randn(*shape, generator=g)
+    s[0, :, 7] += 25.0
+    t = (s + 0.3 * torch.randn(*shape, generator=g)).bfloat16()
+    out["wide_confident"] = dict(student=s.bfloat16().float(), teacher=t, labels=labels.clone())
+    return out
+
+
+def _wide_case(layout, inputs, temperature, beta_form, beta, teacher="full") -> dict:
+    name = f"{layout}-{inputs}-{teacher}-T{temperature}-{beta_form}-b{beta}"
+    return dict(name=name, layout=layout, inputs=inputs, teacher=teacher, precision="fp32", beta_form=beta_form,
+                beta=beta, temperature=temperature, topk=64, chunk_size=2)
+
+
+WIDE_SETTINGS = [  # inputs, temperature, beta_form, beta, teacher
+    ("wide_same", 0.3, "paper", 0.05, "full"),
+    ("wide_same", 0.3, "continuous", 0.95, "full"),
+    ("wide_same", 2.0, "paper", 0.5, "full"),
+    ("wide_near", 0.3, "paper", 0.05, "full"),
+    ("wide_near", 1.0, "continuous", 0.05, "full"),
+    ("wide_near", 1.0, "paper", 0.5, "full"),
+    ("wide_near", 2.0, "continuous", 0.95, "full"),
+    ("wide_near", 0.3, "paper", 1.0, "full"),
+    ("wide_near", 0.3, "paper", 0.0, "full"),
+    ("wide_near_bf16", 1.0, "continuous", 0.05, "full"),
+    ("wide_near_bf16", 0.3, "paper", 0.95, "full"),
+    ("wide_disjoint", 0.7, "paper", 0.5, "full"),
+    ("wide_disjoint", 0.7, "continuous", 0.9, "full"),
+    ("wide_confident", 0.3, "paper", 1.0, "full"),
+    ("wide_confident", 0.3, "continuous", 0.95, "full"),
+    ("wide_confident", 0.3, "continuous", 0.95, "topk"),
+]
+WIDE_CASES = [_wide_case(layout, *settings) for layout in ("tp1", "tp") for settings in WIDE_SETTINGS]
+
+ALL_CASES = PATCHED_CASES + CP_EMPTY_CASES + NATIVE_CASES + [SEED_FP32] + CP_INSTRUMENT_CASES + WIDE_CASES
 
 
 # ---------------------------------------------------------------------------
@@ -134,7 +195,7 @@ def parallel_results(tmp_path_factory):
         pytest.fail(f"{missing} not installed; the parallel tests need ms-swift's Megatron extras: "
                     'pip install "megatron-core>=0.16,<0.20" "mcore-bridge>=1.6.3" "torch==<the installed torch>"')
     work = tmp_path_factory.mktemp("gkd_parallel")
-    inputs = _make_inputs()
+    inputs = {**_make_inputs(), **_make_wide_inputs()}
     torch.save({"inputs": inputs, "cases": ALL_CASES}, work / "in.pt")
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
     # One node, a c10d rendezvous on a free port (":0") of 127.0.0.1.
@@ -245,6 +306,35 @@ def test_tp2_seed_native_negative_fp32_matches_fp64(parallel_results):
 
     assert abs(float(fp32["total"]) - ref_total) <= loss_tol(ref_total, ref_n)
     assert _grad_rel_l2(fp32_grad, ref_grad) <= GRAD_REL_L2_FP32_STUDENT
+
+
+@pytest.mark.parametrize("case", WIDE_CASES, ids=lambda c: c["name"])
+def test_megatron_width_patched_matches_fp64(parallel_results, case):
+    """Issue 22: at V = 151,936 with ms-swift's vocab-parallel functions (TP=1: ``F.log_softmax`` + textbook KL;
+    TP=2: the sharded ones), ``fp32`` keeps the cancellation-free form: every position ≥ 0, the value and the
+    gradient within the loss tolerances of the FP64 reference, and exactly 0 (value and gradient) when the
+    teacher is the student. Before the fix these took the textbook formula: negative positions (−3e-8 each)
+    and gradient errors up to 1e-2."""
+    inputs, ranks = parallel_results
+    inp, r0, r1 = inputs[case["inputs"]], ranks[0][case["name"]], ranks[1][case["name"]]
+    topk = None
+    if case["teacher"] == "topk":
+        _check_topk(inp, r0["topk_vals"], r0["topk_ids"], case["topk"])
+        topk = (r0["topk_vals"], r0["topk_ids"])
+    ref_total, ref_n, ref_grad, ref_per = _reference(inp, case, topk)
+    assert torch.equal(r0["total"], r1["total"]) and r0["n"] == r1["n"] == ref_n
+    assert r0["loss_dtype"] == "torch.float32"
+    grad = r0["grad"] if case["layout"] == "tp1" else torch.cat([r0["grad"], r1["grad"]], dim=-1)
+    per = r0["per_position"]
+    assert bool((per >= 0).all()), f"negative positions: {per.tolist()}"
+    if case["inputs"] == "wide_same":  # self-distillation: the divergence and its gradient are exactly 0
+        assert float(r0["total"]) == 0.0 and not grad.any()
+        return
+    total = float(r0["total"])
+    assert abs(total - ref_total) <= loss_tol(ref_total, ref_n), (total, ref_total)
+    _assert_per_position(per, ref_per[inp["labels"] != -100])
+    err = _grad_rel_l2(grad, ref_grad)
+    assert err <= grad_tol(ref_grad, inp["student"].dtype), err
 
 
 # ---------------------------------------------------------------------------
