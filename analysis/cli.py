@@ -70,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="the sweep's wandb group; required with --source wandb, optional with wandb-offline")
     p.add_argument("--wandb", action="store_true",
                    help="also log the verdict, tables and plots as an analysis run in the sweep's wandb group")
+    p.add_argument("--allow-mixed", action="store_true",
+                   help="analyse runs of several groups, or several copies of one run id, together (refused "
+                        "otherwise: exit 2)")
     p.add_argument("--verbose", action="store_true", help="print the Python traceback of an error")
     p.add_argument("--version", action="version", version=f"gkd-analyze (gkd-harness {_version()})")
     return p
@@ -93,11 +96,19 @@ def _run(args) -> int:
     from analysis.signoff import build_report
     from analysis.signoff_config import load_criteria
 
+    from analysis.records import mixed_sweep_problems
+
     cfg = load_criteria(args.criteria)
     sweep = _load(args)
+    mixed = mixed_sweep_problems(sweep)
+    if mixed and not args.allow_mixed:
+        raise UnusableInput(f"{args.sweep} is not one sweep: {'; '.join(mixed)} (--allow-mixed analyses them "
+                            "together)")
     result = build_report(sweep, args.report, cfg)
     for c in result["criteria"]:
         print(f"[{c['status']:>12}] {c['title']}: {c['measured']}")
+    for name, why in result.get("failed_reasons", {}).items():
+        print(f"FAIL {name}: {why}")
     print(f"verdict: {result['verdict'].upper()} ({len(sweep.runs)} runs) -> {args.report / 'report.md'}")
     if args.wandb:
         from analysis.wandb_log import log_analysis_run, wandb_target

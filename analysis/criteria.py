@@ -1,8 +1,14 @@
 """Sign-off criteria: evaluate them on a sweep (the criteria file and its schema: :mod:`analysis.signoff_config`).
 
 Each criterion gives a :class:`Result` with its threshold and its measured value in words, a status
-(``pass`` | ``fail`` | ``not_measured`` | ``skipped`` | ``disabled``) and evidence rows. A required criterion
-with nothing to measure fails (``not_measured``): a sign-off cannot rest on missing evidence.
+(``pass`` | ``fail`` | ``not_measured`` | ``not_applicable`` | ``skipped`` | ``disabled``), evidence rows and
+``applies``: why the criterion applies to this sweep's design, or why not.
+
+* ``not_applicable``: the sweep's design does not contain the criterion's subject (no continuous point for
+  ``beta_forms_unchanged``, no low-precision original for ``original_shows_defect``, no FP32/FP32 native+fp32
+  pair for ``precisions_unchanged_in_fp32``). Shown as such, never a failure.
+* ``not_measured``: the design has the subject but the evidence is missing. A required criterion that is not
+  measured fails: a sign-off cannot rest on missing evidence.
 """
 from __future__ import annotations
 
@@ -13,14 +19,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.betacurve import fp64_beta_curve, report001_inputs
+from analysis.betacurve import fp64_beta_curve, beta_defect_inputs
 from analysis.compare import negatives_table, spot_table, step_agreement
 from analysis.records import Sweep
 from analysis.signoff_config import CRITERIA_NAMES, SignoffCriteria, load_criteria
+from harness.contract import SPOT_GRAD_REL_L2_DTYPE_FLOOR
 
 __all__ = ["Result", "load_criteria", "evaluate", "CRITERIA", "SignoffCriteria"]
 
-FAILING = ("fail", "not_measured")
+FAILING = ("fail", "not_measured")  # never "not_applicable": a subject the design lacks is not a failure
 
 
 @dataclass
@@ -31,6 +38,12 @@ class Result:
     threshold: str
     measured: str
     details: list = field(default_factory=list)  # short strings: offending runs, evidence
+    applies: str = ""  # why the criterion applies to this sweep's design (or why it does not)
+
+    def reason(self) -> str:
+        """One line: what was measured and, where something failed, the first offending item."""
+        first = next((d for d in self.details if not d.startswith("FP64 formula check")), None)
+        return self.measured + (f" (first: {first})" if first and self.status == "fail" else "")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -49,12 +62,46 @@ def _fmt(x: Any) -> str:
     return f"{float(x):.3g}"
 
 
-def _not_measured(name, title, threshold, why, required) -> Result:
-    return Result(name, title, "not_measured" if required else "skipped", threshold, why)
+def _not_measured(name, title, threshold, why, required, applies: str = "") -> Result:
+    return Result(name, title, "not_measured" if required else "skipped", threshold, why, applies=applies)
+
+
+def _not_applicable(name, title, threshold, why) -> Result:
+    return Result(name, title, "not_applicable", threshold, why, applies="not applicable: " + why)
+
+
+def _values(runs: pd.DataFrame, col: str) -> str:
+    v = sorted(str(x) for x in runs[col].dropna().unique()) if col in runs else []
+    return ", ".join(v) or "none"
 
 
 def _patched(sweep: Sweep, cfg: SignoffCriteria) -> pd.DataFrame:
     return sweep.runs[sweep.runs["loss.precision"].isin(cfg.patched_precisions)]
+
+
+def _patched_applies(sweep: Sweep, cfg: SignoffCriteria) -> str:
+    n = len(_patched(sweep, cfg))
+    return (f"applies: {n} patched runs (loss.precision in {', '.join(cfg.patched_precisions)})" if n else
+            f"the sweep has no patched run (loss.precision values: {_values(sweep.runs, 'loss.precision')}); "
+            "a sign-off of the patched loss needs them")
+
+
+def spot_allowance(sweep: Sweep, spots: pd.DataFrame, grad_rel_l2_max: float) -> pd.DataFrame:
+    """``spots`` with ``grad_floor`` (the student dtype's share, ``spot/grad_rel_l2_dtype_floor`` as the spot
+    check logged it: 2x the rounding of the FP64 gradient to the student dtype, :func:`harness.loss.tolerances.
+    grad_tol`; 0 where not logged) and ``grad_tol`` = ``grad_rel_l2_max + grad_floor``."""
+    h = sweep.history
+    out = spots.copy()
+    if SPOT_GRAD_REL_L2_DTYPE_FLOOR in h.columns and len(out):
+        floor = h[["run", "step", SPOT_GRAD_REL_L2_DTYPE_FLOOR]].rename(
+            columns={SPOT_GRAD_REL_L2_DTYPE_FLOOR: "grad_floor"})
+        out = out.merge(floor, on=["run", "step"], how="left")
+    else:
+        out["grad_floor"] = np.nan
+    out["grad_floor_logged"] = out["grad_floor"].notna()
+    out["grad_floor"] = pd.to_numeric(out["grad_floor"], errors="coerce").fillna(0.0).clip(lower=0.0)
+    out["grad_tol"] = grad_rel_l2_max + out["grad_floor"]
+    return out
 
 
 def no_negative_patched(sweep: Sweep, cfg: SignoffCriteria, c: Any) -> Result:
@@ -62,7 +109,8 @@ def no_negative_patched(sweep: Sweep, cfg: SignoffCriteria, c: Any) -> Result:
     thr = f"negative calls <= {c.max_negative_calls} (all patched runs, all ranks)"
     runs = _patched(sweep, cfg)
     if runs.empty:
-        return _not_measured("no_negative_patched", title, thr, "no patched runs in the sweep", c.required)
+        return _not_measured("no_negative_patched", title, thr, "no patched runs in the sweep", c.required,
+                             _patched_applies(sweep, cfg))
     neg = negatives_table(sweep)
     neg = neg[neg["run"].isin(runs["run"])]
     unknown = neg[neg["neg_loss_calls"].isna()]
@@ -75,7 +123,8 @@ def no_negative_patched(sweep: Sweep, cfg: SignoffCriteria, c: Any) -> Result:
     measured = f"{total} negative of {calls} loss calls in {len(neg)} patched runs"
     if not unknown.empty:
         measured += f"; {len(unknown)} runs without counts"
-    return Result("no_negative_patched", title, "pass" if ok else "fail", thr, measured, details)
+    return Result("no_negative_patched", title, "pass" if ok else "fail", thr, measured, details,
+                  _patched_applies(sweep, cfg))
 
 
 def _steps(steps) -> str:
@@ -89,7 +138,8 @@ def no_nonfinite(sweep: Sweep, cfg: SignoffCriteria, c: Any) -> Result:
            "no NaN/Inf spot check (all patched runs)")
     runs = _patched(sweep, cfg)
     if runs.empty:
-        return _not_measured("no_nonfinite", title, thr, "no patched runs in the sweep", c.required)
+        return _not_measured("no_nonfinite", title, thr, "no patched runs in the sweep", c.required,
+                             _patched_applies(sweep, cfg))
     names = set(runs["run"])
     neg = negatives_table(sweep)
     neg = neg[neg["run"].isin(names)]
@@ -114,27 +164,30 @@ def no_nonfinite(sweep: Sweep, cfg: SignoffCriteria, c: Any) -> Result:
                 f"{n_spots} non-finite spot checks in {len(runs)} patched runs")
     if not unknown.empty:
         measured += f"; {len(unknown)} runs without counts"
-    return Result("no_nonfinite", title, "pass" if ok else "fail", thr, measured, details)
+    return Result("no_nonfinite", title, "pass" if ok else "fail", thr, measured, details,
+                  _patched_applies(sweep, cfg))
 
 
 def spot_tolerance(sweep: Sweep, cfg: SignoffCriteria, c: Any) -> Result:
     title = "Patched loss and gradients match FP64 spot checks"
     pg = c.param_grad_rel_l2_max
     thr = (f"|loss - FP64| <= {c.loss_rtol:g}*|FP64| + {c.loss_atol:g}; logit-grad rel L2 <= "
-           f"{c.grad_rel_l2_max:g}" + (f"; param-grad rel L2 <= {pg:g}" if pg is not None else "")
+           f"{c.grad_rel_l2_max:g} + 2x the student dtype's rounding of the FP64 gradient (logged per check)"
+           + (f"; param-grad rel L2 <= {pg:g}" if pg is not None else "")
            + f"; sign mismatches <= {c.max_sign_mismatches}; >= {c.min_checks_per_run} checks per run")
     runs = _patched(sweep, cfg)
+    applies = _patched_applies(sweep, cfg)
     if runs.empty:
-        return _not_measured("spot_tolerance", title, thr, "no patched runs in the sweep", c.required)
+        return _not_measured("spot_tolerance", title, thr, "no patched runs in the sweep", c.required, applies)
     spots = spot_table(sweep, c.loss_rtol, c.loss_atol)
-    spots = spots[spots["run"].isin(runs["run"])]
+    spots = spot_allowance(sweep, spots[spots["run"].isin(runs["run"])], c.grad_rel_l2_max)
     details = []
     counts = spots.groupby("run").size().reindex(runs["run"], fill_value=0)
     few = counts[counts < c.min_checks_per_run]
     details += [f"{r}: {n} spot checks (< {c.min_checks_per_run})" for r, n in few.items()]
     if spots.empty:
         return Result("spot_tolerance", title, "not_measured" if c.required else "skipped", thr,
-                      "no spot checks logged by patched runs", details)
+                      "no spot checks logged by patched runs", details, applies)
     finite = np.isfinite(spots[["loss", "loss_fp64", "abs_err"]].astype(float)).all(axis=1)
     nonfinite = spots[~finite]
     details += [f"{r.run} step {r.step}: non-finite spot check (loss {r.loss!r}, FP64 {r.loss_fp64!r}): failed"
@@ -142,8 +195,13 @@ def spot_tolerance(sweep: Sweep, cfg: SignoffCriteria, c: Any) -> Result:
     bad_loss = spots[~spots["within_tol"] & finite]
     details += [f"{r.run} step {r.step}: |loss-FP64|={r.abs_err:.3g} > tol {r.tol:.3g} (loss {r.loss:.6g}, "
                 f"FP64 {r.loss_fp64:.6g})" for r in bad_loss.head(20).itertuples()]
-    bad_grad = spots[spots["grad_rel_l2"] > c.grad_rel_l2_max]
-    details += [f"{r.run} step {r.step}: logit-grad rel L2 {r.grad_rel_l2:.3g}" for r in bad_grad.head(20).itertuples()]
+    bad_grad = spots[spots["grad_rel_l2"] > spots["grad_tol"]]
+    details += [f"{r.run} step {r.step}: logit-grad rel L2 {r.grad_rel_l2:.3g} > {r.grad_tol:.3g} "
+                f"({c.grad_rel_l2_max:g} + dtype rounding {r.grad_floor:.3g})" for r in bad_grad.head(20).itertuples()]
+    no_floor = spots[~spots["grad_floor_logged"]]
+    if len(no_floor):
+        details.append(f"{len(no_floor)} spot checks without {SPOT_GRAD_REL_L2_DTYPE_FLOOR} (older runs): "
+                       "their gradient allowance is the flat limit")
     no_grad = spots["grad_rel_l2"].isna().sum()
     if no_grad:
         details.append(f"{no_grad} spot checks without a logit-gradient error")
@@ -158,26 +216,49 @@ def spot_tolerance(sweep: Sweep, cfg: SignoffCriteria, c: Any) -> Result:
     ratio = (spots["abs_err"] / spots["tol"]).max()
     measured = (f"{len(spots)} checks in {spots['run'].nunique()} runs: worst |loss-FP64|/tol {_fmt(ratio)} "
                 f"(max rel err {_fmt(spots['rel_err'].max())}), max logit-grad rel L2 "
-                f"{_fmt(spots['grad_rel_l2'].max())}, max param-grad rel L2 {_fmt(spots['param_grad_rel_l2'].max())}"
+                f"{_fmt(spots['grad_rel_l2'].max())} (allowance {_fmt(spots['grad_tol'].min())}–"
+                f"{_fmt(spots['grad_tol'].max())}: {c.grad_rel_l2_max:g} + dtype rounding up to "
+                f"{_fmt(spots['grad_floor'].max())}), max param-grad rel L2 {_fmt(spots['param_grad_rel_l2'].max())}"
                 f", sign mismatches {signs}; {len(nonfinite)} non-finite, {len(bad_loss)} loss and {len(bad_grad) + len(bad_pg)} gradient checks "
                 "beyond tolerance")
-    return Result("spot_tolerance", title, "pass" if ok else "fail", thr, measured, details)
+    return Result("spot_tolerance", title, "pass" if ok else "fail", thr, measured, details, applies)
 
 
 def original_shows_defect(sweep: Sweep, cfg: SignoffCriteria, c: Any) -> Result:
     title = "Original loss shows the precision defect where expected"
     thr = (f"{c.require} original ({cfg.original_precision}) runs with a BF16/FP16 side at the loss boundary "
-           "show a negative loss call, a spot sign mismatch, or a spot error beyond the patched tolerance")
+           "(mixed or not, BF16/BF16 included) show a negative loss call, a spot sign mismatch, or a spot error "
+           "beyond the patched tolerance")
     r = sweep.runs
-    expected = r[(r["loss.precision"] == cfg.original_precision) & r["mixed_dtypes"]]
+    originals = r[r["loss.precision"] == cfg.original_precision]
+    if originals.empty:
+        if r["low_precision"].any():
+            return _not_measured("original_shows_defect", title, thr,
+                                 f"no original ({cfg.original_precision}) run, although a BF16/FP16 side reaches "
+                                 "the loss in this sweep: nothing shows that the harness sees the defect",
+                                 c.required, "applies: the sweep has a BF16/FP16 side at the loss")
+        return _not_applicable("original_shows_defect", title, thr,
+                               f"the sweep has no original ({cfg.original_precision}) run and no BF16/FP16 side "
+                               "at the loss")
+    unknown = originals[originals["dtype.student"].isna() | originals["dtype.teacher"].isna()]
+    expected = originals[originals["low_precision"]]
+    if expected.empty and unknown.empty:
+        res = _not_applicable("original_shows_defect", title, thr,
+                              f"every original run has FP32 or wider on both sides at the loss "
+                              f"({len(originals)} runs): the defect needs a BF16/FP16 side")
+        res.details = [f"{run}: FP32/FP32 original, no defect expected" for run in originals["run"]]
+        return res
+    applies = (f"applies: {len(expected)} original runs with a BF16/FP16 side at the loss ("
+               + ", ".join(sorted({f"{a}/{b}" for a, b in zip(expected['dtype.student'], expected['dtype.teacher'])}))
+               + ")") if len(expected) else "applies: original runs whose dtypes at the loss were not recorded"
     if expected.empty:
         return _not_measured("original_shows_defect", title, thr,
-                             "no original runs with mixed dtypes at the loss boundary: the sweep cannot show that "
-                             "the harness sees the defect", c.required)
+                             f"{len(unknown)} original runs recorded no dtypes at the loss boundary "
+                             "(summary.json dtypes_seen)", c.required, applies)
     st = cfg.spot_tolerance
     neg = negatives_table(sweep).set_index("run")
     spots = spot_table(sweep, st.loss_rtol, st.loss_atol)
-    spots = spots[spots["run"].isin(expected["run"])]
+    spots = spot_allowance(sweep, spots[spots["run"].isin(expected["run"])], st.grad_rel_l2_max)
     seen, details = [], []
     for run in expected["run"]:
         s = spots[spots["run"] == run]
@@ -189,28 +270,32 @@ def original_shows_defect(sweep: Sweep, cfg: SignoffCriteria, c: Any) -> Result:
             "logit-grad rel L2 max": s["grad_rel_l2"].max() if len(s) else np.nan,
         }
         hit = (ev["negative calls"] > 0 or ev["sign mismatches"] > 0 or ev["spot loss beyond tol"] > 0
-               or (pd.notna(ev["logit-grad rel L2 max"]) and ev["logit-grad rel L2 max"] > st.grad_rel_l2_max))
+               or bool((s["grad_rel_l2"] > s["grad_tol"]).any()))
         seen.append(hit)
         details.append(f"{run}: {'defect seen' if hit else 'NOT seen'} (" +
                        ", ".join(f"{k} {_fmt(v)}" for k, v in ev.items()) + ")")
     n_seen = int(sum(seen))
     ok = all(seen) if c.require == "all" else any(seen)
+    details += [f"{run}: dtypes at the loss not recorded" for run in unknown["run"]]
     return Result("original_shows_defect", title, "pass" if ok else "fail", thr,
-                  f"defect seen in {n_seen} of {len(seen)} expected original runs", details)
+                  f"defect seen in {n_seen} of {len(seen)} expected original runs", details, applies)
 
 
-def _agreement_result(name, title, agreement: pd.DataFrame, c: Any, no_pairs: str) -> Result:
-    thr = (f"|a - b| <= {c.rtol:g}*max(|a|,|b|) + {c.atol:g} at every common step of "
-           + ", ".join(c.metrics))
+def _agreement_thr(c: Any) -> str:
+    return f"|a - b| <= {c.rtol:g}*max(|a|,|b|) + {c.atol:g} at every common step of " + ", ".join(c.metrics)
+
+
+def _agreement_result(name, title, agreement: pd.DataFrame, c: Any, no_pairs: str, applies: str = "") -> Result:
+    thr = _agreement_thr(c)
     if agreement.empty or "max_abs_diff" not in agreement:
-        return _not_measured(name, title, thr, no_pairs, c.required)
+        return _not_measured(name, title, thr, no_pairs, c.required, applies)
     a = agreement[agreement["metric"].isin(c.metrics)].copy()
     details = []
     no_common = a[a["common_steps"] == 0]
     details += [f"{r.run_a} vs {r.run_b}: no common steps for {r.metric}" for r in no_common.itertuples()]
     a = a[a["common_steps"] > 0]
     if a.empty:
-        return _not_measured(name, title, thr, "paired runs share no logged steps", c.required)
+        return _not_measured(name, title, thr, "paired runs share no logged steps", c.required, applies)
     ok_rows = a["violations"] == 0
     bad = a[~ok_rows]
     details += [f"{r.run_a} vs {r.run_b}: {r.metric} beyond tolerance at {r.violations} of {r.common_steps} steps, "
@@ -223,18 +308,27 @@ def _agreement_result(name, title, agreement: pd.DataFrame, c: Any, no_pairs: st
     if "gkd.beta" in a:
         measured += "; β compared: " + ", ".join(f"{b:g}" for b in sorted(a["gkd.beta"].dropna().unique()))
     status = "pass" if bad.empty and no_common.empty else "fail"
-    return Result(name, title, status, thr, measured, details)
+    return Result(name, title, status, thr, measured, details, applies)
 
 
 def beta_forms_unchanged(sweep: Sweep, cfg: SignoffCriteria, c: Any) -> Result:
     title = "β ∈ {" + ", ".join(f"{b:g}" for b in c.betas) + "} unchanged between paper and continuous forms"
     runs = sweep.runs[sweep.runs["gkd.beta"].isin(c.betas)]
-    agreement = step_agreement(sweep, "loss.beta_form", "paper", "continuous", runs=runs, metrics=c.metrics,
-                               rtol=c.rtol, atol=c.atol)
-    res = _agreement_result("beta_forms_unchanged", title, agreement, c,
-                            "no paired paper/continuous runs at these β")
+    forms = set(runs["loss.beta_form"].dropna())
+    betas = ", ".join(f"{b:g}" for b in c.betas)
+    if not {"paper", "continuous"} <= forms:
+        lacking = " and ".join(f for f in ("paper", "continuous") if f not in forms)
+        res = _not_applicable("beta_forms_unchanged", title, _agreement_thr(c),
+                              f"the sweep has no {lacking} point at β ∈ {{{betas}}} (β forms in the sweep: "
+                              f"{_values(sweep.runs, 'loss.beta_form')})")
+    else:
+        agreement = step_agreement(sweep, "loss.beta_form", "paper", "continuous", runs=runs, metrics=c.metrics,
+                                   rtol=c.rtol, atol=c.atol)
+        res = _agreement_result("beta_forms_unchanged", title, agreement, c,
+                                "no paired paper/continuous runs at these β (runs equal in every other key)",
+                                f"applies: paper and continuous points at β ∈ {{{betas}}}")
     # The formula itself, in FP64 on the β-curve's fixed inputs: the forms must coincide exactly at these β.
-    s, t = report001_inputs()
+    s, t = beta_defect_inputs()
     curve = fp64_beta_curve(s, t, c.betas).pivot(index="beta", columns="form", values="D")
     diff = float((curve["paper"] - curve["continuous"]).abs().max())
     res.details.append(f"FP64 formula check (fixed synthetic inputs): max |D_paper - D_continuous| over these β = {diff:.3g}")
@@ -247,10 +341,16 @@ def precisions_unchanged_in_fp32(sweep: Sweep, cfg: SignoffCriteria, c: Any) -> 
     title = "Native and fp32 precision agree where both sides are FP32"
     r = sweep.runs
     both = r[(r["dtype.student"] == "float32") & (r["dtype.teacher"] == "float32")]
+    precs = set(both["loss.precision"].dropna())
+    if not {cfg.original_precision, "fp32"} <= precs:
+        return _not_applicable("precisions_unchanged_in_fp32", title, _agreement_thr(c),
+                               f"the sweep has no {cfg.original_precision} and fp32 runs with FP32 on both sides at "
+                               f"the loss (FP32/FP32 precisions: {', '.join(sorted(map(str, precs))) or 'none'})")
     agreement = step_agreement(sweep, "loss.precision", cfg.original_precision, "fp32", runs=both,
                                metrics=c.metrics, rtol=c.rtol, atol=c.atol)
     return _agreement_result("precisions_unchanged_in_fp32", title, agreement, c,
-                             "no paired native/fp32 runs with FP32 on both sides")
+                             "no paired native/fp32 runs with FP32 on both sides (runs equal in every other key)",
+                             f"applies: {cfg.original_precision} and fp32 runs with FP32/FP32 at the loss")
 
 
 def no_failed_runs(sweep: Sweep, cfg: SignoffCriteria, c: Any) -> Result:
@@ -262,8 +362,15 @@ def no_failed_runs(sweep: Sweep, cfg: SignoffCriteria, c: Any) -> Result:
     counts = r["outcome"].value_counts().to_dict()
     details = [f"{x.run}: {x.outcome}" + (f" — {x.error}" if x.error else "") + (f" ({x.problems})" if x.problems
                                                                                  else "") for x in bad.itertuples()]
+    noted = r[r["outcome"].isin(allowed) & r["problems"].fillna("").astype(bool)]
+    details += [f"{x.run}: note: {x.problems}" for x in noted.itertuples()]
     measured = ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + f" of {len(r)} runs"
-    return Result("no_failed_runs", title, "pass" if bad.empty else "fail", thr, measured, details)
+    missing = r[r["outcome"] == "missing"]
+    if len(missing):
+        measured += "; planned but without a run folder: " + ", ".join(map(str, missing["run"].head(10))) + (
+            f" ... ({len(missing)})" if len(missing) > 10 else "")
+    return Result("no_failed_runs", title, "pass" if bad.empty else "fail", thr, measured, details,
+                  "applies to every sweep (planned points from the sweep's manifest or multirun.yaml)")
 
 
 CRITERIA = {
@@ -283,7 +390,8 @@ def evaluate(sweep: Sweep, cfg: SignoffCriteria) -> tuple:
     for name, fn in CRITERIA.items():
         c = getattr(cfg, name)
         if not c.enabled:
-            results.append(Result(name, name, "disabled", "", "disabled in the criteria file"))
+            results.append(Result(name, name, "disabled", "", "disabled in the criteria file",
+                                  applies="disabled in the criteria file"))
             continue
         results.append(fn(sweep, cfg, c))
     verdict = "fail" if any(r.status in FAILING for r in results) else "pass"

@@ -56,7 +56,8 @@ th{background:#f3f3f3;white-space:nowrap}
 td.long{min-width:18em;max-width:40em;overflow-wrap:anywhere}
 td.pass{color:#1a7f37;font-weight:bold}
 td.fail,td.not_measured{color:#cf222e;font-weight:bold}
-td.skipped,td.disabled{color:#6e7781}
+td.skipped,td.disabled,td.not_applicable{color:#6e7781}
+.banner-failing{flex:1 1 100%;margin:0.2em 0 0;padding-left:1.3em}
 figure{margin:1em 0}
 img{max-width:100%;height:auto;display:block}
 figcaption{font-size:0.9em;color:#57606a}
@@ -64,7 +65,7 @@ pre{background:#f6f8fa;padding:0.6em;overflow-x:auto;max-width:100%}
 code{background:#f0f2f4;padding:0 0.2em;border-radius:3px;overflow-wrap:anywhere}
 """.strip()
 
-_STATUS = ("pass", "fail", "not_measured", "skipped", "disabled")
+_STATUS = ("pass", "fail", "not_measured", "not_applicable", "skipped", "disabled")
 _LONG_CELL = 60  # characters: cells longer than this wrap inside a bounded width
 
 
@@ -102,12 +103,14 @@ class Document:
     title: str
     blocks: list = field(default_factory=list)
 
-    def banner(self, verdict: str, detail: str = "") -> None:
-        """The verdict banner: ``verdict`` is "pass" or "fail" (shown upper-case), ``detail`` one sentence."""
+    def banner(self, verdict: str, detail: str = "", failing=()) -> None:
+        """The verdict banner: ``verdict`` is "pass" or "fail" (shown upper-case), ``detail`` one sentence,
+        ``failing`` the ``(criterion, one-line reason)`` pairs listed under it (the first screen says which
+        criterion failed and why)."""
         v = str(verdict).lower()
         if v not in ("pass", "fail"):
             raise ValueError(f"banner verdict must be 'pass' or 'fail', got {verdict!r}")
-        self.blocks.append(("banner", v, detail))
+        self.blocks.append(("banner", v, detail, [(str(a), str(b)) for a, b in failing]))
 
     def toc(self) -> None:
         """A table of contents of the level-2 headings, rendered where this is called."""
@@ -160,7 +163,8 @@ class Document:
         for i, b in enumerate(self.blocks):
             kind = b[0]
             if kind == "banner":
-                out += [f"> **Verdict: {b[1].upper()}**" + (f" — {b[2]}" if b[2] else ""), ""]
+                out += [f"> **Verdict: {b[1].upper()}**" + (f" — {b[2]}" if b[2] else "")]
+                out += [">"] * bool(b[3]) + [f"> - **{name}**: {why}" for name, why in b[3]] + [""]
             elif kind == "toc":
                 entries = self._toc_entries(anchors)
                 if entries:
@@ -207,8 +211,10 @@ class Document:
             kind = b[0]
             if kind == "banner":
                 detail = f"<span class='banner-detail'>{self._inline(b[2])}</span>" if b[2] else ""
+                failing = ("<ul class='banner-failing'>" + "".join(
+                    f"<li><b>{e(name)}</b>: {self._inline(why)}</li>" for name, why in b[3]) + "</ul>") if b[3] else ""
                 out.append(f"<div id='verdict-banner' class='banner {b[1]}' role='status'>"
-                           f"<span id='verdict'>{b[1].upper()}</span>{detail}</div>")
+                           f"<span id='verdict'>{b[1].upper()}</span>{detail}{failing}</div>")
             elif kind == "toc":
                 entries = self._toc_entries(anchors)
                 if entries:

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from analysis.records import RunRecord, Sweep, UnusableInput, int_step, tabulate
 from harness.config.flat import flatten
-from harness.contract import ARCHIVE_DIR, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
+from harness.contract import ARCHIVE_DIR, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, SWEEP_MANIFEST_FILE
 
 try:  # msgspec decodes JSON lines ~3x faster than json; both give identical Python objects.
     import msgspec
@@ -29,11 +29,38 @@ except ImportError:  # pragma: no cover
     _decode = json.loads
     _DecodeError = (json.JSONDecodeError, UnicodeDecodeError)
 
-__all__ = ["find_run_folders", "load_run_folder", "load_sweep"]
+__all__ = ["find_run_folders", "load_run_folder", "load_sweep", "planned_points"]
 
 _SKIP_DIRS = {"wandb", "swift", "captures", ".hydra", "__pycache__", ".submitit", "report", ARCHIVE_DIR}
 _HYDRA_VERDICT = "job_return.json"  # written by launch.sweep's Hydra callback for every sweep point
 _MARKERS = (SUMMARY_FILE, METRICS_FILE, CONFIG_FILE)
+_MULTIRUN_FILE = "multirun.yaml"  # Hydra's record of the multirun's config, in the sweep folder
+
+
+def planned_points(sweep: os.PathLike) -> tuple:
+    """``(point names, where)``: what the sweep planned, from ``sweep_manifest.json`` (written by launch.sweep
+    before the first point starts), else expanded from Hydra's ``multirun.yaml`` as Hydra's basic sweeper does;
+    ``([], None)`` when the folder holds neither (a copied or hand-made sweep)."""
+    root = Path(sweep)
+    manifest = root / SWEEP_MANIFEST_FILE
+    if manifest.is_file():
+        data = _read_json(manifest)
+        points = data.get("points") if isinstance(data, dict) else None
+        if not isinstance(points, list) or not all(isinstance(p, str) for p in points):
+            raise UnusableInput(f"{manifest}: 'points' must be a list of point names")
+        return list(points), manifest.name
+    multirun = root / _MULTIRUN_FILE
+    if not multirun.is_file():
+        return [], None
+    try:
+        from omegaconf import OmegaConf
+
+        from launch.sweep import point_name, sweep_points
+
+        config = OmegaConf.load(multirun)
+        return [point_name(job, config) for job in sweep_points(config)], multirun.name
+    except Exception as e:  # noqa: BLE001 - a sweeper the basic expansion does not know
+        raise UnusableInput(f"{multirun}: cannot list the sweep's planned points ({type(e).__name__}: {e})") from None
 
 
 def _read_json(path: Path) -> Any:
@@ -232,5 +259,14 @@ def load_sweep(sweep: os.PathLike) -> Sweep:
         sw.runs[["run", "loss.precision", "gkd.beta", "outcome"]]
         sw.run_history(sw.runs["run"][0])["train/loss"]
     """
-    records = [load_run_folder(p) for p in find_run_folders(sweep)]
-    return tabulate(records, source=f"local:{Path(sweep)}")
+    root = Path(sweep)
+    folders = find_run_folders(sweep)
+    records = [load_run_folder(p) for p in folders]
+    planned, where = planned_points(root) if root.is_dir() else ([], None)
+    have = {str(p.relative_to(root)) for p in folders if p != root} | {p.name for p in folders}
+    for name in planned:
+        if name not in have:
+            records.append(RunRecord(name=name, status="missing", config={}, history=[], path=None,
+                                     error=f"planned by the sweep ({where}) but has no run folder",
+                                     problems=["never started, cancelled while pending, or its folder was deleted"]))
+    return tabulate(records, source=f"local:{root}")

@@ -40,6 +40,7 @@ __all__ = [
     "int_step",
     "tabulate",
     "expected_steps",
+    "mixed_sweep_problems",
     "step_gaps",
 ]
 
@@ -119,6 +120,22 @@ class Sweep:
     @property
     def groups(self) -> list:
         return sorted({g for g in self.runs["group"].dropna().unique()})
+
+
+def mixed_sweep_problems(sweep: "Sweep") -> list:
+    """Why ``sweep`` is not one sweep: runs of more than one wandb group, or several runs with one run id
+    (a folder copied twice). Empty when it is one sweep."""
+    r = sweep.runs
+    out = []
+    groups = r["group"].dropna().value_counts()
+    if len(groups) > 1:
+        out.append("runs of more than one group: " + ", ".join(f"{g} ({n} runs)" for g, n in groups.items()))
+    if "copy_of" in r:
+        for orig, g in r[r["copy_of"].notna()].groupby("copy_of"):
+            paths = [p for p in r.loc[r["run"] == orig, "path"].tolist() + g["path"].tolist() if p]
+            out.append(f"run id {orig} appears {len(g) + 1} times" + (f" ({', '.join(map(str, paths))})"
+                                                                     if paths else ""))
+    return out
 
 
 def int_step(value: Any, where: str) -> int:
@@ -294,10 +311,10 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
     """RunRecords -> :class:`Sweep` (runs, history and non-finite tables). Run names are made unique."""
     rows, frames, bad, seen = [], [], [], {}
     for rec in records:
-        name = rec.name
+        name, copy_of = rec.name, None
         if name in seen:
             seen[name] += 1
-            name = f"{name}#{seen[rec.name]}"
+            name, copy_of = f"{name}#{seen[rec.name]}", rec.name
         else:
             seen[name] = 0
         cfg = _canonical_config(rec.config)
@@ -333,6 +350,7 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
             "low_precision": _is_low_precision(student, teacher),
             "path": rec.path,
             "wall_s": rec.wall_s,
+            "copy_of": copy_of,
         }
         for col in CONFIG_COLUMNS + TRACKING_COLUMNS:
             row[col] = cfg.get(col)

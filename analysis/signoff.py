@@ -21,11 +21,11 @@ import numpy as np
 import pandas as pd
 
 from analysis import plots
-from analysis.betacurve import (capture_inputs, endpoint_jumps, fp64_beta_curve, report001_inputs,
+from analysis.betacurve import (capture_inputs, endpoint_jumps, fp64_beta_curve, beta_defect_inputs,
                                 training_beta_curve)
 from analysis.compare import (forms_agreement, largest_divergence, negatives_table, precision_agreement,
                               run_summary, spot_distribution, spot_table)
-from analysis.criteria import evaluate
+from analysis.criteria import FAILING, evaluate
 from analysis.document import Document
 from analysis.records import Sweep, UnusableInput
 from analysis.signoff_config import SignoffCriteria
@@ -189,7 +189,7 @@ def _write_report(sweep: Sweep, report_dir: Path, cfg: SignoffCriteria, captures
     spot_dist = spot_distribution(spots)
     forms = forms_agreement(sweep, cfg.beta_forms_unchanged.betas)
     precs = precision_agreement(sweep)
-    s, t = report001_inputs()
+    s, t = beta_defect_inputs()
     curve = fp64_beta_curve(s, t, rcfg.beta_curve_betas, source="fixed synthetic (seed 7, V=300)")
     captures = find_captures(sweep) if captures is None else captures
     cap_curve, capture_error = None, None
@@ -223,18 +223,25 @@ def _write_report(sweep: Sweep, report_dir: Path, cfg: SignoffCriteria, captures
     runs = sweep.runs
     outcome_counts = runs["outcome"].value_counts().to_dict()
     doc = Document(f"GKD loss sign-off: {sweep.source}")
+    failing = [r for r in results if r.status in FAILING]
+    n_na = sum(r.status == "not_applicable" for r in results)
     doc.banner(verdict, f"{sum(r.status == 'pass' for r in results)} of "
-               f"{sum(r.status != 'disabled' for r in results)} criteria pass. {len(runs)} runs "
+               f"{sum(r.status not in ('disabled', 'not_applicable') for r in results)} applicable criteria pass"
+               + (f" ({n_na} not applicable to this sweep's design)" if n_na else "")
+               + (f"; failing: {', '.join(r.name for r in failing)}" if failing else "") + f". {len(runs)} runs "
              f"({', '.join(f'{v} {k}' for k, v in sorted(outcome_counts.items()))}); group(s): "
-             f"{', '.join(map(str, sweep.groups)) or 'n/a'}. Generated {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M UTC}.")
+             f"{', '.join(map(str, sweep.groups)) or 'n/a'}. Generated {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M UTC}.",
+               failing=[(f"{r.name} ({r.status})", r.reason()) for r in failing])
     versions = {c: runs[c].dropna().unique().tolist() for c in runs.columns if c.startswith("version.")}
     if versions:
         doc.para("Versions: " + "; ".join(f"{k[8:]} {', '.join(map(str, v))}" for k, v in versions.items()))
     doc.toc()
 
     doc.heading("Criteria")
-    doc.table(pd.DataFrame([{"criterion": r.title, "status": r.status, "threshold": r.threshold,
-                             "measured": r.measured} for r in results]))
+    doc.para("`not_applicable`: the sweep's design does not contain the criterion's subject (never a failure); "
+             "`not_measured`: the design has the subject but the evidence is missing (a failure when required).")
+    doc.table(pd.DataFrame([{"criterion": r.title, "status": r.status, "why it applies": r.applies,
+                             "threshold": r.threshold, "measured": r.measured} for r in results]))
     for r in results:
         if r.details:
             doc.heading(f"{r.title}: {r.status}", 3)
@@ -311,7 +318,9 @@ def _write_report(sweep: Sweep, report_dir: Path, cfg: SignoffCriteria, captures
         "schema_version": VERDICT_SCHEMA_VERSION,
         "verdict": verdict,
         "exit_code": exit_code,
-        "failed_criteria": [r.name for r in results if r.status in ("fail", "not_measured")],
+        "failed_criteria": [r.name for r in results if r.status in FAILING],
+        "failed_reasons": {r.name: r.reason() for r in results if r.status in FAILING},
+        "not_applicable": {r.name: r.measured for r in results if r.status == "not_applicable"},
         "criteria": [r.to_dict() for r in results],
         "sweep": sweep.source,
         "groups": sweep.groups,

@@ -6,9 +6,14 @@ same with every launcher (basic, submitit_local, submitit_slurm) because it only
 - ``on_multirun_start`` (launching process): lists the sweep's points exactly as Hydra's basic sweeper expands
   them, prints how many already completed (harness.launcher.cli skips those) and how many will (re)run, and starts a
   progress printer thread (points done / failed, the running point's step out of ``run.max_steps``).
+  Before the first point starts it writes the sweep's manifest, ``<sweep folder>/sweep_manifest.json`` (the
+  planned point names, the group, the launcher; names of an earlier manifest in the same folder are kept), so
+  ``gkd-analyze`` can name every planned point that has no run folder (a cancelled SLURM array task).
 - ``on_job_end`` (the process that ran the point; a submitit worker for submitit launchers): writes Hydra's
   own verdict for the point to ``<run folder>/.hydra/job_return.json``, so a point that failed before it wrote
-  ``summary.json`` (e.g. a config error) still reports ``failed`` with its error.
+  ``summary.json`` (e.g. a config error) still reports ``failed`` with its error. A point that was *refused*
+  (its folder is busy, or holds a run of another config) does not own that folder: nothing is written there;
+  the refusal goes to the sweep's console and to ``<sweep folder>/refused_points.log``.
 - ``on_multirun_end``, or at interpreter exit when Hydra re-raises a failed point after the whole batch ran:
   prints one line per point (status, steps, error), read back from the run folders.
 
@@ -35,9 +40,27 @@ from omegaconf import DictConfig, OmegaConf
 from harness.launcher.progress import ProgressDisplay, Snapshot, render
 from harness.store.run_folder import tail_step
 from harness.launcher.cli import PointFailed
-from harness.contract import METRICS_FILE, SUMMARY_FILE
+from harness.contract import METRICS_FILE, SUMMARY_FILE, SWEEP_MANIFEST_FILE
 
 STATUS_FILE = "job_return.json"
+REFUSED_LOG = "refused_points.log"
+
+
+def write_manifest(sweep_dir: Path, names: list[str], group: str, launcher: str) -> Path:
+    """Write ``sweep_manifest.json`` (planned point names, in launch order, plus those of an earlier manifest
+    in the same folder) atomically; returns its path."""
+    import os
+
+    path = Path(sweep_dir) / SWEEP_MANIFEST_FILE
+    earlier = _read_json(path) or {}
+    planned = list(dict.fromkeys([str(n) for n in (earlier.get("points") or [])] + list(names)))
+    body = {"group": group, "launcher": launcher, "points": planned,
+            "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(body, indent=1))
+    os.replace(tmp, path)
+    return path
 
 
 @dataclass
@@ -171,6 +194,12 @@ class SweepStatusCallback(Callback):
                         "no resume summary, progress or final table")
             return
         self._points = [(n, self._sweep_dir / n) for n in names]
+        try:
+            launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "basic")
+            write_manifest(self._sweep_dir, names, self._group, launcher)
+        except OSError as e:
+            self._print(f"[sweep {self._group}] cannot write {SWEEP_MANIFEST_FILE} ({e}); gkd-analyze will fall "
+                        "back to multirun.yaml")
         before = self.statuses()
         self._completed_before = {p.name for p in before if p.status == "completed"}
         failed = sum(p.status == "failed" for p in before)
@@ -182,36 +211,61 @@ class SweepStatusCallback(Callback):
         )
         self._stop.clear()
         self._started = time.monotonic()
+        self._started_wall = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self._reported = False
         atexit.register(self._report)
         if self.progress_interval_s > 0:
             self._thread = threading.Thread(target=self._progress_loop, name="sweep-progress", daemon=True)
             self._thread.start()
 
-    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """Drop the verdict of an earlier attempt of this point (a rerun starts clean)."""
-        stale = Path(str(config.hydra.runtime.output_dir)) / ".hydra" / STATUS_FILE
-        stale.unlink(missing_ok=True)
-
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
-        """Record Hydra's verdict for this point next to its ``.hydra/`` folder (any process)."""
-        out = Path(str(config.hydra.runtime.output_dir)) / ".hydra"
+        """Record Hydra's verdict for this point next to its ``.hydra/`` folder (any process), replacing an
+        earlier attempt's; a refused point's folder is not its own: the refusal is printed and logged in the
+        sweep folder instead (:data:`REFUSED_LOG`)."""
+        run_dir = Path(str(config.hydra.runtime.output_dir))
+        out = run_dir / ".hydra"
         error, status = None, job_return.status.name
+        ret = getattr(job_return, "_return_value", None)
         if job_return.status == JobStatus.FAILED:
-            exc = job_return._return_value
+            exc = ret
             error = f"{type(exc).__name__}: {exc}"
-        elif isinstance(job_return._return_value, PointFailed):  # gkd-train reported its failure in one line
-            status, error = "FAILED", job_return._return_value.error
+        elif isinstance(ret, PointFailed):  # gkd-train reported its failure in one line
+            if ret.refused:
+                self._refused(run_dir, ret.error)
+                return
+            status, error = "FAILED", ret.error
         try:
             out.mkdir(parents=True, exist_ok=True)
             (out / STATUS_FILE).write_text(json.dumps({"status": status, "error": error}))
         except OSError:
             pass
 
+    def _refused(self, run_dir: Path, error: str) -> None:
+        """A refused point: one line on the console and in ``<sweep folder>/refused_points.log``."""
+        line = f"refused: {run_dir.name}: {error}"
+        self._print(f"[sweep {self._group}] {line}")
+        try:
+            with open(run_dir.parent / REFUSED_LOG, "a") as f:
+                f.write(time.strftime("%Y-%m-%dT%H:%M:%SZ ", time.gmtime()) + line + "\n")
+        except OSError:
+            pass
+
+    def refusals(self) -> list[str]:
+        """Lines of :data:`REFUSED_LOG` written since this multirun started (any process wrote them)."""
+        try:
+            lines = (self._sweep_dir / REFUSED_LOG).read_text().splitlines()
+        except OSError:
+            return []
+        since = getattr(self, "_started_wall", "")
+        return [ln for ln in lines if ln[:20] >= since]
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        """The summary table; the sweep exits 1 when any point failed (each failure was one line already)."""
+        """The summary table; the sweep exits 1 when any point failed or was refused (each was one line already)."""
         self._report()
-        if any(p.status in ("failed", "incomplete") for p in self.statuses()):
+        refused = self.refusals()
+        if refused:
+            self._print(f"[sweep {self._group}] {len(refused)} points refused (see {self._sweep_dir / REFUSED_LOG})")
+        if refused or any(p.status in ("failed", "incomplete") for p in self.statuses()):
             sys.exit(1)
 
     # -- progress and final report

@@ -80,6 +80,9 @@ class PointFailed:
 
     code: int
     error: str
+    #: the point was refused (its folder is busy or holds another config): the folder is not this job's, so
+    #: nothing may be written into it (launch.sweep reports the refusal on the sweep's console and log instead)
+    refused: bool = False
 
 
 
@@ -110,7 +113,7 @@ def _job(cfg) -> Optional[int]:
         if _verbose(cfg):
             raise
         if _is_multirun():
-            return PointFailed(code, f"{type(e).__name__}: {e}")
+            return PointFailed(code, f"{type(e).__name__}: {e}", refused=what == "refused")
         sys.exit(code)
     except Interrupted as e:  # preemption, time-out, Ctrl-C: the run is recorded as interrupted; the sweep ends
         print(f"gkd-train: {e} (summary.json says interrupted; rerun the same command to restart, or add "

@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from swift.metrics.utils import Metric
 from swift.rlhf_trainers.gkd_loss import TeacherOutput, extract_active
-from harness.contract import JSD_LOSS, LOSS_CALLS_TOTAL, MIN_TOKEN_JSD, NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, NEG_TOKEN_FRAC, NONFINITE_CALLS_TOTAL, SFT_LOSS, SPOT_GRAD_REL_L2, SPOT_LOSS, SPOT_LOSS_ABS_ERR, SPOT_LOSS_FP64, SPOT_LOSS_REL_ERR, SPOT_PARAM_GRAD_REL_L2, SPOT_SIGN_MISMATCH
+from harness.contract import JSD_LOSS, LOSS_CALLS_TOTAL, MIN_TOKEN_JSD, NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, NEG_TOKEN_FRAC, NONFINITE_CALLS_TOTAL, SFT_LOSS, SPOT_GRAD_REL_L2, SPOT_GRAD_REL_L2_DTYPE_FLOOR, SPOT_LOSS, SPOT_LOSS_ABS_ERR, SPOT_LOSS_FP64, SPOT_LOSS_REL_ERR, SPOT_PARAM_GRAD_REL_L2, SPOT_SIGN_MISMATCH
 
 #: DESIGN metric names produced by the instrument (all but ``spot/param_grad_rel_l2`` always registered).
 
@@ -246,6 +246,7 @@ def build_metrics(param_grad: bool = False, where: Optional[MetricDevice] = None
         NONFINITE_CALLS_TOTAL: CumulativeSumMetric,
         SPOT_LOSS: MeanMetric, SPOT_LOSS_FP64: MeanMetric, SPOT_LOSS_ABS_ERR: MaxMetric,
         SPOT_LOSS_REL_ERR: MaxMetric, SPOT_GRAD_REL_L2: MaxMetric, SPOT_SIGN_MISMATCH: MaxMetric,
+        SPOT_GRAD_REL_L2_DTYPE_FLOOR: MaxMetric,
     }
     if param_grad:
         kinds[SPOT_PARAM_GRAD_REL_L2] = MaxMetric
@@ -311,6 +312,7 @@ def spot_check(run_terms: Callable, ref_terms: Callable, student_logits, teacher
         grad_rel = math.nan
     else:
         grad_rel = dnorm / gnorm if gnorm > 0 else dnorm
+    floor = _grad_dtype_floor(grad64, s.dtype)
     return {
         SPOT_LOSS: loss,
         SPOT_LOSS_FP64: ref,
@@ -319,7 +321,18 @@ def spot_check(run_terms: Callable, ref_terms: Callable, student_logits, teacher
                               (0.0 if abs_err == 0 else math.inf)),
         SPOT_GRAD_REL_L2: grad_rel,
         SPOT_SIGN_MISMATCH: float((loss < 0) != (ref < 0)) if finite else math.nan,
+        SPOT_GRAD_REL_L2_DTYPE_FLOOR: floor,
     }
+
+
+def _grad_dtype_floor(grad64: torch.Tensor, student_dtype: torch.dtype) -> float:
+    """The student dtype's own share of the gradient tolerance (``harness.loss.tolerances.grad_tol`` less its
+    FP32 part): 2x the relative L2 rounding of the FP64 gradient ``grad64`` [1, N, V] to ``student_dtype``."""
+    from harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT, grad_tol
+
+    if not bool(torch.isfinite(grad64).all()) or float(grad64.norm()) == 0.0:
+        return 0.0
+    return max(0.0, grad_tol(grad64, student_dtype) - GRAD_REL_L2_FP32_STUDENT)
 
 
 def param_grad_rel_l2(loss_run: torch.Tensor, loss_ref: torch.Tensor, params: list[torch.Tensor]) -> Optional[float]:

@@ -47,7 +47,7 @@ def test_passing_sweep_exit_0_and_report_files(synthetic_sweep_dir, tmp_path):
     assert v["verdict"] == "pass" and v["exit_code"] == 0 and v["failed_criteria"] == []
     assert _status(v) == {"no_negative_patched": "pass", "no_nonfinite": "pass", "spot_tolerance": "pass",
                           "original_shows_defect": "pass",
-                          "beta_forms_unchanged": "pass", "precisions_unchanged_in_fp32": "skipped",
+                          "beta_forms_unchanged": "pass", "precisions_unchanged_in_fp32": "not_applicable",
                           "no_failed_runs": "pass"}
     for name in ("report.md", "report.html", "loss_curves.png", "grad_norm_curves.png", "negatives.png",
                  "spot_errors.png", "beta_curve.png"):
