@@ -3,7 +3,9 @@
 Types and structure are the schema's job (``harness.config.schema``); this module checks what a type cannot say: β in
 [0, 1], a positive temperature, finite numbers, existing model folders, matching vocabularies, a rollout engine
 that fits ``gkd.lmbda``, no boundary cast on Megatron unless asked for, and hub ids that cannot be fetched while
-offline. Every error is a :class:`~harness.config.schema.ConfigError` naming the key. It reads only small files
+offline, safe group / run / tag names (``name_rules``), guarded ``run.extra_args`` (``extra_args_rules``) and
+the first rows of a local dataset (``dataset_rules``).
+Every error is a :class:`~harness.config.schema.ConfigError` naming the key. It reads only small files
 (``config.json`` of local models) and imports neither torch nor ms-swift.
 """
 from __future__ import annotations
@@ -19,6 +21,9 @@ from harness.config.schema import (
     MegatronBackendConfig, TrainConfig, to_dict,
 )
 from harness.config.rollout_rules import validate_rollout
+from harness.config.dataset_rules import validate_datasets
+from harness.config.extra_args_rules import validate_extra_args
+from harness.config.name_rules import validate_names
 from harness.config.secrets import find_secret_keys, secret_refusal
 from harness.config.flat import flatten
 
@@ -187,6 +192,7 @@ def validate_config(cfg: TrainConfig) -> None:
         raise ConfigError("run.dataset", f"{run.dataset} does not exist")
     if run.dataset is None and cfg.model.student != EMBEDDED:
         raise ConfigError("run.dataset", "must be set when model.student is not the embedded model")
+    validate_extra_args(run.extra_args)
 
     # monitor
     mon = cfg.monitor
@@ -201,7 +207,9 @@ def validate_config(cfg: TrainConfig) -> None:
     if cfg.tracking.wandb.mode not in WANDB_MODES:
         raise ConfigError("tracking.wandb.mode", f"must be one of {list(WANDB_MODES)}, got {cfg.tracking.wandb.mode!r}")
 
+    validate_names(cfg)
     validate_rollout(cfg)
+    validate_datasets(cfg)  # last: reads the first rows of a local jsonl
 
 
 __all__ = ["validate_config", "model_vocab_size",

@@ -29,6 +29,10 @@ def register() -> None:
     from harness.launcher.node import local_gpu_count
 
     register_schemas()
+    if not OmegaConf.has_resolver("gkd_folder_name"):  # hydra.run.dir / sweep.dir never leave the output root
+        from harness.config.name_rules import folder_name
+
+        OmegaConf.register_new_resolver("gkd_folder_name", folder_name)
     if not OmegaConf.has_resolver("gkd_local_gpus"):
         OmegaConf.register_new_resolver("gkd_local_gpus", lambda nproc, device: local_gpu_count(nproc, device))
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from harness.config.schema import EMBEDDED, ConfigError, MegatronBackendConfig, TrainConfig
+from harness.launcher.extra_args import check_with_swift
 from harness.launcher.node import NodeLayout, detect_device, node_layout
 from harness.launcher.rollout_argv import needs_torchrun, rollout_env
 from harness.launcher.swift_argv import ResolvedInputs, build_argv, megatron_batch_sizes
@@ -160,8 +161,10 @@ def build_plan(cfg: TrainConfig, base_env: Mapping[str, str], run_dir: Path, run
         port_picker: a free-port function for single-node runs (tests pin it).
 
     Raises:
-        ConfigError: an invalid layout (naming the ``backend.*`` key or variable).
+        ConfigError: an invalid layout (naming the ``backend.*`` key or variable), or ``run.extra_args`` that
+            ms-swift's argument parser refuses.
     """
+    check_with_swift(cfg)  # run.extra_args through ms-swift's own parser (nothing to do when empty)
     device = detect_device(cfg.run.device, base_env)
     force = isinstance(cfg.backend, MegatronBackendConfig) or needs_torchrun(cfg)
     layout = node_layout(cfg.backend, base_env, force_torchrun=force, port_picker=port_picker)

@@ -91,7 +91,7 @@ def test_folder_without_config_json(tmp_path, key):
 
 def test_vocab_mismatch_needs_explicit_alignment(tmp_path):
     data = tmp_path / "d.jsonl"
-    data.write_text("{}\n")
+    data.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n')
     models = [f"model.student={model_dir(tmp_path, 's', 1000)}", f"model.teacher={model_dir(tmp_path, 't', 1024)}",
               f"run.dataset={data}"]
     with pytest.raises(ConfigError, match=r"model\.teacher: vocab size 1024 differs .* 1000"):
