@@ -19,8 +19,9 @@ from typing import Any, List, Mapping, Optional
 
 from omegaconf import MISSING
 
-#: ``loss.precision``: upstream arithmetic, promote low precision to FP32 before temperature, FP64 reference.
-PRECISIONS = ("native", "fp32", "fp64")
+#: ``loss.precision``: upstream arithmetic, promote low precision to FP32 before temperature, FP64 reference, or a
+#: candidate loaded from ``loss.source`` (harness.loss.candidate).
+PRECISIONS = ("native", "fp32", "fp64", "candidate")
 #: ``loss.beta_form``: upstream's paper form, or the endpoint-continuous form.
 BETA_FORMS = ("paper", "continuous")
 #: dtype names accepted at the loss boundary and for ``model.torch_dtype``.
@@ -47,6 +48,8 @@ class ConfigError(ValueError):
 class LossConfig:
     precision: str = MISSING
     beta_form: str = MISSING
+    source: Optional[str] = MISSING  # loss.precision=candidate: PATH.py or package.module[:attr]
+    name: Optional[str] = MISSING    # the candidate's label (null: the file or module name)
 
 
 @dataclass

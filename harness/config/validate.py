@@ -24,6 +24,7 @@ from harness.config.rollout_rules import validate_rollout
 from harness.config.dataset_rules import validate_datasets
 from harness.config.extra_args_rules import validate_extra_args
 from harness.config.name_rules import validate_names
+from harness.config.candidate_rules import validate_candidate
 from harness.config.secrets import find_secret_keys, secret_refusal
 from harness.config.flat import flatten
 
@@ -126,6 +127,7 @@ def validate_config(cfg: TrainConfig) -> None:
         raise ConfigError("loss.precision", f"must be one of {list(PRECISIONS)}, got {cfg.loss.precision!r}")
     if cfg.loss.beta_form not in BETA_FORMS:
         raise ConfigError("loss.beta_form", f"must be one of {list(BETA_FORMS)}, got {cfg.loss.beta_form!r}")
+    validate_candidate(cfg)
 
     gkd = cfg.gkd
     if not 0.0 <= gkd.beta <= 1.0:

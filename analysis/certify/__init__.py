@@ -1,0 +1,1 @@
+"""``gkd-certify``: the loss-level certificate of a candidate GKD loss (cases, families, evaluation, CLI)."""

@@ -1,0 +1,295 @@
+"""The certificate's families: the required coverage the defect reports ask for, and the hard regimes.
+
+Each family is a name, whether it is required (a failure fails the certificate; the hard regimes gate only with
+``--strict``), a one-line description, and a function ``(form, quick) -> [Case]``. ``quick`` keeps a subset of
+each grid (CI); the full grid runs in well under a minute on 2 cores.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Callable, List
+
+import numpy as np
+import torch
+from swift.rlhf_trainers.gkd_loss import TeacherOutput
+
+from analysis.certify.cases import Case, make, rows_case, seed_of, sharded_primitives
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    name: str
+    required: bool
+    description: str
+    build: Callable[[str, bool], List[Case]]
+
+
+def _pick(quick: bool, full, fast):
+    return fast if quick else full
+
+
+MODES = ["full", "topk"]
+NEAR, FAR = 0.03, 1.0
+
+
+# ------------------------------------------------------------------------------------------------ required
+def mixed(form: str, quick: bool) -> List[Case]:
+    betas = _pick(quick, [0.0, 0.1, 0.5, 0.9, 1.0], [0.0, 0.5, 1.0])
+    temps = [1.0]  # T != 1 is a family of its own
+    return [make(f"fp32/bf16 {m} {'near' if nz == NEAR else 'far'} b={b} T={t}", "fp32", "bf16", m, nz, b, t, form)
+            for b, t, m, nz in itertools.product(betas, temps, MODES, [NEAR, FAR])]
+
+
+PAIRS = [("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32"), ("fp64", "fp64"), ("fp64", "bf16"), ("bf16", "fp32"),
+         ("fp32", "fp16")]
+
+
+def dtype_pairs(form: str, quick: bool) -> List[Case]:
+    pairs = _pick(quick, PAIRS, [("bf16", "bf16"), ("fp32", "fp32"), ("fp64", "bf16")])
+    betas = _pick(quick, [0.0, 0.5, 1.0], [0.5])
+    return [make(f"{a}/{b} {m} b={be}", a, b, m, NEAR, be, 1.0, form)
+            for (a, b), be, m in itertools.product(pairs, betas, MODES)]
+
+
+def near_identical(form: str, quick: bool) -> List[Case]:
+    pairs = _pick(quick, [("fp32", "bf16"), ("bf16", "bf16"), ("fp32", "fp32")], [("fp32", "bf16")])
+    betas = _pick(quick, [0.1, 0.5, 0.9], [0.5])
+    return [make(f"{a}/{b} {m} noise=0.03 b={be}", a, b, m, NEAR, be, 1.0, form, seq=48)
+            for (a, b), be, m in itertools.product(pairs, betas, MODES)]
+
+
+def different(form: str, quick: bool) -> List[Case]:
+    pairs = _pick(quick, [("fp32", "bf16"), ("bf16", "bf16"), ("fp32", "fp32")], [("fp32", "bf16")])
+    noises = _pick(quick, [1.0, 3.0], [1.0])
+    return [make(f"{a}/{b} {m} noise={nz} b={be}", a, b, m, nz, be, 1.0, form)
+            for (a, b), nz, be, m in itertools.product(pairs, noises, [0.5], MODES)]
+
+
+def betas(form: str, quick: bool) -> List[Case]:
+    bs = _pick(quick, [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0], [0.0, 0.25, 0.5, 0.9, 1.0])
+    return [make(f"fp32/bf16 {m} b={b}", "fp32", "bf16", m, NEAR, b, 1.0, form)
+            for b, m in itertools.product(bs, _pick(quick, MODES, ["full"]))]
+
+
+def temperatures(form: str, quick: bool) -> List[Case]:
+    # 0.5, 2 and 4 divide exactly in any binary format; 0.7, 0.9 and 1.5 round in BF16
+    temps = _pick(quick, [0.5, 0.7, 0.9, 1.5, 2.0, 4.0], [0.9, 1.5])
+    pairs = _pick(quick, [("fp32", "bf16"), ("bf16", "bf16")], [("fp32", "bf16")])
+    return [make(f"{a}/{b} {m} T={t} b={be}", a, b, m, NEAR, be, t, form)
+            for (a, b), t, be, m in itertools.product(pairs, temps, _pick(quick, [0.0, 0.5, 1.0], [0.5]), MODES)]
+
+
+def topk_and_full(form: str, quick: bool) -> List[Case]:
+    ks = _pick(quick, [1, 4, 16, 64, 96], [1, 16, 96])
+    out = [make(f"fp32/bf16 topk k={k} b={b}", "fp32", "bf16", "topk", NEAR, b, 1.0, form, topk=k)
+           for k, b in itertools.product(ks, _pick(quick, [0.0, 0.5, 1.0], [0.5]))]
+    out += [make(f"fp32/bf16 full b={b}", "fp32", "bf16", "full", NEAR, b, 1.0, form)
+            for b in _pick(quick, [0.0, 0.5, 1.0], [0.5])]
+    return out
+
+
+def empty_masks(form: str, quick: bool) -> List[Case]:
+    out = []
+    for m, b in itertools.product(MODES, _pick(quick, [0.0, 0.5, 1.0], [0.5])):
+        c = make(f"fp32/bf16 {m} all labels -100 b={b}", "fp32", "bf16", m, NEAR, b, 1.0, form, masked_prefix=24)
+        out.append(c)
+    # top-k rows whose teacher log-probs are all -inf are dropped (upstream's semantics), the rest kept
+    for b in _pick(quick, [0.0, 0.5, 1.0], [0.5]):
+        c = make(f"fp32/bf16 topk uncovered rows dropped b={b}", "fp32", "bf16", "topk", NEAR, b, 1.0, form)
+        lp = c.teacher.topk_logprobs.clone()
+        lp[0, 5] = float("-inf")
+        lp[1, 9] = float("-inf")
+        c.teacher = TeacherOutput(topk_logprobs=lp, topk_indices=c.teacher.topk_indices, labels=c.labels)
+        c.ref = dict(teacher_topk=(lp, c.teacher.topk_indices))
+        out.append(c)
+    return out
+
+
+def chunking(form: str, quick: bool) -> List[Case]:
+    out = [make(f"fp32/bf16 full 600 positions (> chunk 512) b={b}", "fp32", "bf16", "full", NEAR, b, 1.0, form,
+                seq=303) for b in _pick(quick, [0.0, 0.5, 1.0], [0.5])]
+    for cs in _pick(quick, [1, 7, 64], [7]):
+        out.append(make(f"fp32/bf16 full chunk_size={cs} b=0.5", "fp32", "bf16", "full", NEAR, 0.5, 1.0, form,
+                        kwargs={"chunk_size": cs}))
+    return out
+
+
+def vocab_mismatch(form: str, quick: bool) -> List[Case]:
+    sizes = _pick(quick, [(96, 104), (104, 96)], [(96, 104), (104, 96)])
+    return [make(f"fp32/bf16 student V={vs} teacher V={vt} b={b}", "fp32", "bf16", "full", NEAR, b, 1.0, form,
+                 vocab=vs, teacher_vocab=vt)
+            for (vs, vt), b in itertools.product(sizes, _pick(quick, [0.0, 0.5, 1.0], [0.5]))]
+
+
+#: Report 001's numpy example (paper, continuous) at 4 decimals: its table is the objective's signature.
+REPORT_001 = {0.0: (1.9262, 1.9262), 0.001: (0.0019, 1.9069), 0.1: (0.1454, 1.0605), 0.5: (0.3492, 0.3492),
+              0.9: (0.1474, 1.0635), 0.999: (0.0020, 2.0119), 1.0: (2.0450, 2.0450)}
+
+
+def _report_001_rows():
+    rng = np.random.default_rng(7)
+    z = rng.normal(0, 1.5, 300)
+    w = rng.normal(0, 1.5, 300) + 0.3
+    w[:3] += 2.0
+    return torch.tensor(z, dtype=torch.float32)[None], torch.tensor(w, dtype=torch.float32)[None]
+
+
+def pinned(form: str, quick: bool) -> List[Case]:
+    """TRL's ``TestGeneralizedJSDLoss`` pins (via gkd_loss: every position active, TRL's batchmean = sum / B
+    with B = 1 here) and the β defect's table (docs/defects.md)."""
+    out = []
+    ones = torch.ones(1, 5)
+    out.append(rows_case("TRL uniform distributions -> 0", ones, ones, 0.5, 1.0, form, check="pinned", expected=0.0,
+                         abs_tol=5e-6))
+    s = torch.log(torch.tensor([[0.1, 0.9]]))
+    t = torch.log(torch.tensor([[0.9, 0.1]]))
+    for b in (0.0, 1.0):
+        p, q = (t, s) if b == 0 else (s, t)  # β=0: KL(T‖S), β=1: KL(S‖T)
+        exact = float((p.double().softmax(-1) * (p.double().log_softmax(-1) - q.double().log_softmax(-1))).sum())
+        out.append(rows_case(f"TRL edge case b={b:g} = KL", s, t, b, 1.0, form, check="pinned", expected=exact,
+                             abs_tol=5e-6))
+    g = torch.Generator().manual_seed(0)
+    a, c = torch.randn(6, 5, generator=g), torch.randn(6, 5, generator=g)
+    out.append(rows_case("TRL beta 0 and 1 differ", a, c, 0.0, 1.0, form, check="differ",
+                         other=rows_case("", a, c, 1.0, 1.0, form)))
+    out.append(rows_case("TRL temperature 1 and 2 differ", a, c, 0.5, 1.0, form, check="differ",
+                         other=rows_case("", a, c, 0.5, 2.0, form)))
+    out.append(rows_case("TRL b=0.1 not symmetric", a, c, 0.1, 1.0, form, check="differ",
+                         other=rows_case("", c, a, 0.1, 1.0, form)))
+    out.append(rows_case("TRL b=0.5 symmetric bit for bit", a, c, 0.5, 1.0, form, check="symmetric",
+                         other=rows_case("", c, a, 0.5, 1.0, form)))
+    same = torch.randn(6, 5, generator=torch.Generator().manual_seed(1))
+    out.append(rows_case("TRL identical inputs -> 0", same, same, 0.5, 1.0, form, check="pinned", expected=0.0,
+                         abs_tol=5e-7))
+    z, w = _report_001_rows()
+    col = 0 if form == "paper" else 1
+    for b in _pick(quick, sorted(REPORT_001), [0.0, 0.1, 0.5, 1.0]):
+        out.append(rows_case(f"the β defect, docs/defects.md table b={b:g}", z, w, b, 1.0, form, check="pinned",
+                             expected=REPORT_001[b][col], abs_tol=5e-5))
+    return out
+
+
+def injected(form: str, quick: bool) -> List[Case]:
+    """ms-swift's Megatron trainer passes its own ``gather_fn`` / ``log_softmax_fn`` / ``kl_div_fn`` by keyword
+    (vocab-parallel, even at TP = 1): the candidate must accept and use them. Here: wrappers of the default
+    primitives (same values, different objects) passed by keyword, on both paths."""
+    from swift.rlhf_trainers.gkd_loss import default_gather, default_kl_div, default_log_softmax
+
+    prims = {"gather_fn": lambda x, i: default_gather(x, i), "log_softmax_fn": lambda x: default_log_softmax(x),
+             "kl_div_fn": lambda a, b: default_kl_div(a, b)}
+    return [make(f"{a}/{b} {m} primitives by keyword b={be}", a, b, m, NEAR, be, 1.0, form, kwargs=dict(prims))
+            for (a, b), be, m in itertools.product(
+                _pick(quick, [("fp32", "fp32"), ("fp32", "bf16")], [("fp32", "bf16")]),
+                _pick(quick, [0.0, 0.5, 0.9, 1.0], [0.5]), MODES)]
+
+
+def identity(form: str, quick: bool, pairs=()) -> List[Case]:
+    """Bit-identity with the installed ms-swift on the dtype pairs the candidate declares unchanged."""
+    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
+    out = []
+    for pair in pairs:
+        sd, td = (short.get(x.strip(), x.strip()) for x in pair.split("/"))
+        for be, t, m in itertools.product(_pick(quick, [0.0, 0.1, 0.5, 1.0], [0.0, 0.5]),
+                                          _pick(quick, [0.9, 1.0], [0.9]), MODES):
+            out.append(make(f"{sd}/{td} {m} b={be} T={t} vs upstream", sd, td, m, NEAR, be, t, form, seq=303,
+                            check="identity"))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ hard regimes
+def _levels(scale: float, seed: int, rows: int = 16, vocab: int = 64):
+    g = torch.Generator().manual_seed(seed)
+    bs = torch.randint(0, 2, (rows, vocab), generator=g).float() * 2 - 1
+    bt = torch.where(torch.rand(rows, vocab, generator=g) < 0.2, -bs, bs)
+    return scale * bs + 2 * torch.randn(rows, vocab, generator=g), scale * bt + 2 * torch.randn(rows, vocab, generator=g)
+
+
+def extreme_logits(form: str, quick: bool) -> List[Case]:
+    out = []
+    for scale, b in itertools.product(_pick(quick, [1e2, 1e3, 1e4], [1e3, 1e4]), _pick(quick, [0.0, 0.5, 1.0], [0.5])):
+        s, t = _levels(scale, seed_of("levels", scale))
+        out.append(rows_case(f"logits +-{scale:g} b={b}", s, t, b, 1.0, form))
+    s, t = torch.tensor([[1e4, 1e4, -1e4, -1e4]]), torch.tensor([[-1e4, 1e4, 1e4, -1e4]])
+    out.append(rows_case("issue repro s=[1e4,1e4,-1e4,-1e4] b=0 (exact 1e4)", s, t, 0.0, 1.0, form))
+    return out
+
+
+def beta_endpoints(form: str, quick: bool) -> List[Case]:
+    return [make(f"{a}/{b} {m} b={be:g}", a, b, m, nz, be, 0.9, form)
+            for (a, b), be, m, nz in itertools.product(
+                _pick(quick, [("fp32", "bf16"), ("fp32", "fp32")], [("fp32", "bf16")]),
+                _pick(quick, [1e-6, 1e-3, 0.999, 1 - 1e-6], [1e-6, 1 - 1e-6]), MODES, [NEAR, 8.0])]
+
+
+def fp16_loss_scale(form: str, quick: bool) -> List[Case]:
+    return [make(f"fp16/fp16 {m} loss x 2^16 b={b}", "fp16", "fp16", m, NEAR, b, 1.0, form, loss_scale=2.0**16)
+            for b, m in itertools.product(_pick(quick, [0.0, 0.5, 1.0], [0.5]), MODES)]
+
+
+def partial_inf(form: str, quick: bool) -> List[Case]:
+    out = []
+    for b in _pick(quick, [0.0, 0.5, 0.9], [0.5]):
+        c = make(f"fp32/bf16 topk trailing -inf log-probs b={b}", "fp32", "bf16", "topk", NEAR, b, 1.0, form)
+        lp = c.teacher.topk_logprobs.clone()
+        lp[0, 5, 10:] = float("-inf")
+        lp[1, 7, 1:] = float("-inf")
+        c.teacher = TeacherOutput(topk_logprobs=lp, topk_indices=c.teacher.topk_indices, labels=c.labels)
+        c.ref = dict(teacher_topk=(lp, c.teacher.topk_indices))
+        out.append(c)
+    return out
+
+
+def confident_disagreement(form: str, quick: bool) -> List[Case]:
+    out = []
+    for b, sc in itertools.product(_pick(quick, [0.0, 0.5, 1.0], [0.5]), _pick(quick, [10.0, 30.0], [30.0])):
+        g = torch.Generator().manual_seed(seed_of("confident", b, sc))
+        s = torch.randn(16, 64, generator=g) * sc
+        t = torch.randn(16, 64, generator=g) * sc
+        out.append(rows_case(f"independent logits std {sc:g} b={b}", s, t, b, 1.0, form))
+    return out
+
+
+def vocab_parallel(form: str, quick: bool) -> List[Case]:
+    lsf, kdf = sharded_primitives(2)
+    return [make(f"{a}/{b} 2 vocab shards b={be}", a, b, "full", NEAR, be, 1.0, form,
+                 kwargs={"log_softmax_fn": lsf, "kl_div_fn": kdf})
+            for (a, b), be in itertools.product(_pick(quick, [("fp32", "bf16"), ("fp32", "fp32")], [("fp32", "bf16")]),
+                                                _pick(quick, [0.0, 0.5, 1.0], [0.5]))]
+
+
+REQUIRED_FAMILIES = [
+    Family("mixed FP32/BF16 (the defect)", True, "FP32 student, BF16 teacher; near-identical and different", mixed),
+    Family("dtype pairs", True, "bf16/bf16, fp16/fp16, fp32/fp32, fp64/fp64, fp64/bf16, bf16/fp32, fp32/fp16",
+           dtype_pairs),
+    Family("near-identical distributions", True, "teacher = student + 0.03 noise", near_identical),
+    Family("different distributions", True, "teacher = student + 1 or 3 noise", different),
+    Family("beta 0, 0.5, 1 and interior", True, "β ∈ {0, 0.1, 0.25, 0.5, 0.75, 0.9, 1}", betas),
+    Family("temperature T != 1", True, "T ∈ {0.5 … 4}", temperatures),
+    Family("top-k and full vocabulary", True, "k ∈ {1, 4, 16, 64, V} and the full vocabulary", topk_and_full),
+    Family("empty masks", True, "every label -100; top-k rows all -inf (dropped)", empty_masks),
+    Family("chunking", True, "600 positions (> chunk 512); chunk_size 1, 7, 64", chunking),
+    Family("vocab mismatch", True, "student and teacher vocabularies differ (upstream's alignment)", vocab_mismatch),
+    Family("pinned (TRL style)", True, "TRL's generalized_jsd pins; the β defect's table (docs/defects.md)", pinned),
+    Family("primitives by keyword", True, "gather_fn / log_softmax_fn / kl_div_fn passed as Megatron does",
+           injected),
+]
+
+HARD_FAMILIES = [
+    Family("extreme logits", False, "logits of ±1e2 … ±1e4 at T = 1", extreme_logits),
+    Family("beta near an endpoint", False, "β ∈ {1e-6, 1e-3, 0.999, 1 − 1e-6}", beta_endpoints),
+    Family("FP16 under loss scaling", False, "FP16 student, loss × 2^16", fp16_loss_scale),
+    Family("partially -inf top-k rows", False, "some (not all) teacher log-probs −inf", partial_inf),
+    Family("confident disagreement", False, "independent logits of std 10 and 30", confident_disagreement),
+    Family("vocab-parallel primitives", False, "log-softmax / KL over 2 vocabulary shards", vocab_parallel),
+]
+
+IDENTITY_FAMILY = "upstream identity (declared)"
+
+
+def identity_family(pairs) -> Family:
+    return Family(IDENTITY_FAMILY, True, f"bit-identical to the installed ms-swift on {', '.join(pairs)}",
+                  lambda form, quick: identity(form, quick, pairs))
+
+
+__all__ = ["Family", "REQUIRED_FAMILIES", "HARD_FAMILIES", "identity_family", "IDENTITY_FAMILY"]
