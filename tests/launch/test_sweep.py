@@ -134,3 +134,37 @@ def test_progress_line_reports_done_failed_and_current_step(tmp_path):
     line = cb.progress_line()
     assert line.startswith("[sweep g] 1/3 points done, 0 failed | b step 7/20 | "), line
     assert " elapsed, ETA " in line
+
+
+REFUSING_APP = APP.replace(  # as harness.launcher.cli does when run_folder refuses a folder holding another config
+    '    out = Path(cfg.run.output_dir)\n',
+    '    out = Path(cfg.run.output_dir)\n'
+    '    if cfg.run.get("dataset") == "b":\n'
+    '        from harness.launcher.cli import PointFailed\n'
+    '        return PointFailed(2, "ConfigMismatch: the folder holds a run of another config", refused=True)\n')
+assert REFUSING_APP != APP
+
+
+def test_a_refused_rerun_writes_nothing_into_the_folders_it_does_not_own(app):
+    """Issue 19: a rerun refused because the folders hold another config's runs (or another sweep's live point)
+    used to write job_return.json FAILED into every completed folder, so gkd-analyze counted them as failed."""
+    (app / "app.py").write_text(REFUSING_APP)
+    (app / "configs" / "train.yaml").write_text(TRAIN.replace("fail_beta: -1,", "fail_beta: -1, dataset: a,"))
+    args = ("gkd.beta=0.1,0.5", "hydra.callbacks.sweep_status.progress_interval_s=0")
+    first, out1 = _run(app, *args)
+    assert first.returncode == 0, out1
+    sweep = app / "out" / "multirun" / "unit"
+    names = ["gkd.beta=0.1", "gkd.beta=0.5"]
+    manifest = json.loads((sweep / "sweep_manifest.json").read_text())
+    assert manifest["points"] == names and manifest["group"] == "unit"
+    before = {n: (sweep / n / ".hydra" / "job_return.json").read_text() for n in names}
+    live = sweep / "gkd.beta=0.5" / "summary.json"  # as if another sweep's point were running there
+    live.write_text(json.dumps({"status": "running", "error": None, "config": {}}))
+    second, out2 = _run(app, *args, "run.dataset=b")  # run.dataset is not in the folder name
+    assert second.returncode != 0, out2
+    assert {n: (sweep / n / ".hydra" / "job_return.json").read_text() for n in names} == before
+    assert json.loads(before["gkd.beta=0.1"])["status"] == "COMPLETED"
+    assert json.loads(live.read_text())["status"] == "running"
+    log = (sweep / "refused_points.log").read_text().splitlines()
+    assert len(log) == 2 and all("ConfigMismatch" in line for line in log)
+    assert "refused: gkd.beta=0.1: ConfigMismatch" in out2 and "2 points refused" in out2
