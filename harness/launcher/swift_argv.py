@@ -13,6 +13,7 @@ only caller.
 from __future__ import annotations
 
 import importlib.util
+import math
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,19 +128,83 @@ def hf_argv(cfg: TrainConfig, inputs: ResolvedInputs, run_dir: str | Path, devic
     return argv + list(run.extra_args)
 
 
-def megatron_batch_sizes(backend: MegatronBackendConfig, layout: NodeLayout, grad_accum: int) -> tuple[int, int]:
+def megatron_batch_sizes(backend: MegatronBackendConfig, layout: NodeLayout, grad_accum: int,
+                         on_policy: bool = False) -> tuple[int, int]:
     """(data-parallel size, global batch size) of a Megatron job.
 
-    The data-parallel size is all processes on all nodes over TP × PP × CP; ``backend.global_batch_size`` null
-    means ``micro_batch_size × data-parallel size × run.grad_accum``.
+    The data-parallel size is all processes on all nodes over TP × PP × CP. ``backend.global_batch_size`` null
+    means ``micro_batch_size × data-parallel size × run.grad_accum``, and, when ``on_policy`` (``gkd.lmbda`` > 0:
+    ms-swift splits each data-parallel rank's rollout batch over its TP × PP × CP group, rollout_mixin.py
+    ``_get_local_rollout_batch``), times the smallest factor that makes each data-parallel rank's batch a
+    multiple of TP × PP × CP. The layout's own checks: :func:`check_megatron_layout`.
     """
-    model_parallel = (backend.tensor_model_parallel_size * backend.pipeline_model_parallel_size
-                      * backend.context_parallel_size)
+    model_parallel = _model_parallel(backend)
     dp = max(1, layout.world_size // model_parallel)
     gbs = backend.global_batch_size
     if gbs is None:
-        gbs = backend.micro_batch_size * dp * grad_accum
+        per_rank = backend.micro_batch_size * grad_accum
+        if on_policy:
+            per_rank *= model_parallel // math.gcd(per_rank, model_parallel)
+        gbs = per_rank * dp
     return dp, gbs
+
+
+def _model_parallel(backend: MegatronBackendConfig) -> int:
+    return (backend.tensor_model_parallel_size * backend.pipeline_model_parallel_size
+            * backend.context_parallel_size)
+
+
+_MP_KEYS = ("backend.tensor_model_parallel_size x backend.pipeline_model_parallel_size x "
+            "backend.context_parallel_size")
+
+
+def check_megatron_layout(cfg: TrainConfig, layout: NodeLayout) -> tuple[int, int]:
+    """ms-swift 4.6.0's own constraints on a Megatron layout, checked before launch (its batch check in
+    ``MegatronArguments._init_distributed`` runs only after ``torch.distributed`` starts, and the rollout split's
+    assert only at the first on-policy step). Returns (data-parallel size, global batch size).
+
+    - the processes (``backend.nproc_per_node`` x ``backend.nnodes``) divide by TP x PP x CP;
+    - the global batch divides by micro batch x data-parallel size (one micro-batch at least);
+    - on-policy (``gkd.lmbda`` > 0): each data-parallel rank's batch (global / DP) divides by TP x PP x CP.
+
+    Raises:
+        ConfigError: naming the keys of the impossible layout.
+    """
+    from harness.config.schema import ConfigError
+
+    backend: MegatronBackendConfig = cfg.backend
+    mp, world = _model_parallel(backend), layout.world_size
+    if world % mp:
+        raise ConfigError("backend.tensor_model_parallel_size",
+                          f"{_MP_KEYS} = {mp} does not divide the {world} processes (backend.nproc_per_node x "
+                          "backend.nnodes); ms-swift needs world size = data-parallel x TP x PP x CP")
+    on_policy = cfg.gkd.lmbda > 0
+    dp, gbs = megatron_batch_sizes(backend, layout, cfg.run.grad_accum, on_policy=on_policy)
+    micro = backend.micro_batch_size
+    if gbs < micro * dp or gbs % (micro * dp):
+        raise ConfigError("backend.global_batch_size",
+                          f"{gbs} is not a positive multiple of backend.micro_batch_size {micro} x data-parallel "
+                          f"size {dp} ({world} processes over {_MP_KEYS} = {mp})")
+    if on_policy and (gbs // dp) % mp:
+        raise ConfigError("backend.global_batch_size",
+                          f"{gbs} over data-parallel size {dp} gives {gbs // dp} samples per rollout group, which "
+                          f"ms-swift splits over {_MP_KEYS} = {mp} ranks (gkd.lmbda={cfg.gkd.lmbda} > 0): use a "
+                          f"multiple of {dp * mp}, or null for the default")
+    return dp, gbs
+
+
+def megatron_batch_note(cfg: TrainConfig, layout: NodeLayout) -> str:
+    """The plan's line on the global batch (after :func:`check_megatron_layout`)."""
+    backend: MegatronBackendConfig = cfg.backend
+    dp, gbs = megatron_batch_sizes(backend, layout, cfg.run.grad_accum, on_policy=cfg.gkd.lmbda > 0)
+    if backend.global_batch_size is not None:
+        return f"global batch {gbs} (backend.global_batch_size)"
+    base = backend.micro_batch_size * dp * cfg.run.grad_accum
+    note = (f"global batch {gbs} = micro batch {backend.micro_batch_size} x data-parallel {dp} x "
+            f"grad accum {cfg.run.grad_accum}")
+    if gbs != base:
+        note += f" x {gbs // base} (each data-parallel rank's rollout batch a multiple of TP x PP x CP)"
+    return note
 
 
 def megatron_argv(cfg: TrainConfig, inputs: ResolvedInputs, run_dir: str | Path, layout: NodeLayout,
@@ -147,7 +212,7 @@ def megatron_argv(cfg: TrainConfig, inputs: ResolvedInputs, run_dir: str | Path,
     """``megatron rlhf --rlhf_type gkd`` argv (Megatron backend: TP/PP/CP, colocated rollout)."""
     backend: MegatronBackendConfig = cfg.backend
     run = cfg.run
-    _, gbs = megatron_batch_sizes(backend, layout, run.grad_accum)
+    _, gbs = check_megatron_layout(cfg, layout)
     argv = ["megatron", "rlhf", "--rlhf_type", "gkd", *_model_args(cfg, inputs),
             "--check_model", "false", "--use_hf", "true",
             "--dataset", inputs.dataset, "--split_dataset_ratio", "0",
@@ -184,4 +249,4 @@ def build_argv(cfg: TrainConfig, inputs: ResolvedInputs, run_dir: str | Path, la
 
 
 __all__ = ["PLUGIN_PATH", "CALLBACK_NAME", "ResolvedInputs", "hf_argv", "megatron_argv", "megatron_batch_sizes",
-           "build_argv"]
+           "check_megatron_layout", "megatron_batch_note", "build_argv"]

@@ -1,0 +1,81 @@
+"""Megatron layouts are checked against ms-swift 4.6.0's own constraints before launch (issue 23: TP2/PP2/CP2 on
+8 GPUs defaulted to --global_batch_size 1, which ms-swift's rollout split asserts on at the first on-policy step).
+
+The constraints, read from ms-swift's source and restated here independently of the harness's arithmetic:
+- ``MegatronArguments._init_distributed``: data-parallel = world / (TP x PP x CP); the global batch divides by
+  micro x DP, with at least one micro-batch;
+- ``MegatronArguments.resolve_generation_batch_size``: with neither ``--generation_batch_size`` nor
+  ``--steps_per_generation`` (the harness passes neither; asserted) the generation batch is the global batch;
+- ``MegatronRolloutMixin._get_local_rollout_batch``: each DP rank's share of the generation batch divides by the
+  rollout group TP x PP x CP (on-policy steps only: ``gkd.lmbda`` > 0).
+"""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from harness.config.schema import ConfigError, MegatronBackendConfig
+from harness.launcher.compose import point_config
+from launch.slurm import node_plan
+
+EXPERIMENTS = sorted(p.stem for p in (Path(__file__).resolve().parents[3] / "configs" / "experiment").glob("*.yaml"))
+LAYOUTS = list(itertools.product([1, 2], [1, 2], [1, 2]))
+
+
+def _swift_accepts(world: int, tp: int, pp: int, cp: int, micro: int, gbs: int, on_policy: bool) -> bool:
+    mp = tp * pp * cp
+    if world % mp:
+        return False
+    dp = world // mp
+    if gbs % (micro * dp) or gbs // (micro * dp) == 0:
+        return False
+    gen = gbs
+    return not on_policy or (gen // dp) % mp == 0
+
+
+def _cfg(experiment, tmp_path, *extra):
+    base = [f"experiment={experiment}", "run.dataset=x/y", f"run.output_dir={tmp_path / 'run'}"]
+    if not isinstance(point_config(base)[0].backend, MegatronBackendConfig):  # an HF preset, laid out on Megatron
+        base.append("backend=megatron_seed")
+    return point_config([*base, *extra])
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_preset_and_layout_gets_a_global_batch_ms_swift_accepts(experiment, nodes, tmp_path):
+    for tp, pp, cp in LAYOUTS:
+        cfg, run_dir = _cfg(experiment, tmp_path, f"backend.tensor_model_parallel_size={tp}",
+                            f"backend.pipeline_model_parallel_size={pp}", f"backend.context_parallel_size={cp}")
+        plan = node_plan(cfg, run_dir, 0, nodes, 8)
+        gbs = int(plan.argv[plan.argv.index("--global_batch_size") + 1])
+        assert "--generation_batch_size" not in plan.argv and "--steps_per_generation" not in plan.argv
+        assert _swift_accepts(nodes * 8, tp, pp, cp, cfg.backend.micro_batch_size, gbs, cfg.gkd.lmbda > 0), \
+            (experiment, nodes, tp, pp, cp, gbs)
+
+
+def test_the_issues_tp2_pp2_cp2_seed_run_gets_a_batch_its_rollout_group_can_split(tmp_path):
+    cfg, run_dir = _cfg("seed", tmp_path, "backend.tensor_model_parallel_size=2",
+                        "backend.pipeline_model_parallel_size=2", "backend.context_parallel_size=2")
+    plan = node_plan(cfg, run_dir, 0, 1, 8)
+    assert plan.argv[plan.argv.index("--global_batch_size") + 1] == "8"  # was 1: 1 % 8 != 0 in rollout_mixin.py
+    assert any("x 8 (each data-parallel rank's rollout batch" in n for n in plan.notes)
+
+
+@pytest.mark.parametrize("extra,key", [
+    (["backend.global_batch_size=4"], "backend.global_batch_size"),  # DP 1, rollout group 8: 4 % 8
+    (["backend.nproc_per_node=6"], "backend.tensor_model_parallel_size"),  # 6 processes over 8
+])
+def test_an_impossible_layout_is_refused_naming_the_keys(extra, key, tmp_path):
+    cfg, run_dir = _cfg("seed", tmp_path, "backend.tensor_model_parallel_size=2",
+                        "backend.pipeline_model_parallel_size=2", "backend.context_parallel_size=2", *extra)
+    with pytest.raises(ConfigError) as e:
+        node_plan(cfg, run_dir, 0, 1, 8 if "nproc" not in extra[0] else 6)
+    assert key in str(e.value) and "context_parallel_size" in str(e.value)
+
+
+def test_off_policy_keeps_the_plain_default(tmp_path):
+    cfg, run_dir = _cfg("seed", tmp_path, "backend.tensor_model_parallel_size=2", "gkd.lmbda=0", "rollout=none")
+    plan = node_plan(cfg, run_dir, 0, 1, 8)
+    assert plan.argv[plan.argv.index("--global_batch_size") + 1] == "4"  # micro 1 x DP 4 x grad accum 1
