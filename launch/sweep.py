@@ -223,6 +223,8 @@ class SweepStatusCallback(Callback):
         earlier attempt's; a refused point's folder is not its own: the refusal is printed and logged in the
         sweep folder instead (:data:`REFUSED_LOG`)."""
         run_dir = Path(str(config.hydra.runtime.output_dir))
+        if job_return.status == JobStatus.COMPLETED and not run_dir.exists():
+            return  # the job left nothing and removed its folder (a dry run): no verdict file brings it back
         out = run_dir / ".hydra"
         error, status = None, job_return.status.name
         ret = getattr(job_return, "_return_value", None)
@@ -262,6 +264,10 @@ class SweepStatusCallback(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         """The summary table; the sweep exits 1 when any point failed or was refused (each was one line already)."""
         self._report()
+        if OmegaConf.select(config, "run.dry_run", default=False) and self._sweep_dir is not None:
+            from harness.launcher.leftovers import remove_dry_sweep_folder  # a dry run leaves no folder
+
+            remove_dry_sweep_folder(self._sweep_dir, ("multirun.yaml", SWEEP_MANIFEST_FILE))
         refused = self.refusals()
         if refused:
             self._print(f"[sweep {self._group}] {len(refused)} points refused (see {self._sweep_dir / REFUSED_LOG})")

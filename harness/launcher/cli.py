@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from harness.config.schema import ConfigError
@@ -146,6 +147,22 @@ def _one_line_config_errors(run_and_report):
     return guarded_run_and_report
 
 
+def _job_leaving_no_empty_folder(cfg) -> Optional[int]:
+    """:func:`_job`, then the run folder Hydra made for it removed again if the job left nothing in it (a dry
+    run, a config error, a refused point; ``harness.launcher.leftovers``)."""
+    from harness.launcher.leftovers import remove_if_empty
+
+    try:
+        return _job(cfg)
+    finally:
+        try:
+            from hydra.core.hydra_config import HydraConfig
+
+            remove_if_empty(Path(HydraConfig.get().runtime.output_dir))
+        except Exception:  # noqa: BLE001 - tidying up must never change the job's outcome
+            pass
+
+
 def _hydra_main() -> None:
     import hydra
     import hydra._internal.utils as hydra_utils  # Hydra offers no public hook for its composition errors
@@ -156,7 +173,8 @@ def _hydra_main() -> None:
     original = hydra_utils.run_and_report
     hydra_utils.run_and_report = _one_line_config_errors(original)
     try:
-        hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name=CONFIG_NAME)(_job)()
+        hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name=CONFIG_NAME)(
+            _job_leaving_no_empty_folder)()
     finally:
         hydra_utils.run_and_report = original
 

@@ -1,0 +1,44 @@
+"""No leftovers (issue 24, item 7): a dry-run sweep and a config error leave no folder under the output root.
+Before the fix ``gkd-train -m experiment=beta_sweep run.dry_run=true`` left 24 empty point folders (and the sweep
+folder with multirun.yaml), and a config error left a run folder holding an empty log file."""
+from __future__ import annotations
+
+import os
+import subprocess
+
+from harness.launcher.leftovers import remove_if_empty
+from tests.conftest import entry_point
+
+
+def _gkd_train(tmp_path, *args) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "GKD_OUTPUT_ROOT": str(tmp_path / "out")}
+    return subprocess.run([entry_point("gkd-train"), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _left(tmp_path) -> list[str]:
+    return sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+
+
+def test_a_dry_run_sweep_leaves_no_folder(tmp_path):
+    p = _gkd_train(tmp_path, "-m", "experiment=smoke", "run.dry_run=true")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.count("# gkd-train dry run") == 3
+    assert _left(tmp_path) in ([], ["out"])
+
+
+def test_a_config_error_leaves_no_folder(tmp_path):
+    p = _gkd_train(tmp_path, "gkd.beta=2")
+    assert p.returncode == 2 and "gkd.beta" in p.stderr
+    assert _left(tmp_path) in ([], ["out"])
+
+
+def test_a_folder_with_content_is_never_removed(tmp_path):
+    run = tmp_path / "out" / "runs" / "g" / "x"
+    run.mkdir(parents=True)
+    (run / "train.log").write_text("")
+    (run / "summary.json").write_text("{}")
+    assert not remove_if_empty(run, tmp_path / "out") and (run / "summary.json").exists()
+    (run / "summary.json").unlink()
+    assert remove_if_empty(run, tmp_path / "out")
+    assert _left(tmp_path) == ["out"]  # the empty parents went too, the output root stayed
