@@ -17,7 +17,7 @@ from harness.config.schema import EMBEDDED, ConfigError, MegatronBackendConfig, 
 from harness.launcher.extra_args import check_with_swift
 from harness.launcher.node import NodeLayout, detect_device, node_layout
 from harness.launcher.rollout_argv import needs_torchrun, rollout_env
-from harness.launcher.swift_argv import ResolvedInputs, build_argv, megatron_batch_sizes
+from harness.launcher.swift_argv import ResolvedInputs, build_argv, megatron_batch_note, megatron_batch_sizes
 from harness.contract import PLUGIN_SETTINGS_FILE, SETTINGS_ENV
 
 #: Prefixes of the variables the plan sets (shown by the dry run and saved in command.json; never a key).
@@ -179,14 +179,7 @@ def build_plan(cfg: TrainConfig, base_env: Mapping[str, str], run_dir: Path, run
     env["PYTHONUNBUFFERED"] = "1"
     notes = [boundary_note(cfg)]
     if isinstance(cfg.backend, MegatronBackendConfig):
-        dp, gbs = megatron_batch_sizes(cfg.backend, layout, cfg.run.grad_accum)
-        if gbs % (cfg.backend.micro_batch_size * dp):
-            raise ConfigError("backend.global_batch_size", f"{gbs} is not divisible by micro batch "
-                              f"{cfg.backend.micro_batch_size} x data-parallel size {dp} ({layout.world_size} "
-                              "processes over TP x PP x CP)")
-        notes.append(f"global batch {gbs} = micro batch {cfg.backend.micro_batch_size} x data-parallel {dp} x "
-                     f"grad accum {cfg.run.grad_accum}" if cfg.backend.global_batch_size is None
-                     else f"global batch {gbs} (backend.global_batch_size)")
+        notes.append(megatron_batch_note(cfg, layout))  # the layout was checked by megatron_argv
     return LaunchPlan(argv=argv, env=env, layout=layout, device=device, inputs=inputs,
                       data_parallel_size=data_parallel_size(cfg, layout), notes=notes)
 
