@@ -165,7 +165,8 @@ def check_megatron_layout(cfg: TrainConfig, layout: NodeLayout) -> tuple[int, in
 
     - the processes (``backend.nproc_per_node`` x ``backend.nnodes``) divide by TP x PP x CP;
     - the global batch divides by micro batch x data-parallel size (one micro-batch at least);
-    - on-policy (``gkd.lmbda`` > 0): each data-parallel rank's batch (global / DP) divides by TP x PP x CP.
+    - on-policy (``gkd.lmbda`` > 0): each data-parallel rank's batch (global / DP) divides by TP x PP x CP;
+    - ``run.resume=true`` is refused: no Megatron checkpoint is saved (``--no_save_optim``), none is resumed.
 
     Raises:
         ConfigError: naming the keys of the impossible layout.
@@ -173,6 +174,10 @@ def check_megatron_layout(cfg: TrainConfig, layout: NodeLayout) -> tuple[int, in
     from harness.config.schema import ConfigError
 
     backend: MegatronBackendConfig = cfg.backend
+    if cfg.run.resume:
+        raise ConfigError("run.resume", "not supported on backend=megatron: the harness saves no Megatron "
+                          "checkpoint (--no_save_optim, no run.save_steps) and cannot resume one; rerun without "
+                          "run.resume=true to restart the run (the earlier attempt is archived)")
     mp, world = _model_parallel(backend), layout.world_size
     if world % mp:
         raise ConfigError("backend.tensor_model_parallel_size",

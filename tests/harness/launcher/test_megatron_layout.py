@@ -79,3 +79,13 @@ def test_off_policy_keeps_the_plain_default(tmp_path):
     cfg, run_dir = _cfg("seed", tmp_path, "backend.tensor_model_parallel_size=2", "gkd.lmbda=0", "rollout=none")
     plan = node_plan(cfg, run_dir, 0, 1, 8)
     assert plan.argv[plan.argv.index("--global_batch_size") + 1] == "4"  # micro 1 x DP 4 x grad accum 1
+
+
+def test_resume_on_megatron_is_refused_in_one_line_before_launch(tmp_path):
+    """Megatron saves no checkpoint the harness can resume (issue 23: run.resume=true restarted in place and
+    metrics.jsonl got duplicate steps); the refusal comes at the plan, before anything is written."""
+    cfg, run_dir = _cfg("seed", tmp_path, "run.resume=true")
+    with pytest.raises(ConfigError) as e:
+        node_plan(cfg, run_dir, 0, 1, 8)
+    assert str(e.value).startswith("run.resume: not supported on backend=megatron") and "\n" not in str(e.value)
+    assert not (tmp_path / "run").exists()
