@@ -154,8 +154,13 @@ class Document:
 
     # -- Markdown -----------------------------------------------------------------------------------
     @staticmethod
-    def _md_cell(v) -> str:
-        return format_value(v).replace("|", "\\|").replace("\n", " ")
+    def _md_text(text) -> str:
+        """Raw HTML in names and errors shown as text, not markup (``<script>`` in a run name)."""
+        return html.escape(str(text), quote=False)
+
+    @classmethod
+    def _md_cell(cls, v) -> str:
+        return cls._md_text(format_value(v)).replace("|", "\\|").replace("\n", " ")
 
     def to_markdown(self) -> str:
         anchors = self._anchors()
@@ -163,31 +168,33 @@ class Document:
         for i, b in enumerate(self.blocks):
             kind = b[0]
             if kind == "banner":
-                out += [f"> **Verdict: {b[1].upper()}**" + (f" — {b[2]}" if b[2] else "")]
-                out += [">"] * bool(b[3]) + [f"> - **{name}**: {why}" for name, why in b[3]] + [""]
+                out += [f"> **Verdict: {b[1].upper()}**" + (f" — {self._md_text(b[2])}" if b[2] else "")]
+                out += [">"] * bool(b[3]) + [f"> - **{self._md_text(name)}**: {self._md_text(why)}"
+                                             for name, why in b[3]] + [""]
             elif kind == "toc":
                 entries = self._toc_entries(anchors)
                 if entries:
-                    out += ["**Contents**", ""] + [f"{n}. [{t}](#{a})" for n, (t, a) in enumerate(entries, 1)]
+                    out += ["**Contents**", ""] + [f"{n}. [{self._md_text(t)}](#{a})"
+                                                   for n, (t, a) in enumerate(entries, 1)]
                     out.append("")
             elif kind == "h":
-                out += ["#" * b[1] + " " + b[2], ""]
+                out += ["#" * b[1] + " " + self._md_text(b[2]), ""]
             elif kind == "p":
-                out += [b[1], ""]
+                out += [self._md_text(b[1]), ""]
             elif kind == "ul":
-                out += [f"- {x}" for x in b[1]] + [""]
+                out += [f"- {self._md_text(x)}" for x in b[1]] + [""]
             elif kind == "code":
                 out += ["```", b[1], "```", ""]
             elif kind == "table":
                 df, max_rows, caption = b[1], b[2], b[3]
                 if caption:
-                    out += [f"*{caption}*", ""]
+                    out += [f"*{self._md_text(caption)}*", ""]
                 if df.empty:
                     out += ["(no rows)", ""]
                     continue
                 shown = df.head(max_rows)
                 cols = [str(c) for c in shown.columns]
-                out.append("| " + " | ".join(c.replace("|", "\\|") for c in cols) + " |")
+                out.append("| " + " | ".join(self._md_text(c).replace("|", "\\|") for c in cols) + " |")
                 out.append("|" + "---|" * len(cols))
                 for row in shown.itertuples(index=False, name=None):
                     out.append("| " + " | ".join(self._md_cell(v) for v in row) + " |")
@@ -195,7 +202,7 @@ class Document:
                     out.append(f"\n({len(df) - max_rows} more rows not shown)")
                 out.append("")
             elif kind == "img":
-                out += [f"![{b[2]}]({b[1].name})", "", f"*{b[2]}*", ""]
+                out += [f"![{self._md_text(b[2])}]({b[1].name})", "", f"*{self._md_text(b[2])}*", ""]
         return "\n".join(out)
 
     # -- HTML ---------------------------------------------------------------------------------------
