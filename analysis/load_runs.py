@@ -193,6 +193,14 @@ def _read_config_yaml(path: Path) -> dict:
     return flatten(resolved)
 
 
+def _provenance(summary: dict) -> dict:
+    """summary.json's ``provenance`` (harness commit, dirty flag, sha256 of the loss code) as version entries."""
+    prov = summary.get("provenance")
+    if not isinstance(prov, dict):
+        return {}
+    return {k: prov.get(k) for k in ("harness_commit", "harness_dirty", "loss_sha256") if k in prov}
+
+
 def load_run_folder(path: os.PathLike) -> RunRecord:
     """Read one run folder. Raises :class:`UnusableInput` on missing/corrupt files."""
     path = Path(path)
@@ -241,7 +249,7 @@ def load_run_folder(path: os.PathLike) -> RunRecord:
         history=history,
         path=str(path),
         dtypes_seen=dict(summary.get("dtypes_seen") or {}),
-        versions=dict(summary.get("versions") or {}),
+        versions={**dict(summary.get("versions") or {}), **_provenance(summary)},
         last_step=summary.get("last_step"),
         wall_s=summary.get("wall_s"),
         problems=problems,

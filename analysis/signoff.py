@@ -30,6 +30,7 @@ from analysis.document import Document
 from analysis.records import Sweep, UnusableInput
 from analysis.signoff_config import SignoffCriteria
 from harness.contract import TRAIN_GRAD_NORM, TRAIN_LOSS
+from harness.store.provenance import git_state
 
 __all__ = ["build_report", "EXIT_PASS", "EXIT_FAIL", "EXIT_UNUSABLE", "VERDICT_SCHEMA_VERSION", "find_captures",
            "analysis_package_versions"]
@@ -37,6 +38,8 @@ __all__ = ["build_report", "EXIT_PASS", "EXIT_FAIL", "EXIT_UNUSABLE", "VERDICT_S
 EXIT_PASS, EXIT_FAIL, EXIT_UNUSABLE = 0, 1, 2
 #: Version of the verdict.json layout; raise it when a key changes meaning or goes away.
 VERDICT_SCHEMA_VERSION = 1
+_PROVENANCE_COLS = ("loss.precision", "version.harness_commit", "version.harness_dirty", "version.loss_sha256",
+                    "version.ms-swift")
 _RUN_COLS = ["run", "gkd.beta", "loss.beta_form", "loss.precision", "gkd.temperature", "gkd.topk", "run.seed",
              "backend.name", "dtype.student", "dtype.teacher", "outcome", "last_step", "run.max_steps", "error",
              "problems"]
@@ -334,6 +337,8 @@ def _write_report(sweep: Sweep, report_dir: Path, cfg: SignoffCriteria, captures
         "replay": _records(replay_avg) if replay_avg is not None else None,
         "criteria_config": cfg.to_dict(),
         "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        "provenance": {"analysis": git_state(),
+                       "runs": _records(runs[["run"] + [c for c in _PROVENANCE_COLS if c in runs.columns]])},
         "package_versions": {"analysis": analysis_package_versions(),
                              "runs": {k[len("version."):]: [str(x) for x in v] for k, v in versions.items()}},
         "files": {"markdown": "report.md", "html": "report.html",

@@ -195,7 +195,7 @@ class SweepStatusCallback(Callback):
             return
         self._points = [(n, self._sweep_dir / n) for n in names]
         try:
-            launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "basic")
+            launcher = str((config.hydra.get("launcher") or {}).get("_target_") or "basic")
             write_manifest(self._sweep_dir, names, self._group, launcher)
         except OSError as e:
             self._print(f"[sweep {self._group}] cannot write {SWEEP_MANIFEST_FILE} ({e}); gkd-analyze will fall "
@@ -264,7 +264,7 @@ class SweepStatusCallback(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         """The summary table; the sweep exits 1 when any point failed or was refused (each was one line already)."""
         self._report()
-        if OmegaConf.select(config, "run.dry_run", default=False) and self._sweep_dir is not None:
+        if (config.get("run") or {}).get("dry_run", False) and self._sweep_dir is not None:
             from harness.launcher.leftovers import remove_dry_sweep_folder  # a dry run leaves no folder
 
             remove_dry_sweep_folder(self._sweep_dir, ("multirun.yaml", SWEEP_MANIFEST_FILE))

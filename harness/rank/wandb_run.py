@@ -42,7 +42,11 @@ def attach_to_wandb_run(harness_config: Mapping[str, Any]) -> bool:
     run = wandb.run
     if run is None:
         return False
-    run.config.update({f"harness.{k}": v for k, v in flatten(redact(dict(harness_config))).items()},
+    flat = flatten(redact(dict(harness_config)))
+    run.config.update({f"harness.{k}": v for k, v in flat.items()}, allow_val_change=True)
+    from harness.store.provenance import provenance
+
+    run.config.update({f"harness.provenance.{k}": v for k, v in provenance(flat.get("loss.precision")).items()},
                       allow_val_change=True)
     for name, summary in WANDB_SUMMARIES.items():
         run.define_metric(name, summary=summary)

@@ -620,14 +620,18 @@ class RunFolder:
         _write_atomic(self.summary_path, _json(redact(dict(summary))), self.path)
 
     def start_summary(self, run_name: str, group: Optional[str], flat_config: Mapping[str, Any]) -> Dict[str, Any]:
-        """summary.json of a new attempt: status running, the flat config (redacted), its fingerprint and the
-        harness version."""
+        """summary.json of a new attempt: status running, the flat config (redacted), its fingerprint, the
+        harness version and the provenance (git commit and dirty flag, sha256 of the loss code, ms-swift version:
+        :mod:`harness.store.provenance`)."""
+        from harness.store.provenance import provenance
+
         version = harness_version()
         summary = {
             "status": "running", "error": None, "run_name": redact_name(str(run_name)), "group": group,
             "config": canonical_config(flat_config, exclude=()),
             "fingerprint": config_fingerprint(flat_config, version), "harness_version": version,
             "dtypes_seen": {}, "versions": package_versions(), "last_step": 0, "started_at": now_iso(), "ended_at": None, "wall_s": None,
+            "provenance": provenance(flat_config.get("loss.precision")),
         }
         self._write_summary(summary)
         return summary

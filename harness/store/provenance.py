@@ -1,0 +1,79 @@
+"""Provenance of a run: which harness tree and which loss code produced it (summary.json ``provenance``).
+
+* ``harness_commit`` / ``harness_dirty``: ``git rev-parse HEAD`` and whether ``git status --porcelain`` lists
+  anything, in the tree this package was imported from (None for an installed wheel: no git tree);
+* ``loss_sha256``: sha256 of the loss implementation the run used. ``native``: upstream's installed
+  ``swift/rlhf_trainers/gkd_loss.py`` (found through the ms-swift distribution, without importing swift); every
+  other precision: the harness's own ``harness/loss/*.py`` (names and contents, in name order);
+  ``loss_code``: the file or folder hashed;
+* ``ms_swift``: the installed ms-swift version.
+
+Torch-free and import-free of the other layers (the store layer imports only config).
+"""
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+__all__ = ["provenance", "git_state", "loss_code_path", "sha256_path"]
+
+_HARNESS_DIR = Path(__file__).resolve().parents[1]  # harness/
+_UPSTREAM_LOSS = "swift/rlhf_trainers/gkd_loss.py"
+
+
+def git_state(root: Path = _HARNESS_DIR.parent) -> Dict[str, Any]:
+    """``{"harness_commit": sha or None, "harness_dirty": bool or None}`` of the git tree at ``root``."""
+    def git(*args: str) -> Optional[str]:
+        try:
+            out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout if out.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return {"harness_commit": None, "harness_dirty": None}
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"harness_commit": commit.strip(), "harness_dirty": None if status is None else bool(status.strip())}
+
+
+def loss_code_path(precision: Optional[str]) -> Optional[Path]:
+    """The file (``native``: upstream's installed gkd_loss.py) or folder (the harness's ``harness/loss``) whose
+    code computes a run's loss."""
+    if precision == "native":
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        try:
+            path = Path(distribution("ms-swift").locate_file(_UPSTREAM_LOSS))
+        except PackageNotFoundError:
+            return None
+        return path if path.exists() else None
+    return _HARNESS_DIR / "loss"
+
+
+def sha256_path(path: Path) -> str:
+    """sha256 of a file, or of a folder's ``*.py`` files (each name and content, in name order)."""
+    h = hashlib.sha256()
+    if path.is_dir():
+        for f in sorted(path.glob("*.py")):
+            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    else:
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def provenance(precision: Optional[str]) -> Dict[str, Any]:
+    """The ``provenance`` block of summary.json for a run of ``loss.precision = precision``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = git_state()
+    code = loss_code_path(precision)
+    out["loss_code"] = str(code) if code is not None else None
+    out["loss_sha256"] = sha256_path(code) if code is not None and code.exists() else None
+    try:
+        out["ms_swift"] = version("ms-swift")
+    except PackageNotFoundError:
+        out["ms_swift"] = None
+    return out
