@@ -87,8 +87,10 @@ def attempts(pin: str = PIN) -> list[list[str]]:
     ]
 
 
-def _pip(args: Sequence[str]) -> int:
-    return subprocess.call([sys.executable, "-m", "pip", "install", "-qq", *args])
+def _pip(args: Sequence[str], quiet: bool = False) -> int:
+    """``pip install -qq args``; ``quiet`` also hides pip's errors (a CPU build that is not there is expected)."""
+    return subprocess.call([sys.executable, "-m", "pip", "install", "-qq", *args],
+                           stderr=subprocess.DEVNULL if quiet else None)
 
 
 def _import_probe() -> tuple[Optional[str], str]:
@@ -101,22 +103,25 @@ def _import_probe() -> tuple[Optional[str], str]:
     return None, (lines[-1] if lines else f"exit {p.returncode}")
 
 
-def install(pin: str = PIN, pip: Callable[[Sequence[str]], int] = _pip,
+def install(pin: str = PIN, pip: Callable[[Sequence[str], bool], int] = _pip,
             probe: Callable[[], tuple[Optional[str], str]] = _import_probe,
             installed: Optional[Callable[[], bool]] = None) -> int:
     """Installs torch by :func:`attempts` unless a working ``torch==pin`` is there; returns 0, or 1 when no
-    attempt gave an importable torch. ``pip`` runs ``pip install`` with the given args; ``probe`` reports the
+    attempt gave an importable torch. ``pip(args, quiet)`` runs ``pip install`` with the given args (``quiet``
+    for the CPU attempts, whose failure is expected where no CPU build is at hand); ``probe`` reports the
     importable version; ``installed`` whether a torch distribution is there at all (one that does not import is
     reinstalled with ``--force-reinstall``)."""
     version, _ = probe()
     if version is not None and version.partition("+")[0] == pin:
         return 0
     repair = version is None and (installed or (lambda: _installed("torch")))()
-    for args in attempts(pin):
+    tries = attempts(pin)
+    for i, args in enumerate(tries):
         extra = ["--force-reinstall", "--no-deps"] if repair else []
-        if pip([*args, *extra]) == 0:
+        quiet = i < len(tries) - 1  # only the last attempt's errors are worth showing
+        if pip([*args, *extra], quiet) == 0:
             if repair:  # --no-deps reinstalled torch only; bring its requirements back too
-                pip(list(args))
+                pip(list(args), quiet)
             return 0
     return 1
 

@@ -59,8 +59,9 @@ class _Pip:
     def __init__(self, fails: int):
         self.fails, self.calls = fails, []
 
-    def __call__(self, args):
+    def __call__(self, args, quiet):
         self.calls.append(list(args))
+        self.quiet = getattr(self, "quiet", []) + [quiet]
         return 1 if len(self.calls) <= self.fails else 0
 
 
@@ -75,6 +76,7 @@ def test_the_cpu_build_is_tried_first_then_the_registry_build():
     assert tc.install(pip=pip, probe=lambda: (None, "No module named 'torch'"), installed=lambda: False) == 0
     assert [c[0] for c in pip.calls] == [f"torch=={tc.PIN}+cpu", f"torch=={tc.PIN}+cpu", f"torch=={tc.PIN}"]
     assert tc.CPU_INDEX in pip.calls[1]
+    assert pip.quiet == [True, True, False]  # a missing CPU build prints nothing; the registry's errors show
 
 
 def test_no_installable_torch_is_an_error():
