@@ -152,15 +152,19 @@ def _job_leaving_no_empty_folder(cfg) -> Optional[int]:
     run, a config error, a refused point; ``harness.launcher.leftovers``)."""
     from harness.launcher.leftovers import remove_if_empty
 
+    result = None
     try:
-        return _job(cfg)
+        result = _job(cfg)
+        return result
     finally:
-        try:
-            from hydra.core.hydra_config import HydraConfig
+        # a failed sweep point keeps its folder: the sweep callback records the failure there (job_return.json)
+        if not isinstance(result, PointFailed):
+            try:
+                from hydra.core.hydra_config import HydraConfig
 
-            remove_if_empty(Path(HydraConfig.get().runtime.output_dir))
-        except Exception:  # noqa: BLE001 - tidying up must never change the job's outcome
-            pass
+                remove_if_empty(Path(HydraConfig.get().runtime.output_dir))
+            except Exception:  # noqa: BLE001 - tidying up must never change the job's outcome
+                pass
 
 
 def _hydra_main() -> None:
