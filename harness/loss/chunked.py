@@ -110,7 +110,7 @@ class _FusedChunkedJSD(torch.autograd.Function):
         n = s.shape[0]
         need = ctx.needs_input_grad[0]
         out = torch.empty(n, dtype=cd, device=s.device)
-        # ∂JSD_i/∂z_s in the student's dtype: never a full-width FP32 copy for BF16 inputs (DESIGN contract).
+        # ∂JSD_i/∂z_s in the student's dtype: never a full-width FP32 copy for BF16 inputs (the architecture contract).
         dz = torch.empty(s.shape, dtype=s.dtype, device=s.device) if need else None
         # FP16 has 5 exponent bits: ∂JSD/∂z (before the loss scale reaches it in backward) would underflow to 0.
         # Each row is stored times a power of two (exact) and the factor undone in backward.
@@ -121,12 +121,15 @@ class _FusedChunkedJSD(torch.autograd.Function):
                                            beta_form, need)
             out[sl] = loss
             if need:
-                if temperature is not None:
-                    g.div_(temperature)
-                if row_scale is not None:
-                    row_scale[sl] = _pow2_row_scale(g)
-                    g.mul_(row_scale[sl, None])
-                dz[sl] = g
+                if row_scale is None and temperature is not None:
+                    torch.div(g, temperature, out=dz[sl])  # = g.div_(T) then the cast into dz, in one pass
+                else:
+                    if temperature is not None:
+                        g.div_(temperature)
+                    if row_scale is not None:
+                        row_scale[sl] = _pow2_row_scale(g)
+                        g.mul_(row_scale[sl, None])
+                    dz[sl] = g
                 del g
         ctx.save_for_backward(dz, row_scale)
         ctx.rows, ctx.cd = rows, cd
@@ -141,10 +144,32 @@ class _FusedChunkedJSD(torch.autograd.Function):
             go = grad_out.to(ctx.cd)
             if row_scale is not None:
                 go = go / row_scale
+            # dz (student dtype) × go (compute dtype) computes in the compute dtype and rounds once into grad_s:
+            # the same values as dz.to(cd) * go cast back. Row blocks: for a BF16 dz torch casts the operands and
+            # the result through compute-dtype temporaries, which must stay block-sized.
             for start in range(0, dz.shape[0], ctx.rows):
                 sl = slice(start, start + ctx.rows)
-                grad_s[sl] = dz[sl].to(ctx.cd) * go[sl, None]
+                torch.mul(dz[sl], go[sl, None], out=grad_s[sl])
         return grad_s, None, None, None, None, None, None
+
+
+#: Elements of one row block of the fused path, per device type. Every FP32 temporary of a block is this many
+#: elements (about eight are alive at once): on a CPU 2^18 (1 MiB each, so a block's working set stays in the
+#: L2/L3 caches and its buffers are reused by the allocator instead of being page-faulted afresh); on a GPU
+#: 2^24 (64 MiB each: large enough that kernel launches do not dominate, still a few per cent of a 4k-token
+#: ``[N, V]`` BF16 tensor). Chosen from measurements (``gkd-bench``; notes in docs/performance.md).
+BLOCK_ELEMENTS = {"cpu": 2**18, "cuda": 2**24}
+_BLOCK_ELEMENTS_OTHER = 2**22
+
+
+def block_rows(n: int, width: int, device: torch.device) -> int:
+    """Rows per block of the fused fp32 path: ``BLOCK_ELEMENTS`` of the device type ÷ the row width ``width``.
+
+    Depends on the vocabulary width (``V``, or ``K`` in top-k mode) and the device, never on the caller's
+    ``chunk_size`` (upstream's row chunk, which keeps its meaning for ``native``). At least 1, at most ``n``.
+    """
+    budget = BLOCK_ELEMENTS.get(torch.device(device).type, _BLOCK_ELEMENTS_OTHER)
+    return max(1, min(n, budget // max(1, width)))
 
 
 def _rows_per_chunk(n: int, chunk_size: int, in_itemsize: int, compute_itemsize: int) -> int:
