@@ -222,8 +222,10 @@ def bench_rows(device: str) -> List[Dict[str, Any]]:
                 _, ms, peak = measure(case.step, device)
                 out.append({"check": f"bench/{name}", "ok": True, "ms": round(ms, 3), "max_memory_allocated": peak,
                             "loss": cases.nan_to_none(case.value()), "source": "bench.cases.build_case"})
-            except ImportError as e:  # e.g. TRL, absent on a bare image
+            except ModuleNotFoundError as e:  # a package absent on a bare image (TRL): skipped, with the reason
                 out.append({"check": f"bench/{name}", "ok": True, "skipped": f"{type(e).__name__}: {e}"})
+            except Exception as e:  # noqa: BLE001
+                out.append({"check": f"bench/{name}", "ok": False, "error": f"{type(e).__name__}: {e}"[:400]})
     return out
 
 
@@ -253,7 +255,9 @@ def _markdown(rows: List[Dict[str, Any]], wall_s: float) -> str:
     lines = ["# gkd-harness bare GPU check", "", f"{sum(r['ok'] for r in rows)}/{len(rows)} checks ok, "
              f"wall {wall_s:.1f} s.", "", "| check | ok | detail |", "|---|---|---|"]
     for r in rows:
-        if r["check"].startswith("seed_shape/"):
+        if "error" in r:
+            detail = f"error: {r['error']}"
+        elif r["check"].startswith("seed_shape/"):
             v = r["variants"]
             detail = "; ".join(f"{k} loss {v[k]['loss']:.6g}, grad err {v[k]['grad_rel_l2_vs_fp64']:.2e}, "
                                f"{v[k]['ms']:.1f} ms, peak {v[k]['max_memory_allocated']}" for k in v)
@@ -265,8 +269,9 @@ def _markdown(rows: List[Dict[str, Any]], wall_s: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(out: Path, device: str, tokens: Optional[tuple] = None) -> List[Dict[str, Any]]:
-    """Every check on ``device``; rows written under ``out`` (3 files); returns the rows."""
+def run(out: Path, device: str, tokens: Optional[tuple] = None, only: tuple = ()) -> List[Dict[str, Any]]:
+    """Every check on ``device`` (those whose name starts with one of ``only``, when given; env always); rows
+    written under ``out`` (3 files); returns the rows."""
     t0 = time.time()
     out.mkdir(parents=True, exist_ok=True)
     _, how = load_upstream_loss()
@@ -275,6 +280,8 @@ def run(out: Path, device: str, tokens: Optional[tuple] = None) -> List[Dict[str
     stream = open(out / "rows.jsonl", "w")
 
     def add(make: Callable[[], Any], name: str) -> None:
+        if only and name != "env" and not name.startswith(tuple(only)):
+            return
         t = time.time()
         try:
             got = make()
@@ -303,7 +310,7 @@ def run(out: Path, device: str, tokens: Optional[tuple] = None) -> List[Dict[str
         for beta in BETAS:
             add(lambda: seed_shape(mode, beta, n, device), f"seed_shape/{mode}/beta{beta:g}")
     for group in ("spot_topk", "spot_full"):
-        add(lambda: spot_check(group, device), f"spot_check/{group.split('_')[1]}")
+        add(lambda: spot_check(group, device), f"spot_check/{group.split('_', 1)[1]}")
     add(lambda: bench_rows(device), "bench")
     stream.close()
     wall = time.time() - t0
@@ -319,8 +326,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--device", default="cuda", help="cuda (the proof) or cpu (a rehearsal)")
     p.add_argument("--tokens", type=int, nargs=2, metavar=("TOPK_N", "FULL_N"), default=None,
                    help="tokens of the seed-shape checks (default: 4096 256 on CUDA, 16 2 on a CPU)")
+    p.add_argument("--only", nargs="*", default=(), help="run only the checks whose names start so")
     a = p.parse_args(argv)
-    rows = run(Path(a.out), a.device, tuple(a.tokens) if a.tokens else None)
+    rows = run(Path(a.out), a.device, tuple(a.tokens) if a.tokens else None, tuple(a.only))
     return 0 if all(r["ok"] for r in rows) else 1
 
 

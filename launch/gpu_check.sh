@@ -23,14 +23,21 @@
 #   bench          est 180 s  gkd-bench --device cuda (loss time/memory upstream vs patched, instrumentation
 #                             cost; set GKD_CHECK_BENCH_ARGS to change the groups) -> performance.md
 # Output: $GKD_CHECK_DIR (default outputs/gpu_check/<timestamp>): checks.jsonl, one log per check, run folders.
+#
+#   bash launch/gpu_check.sh --bare          # a bare, offline CUDA image (torch, transformers, triton and the
+#                                            # carried ms-swift wheel only; the project NOT installed): the
+#                                            # loss-level proof of launch/gpu_bare.py from this checkout with
+#                                            # PYTHONPATH=. -> $GKD_CHECK_DIR/{rows.jsonl,bare_checks.json,bare_checks.md}
+#                                            # (GKD_CHECK_DEVICE=cpu: a CPU rehearsal). See docs/cluster.md.
 set -u -o pipefail
 
-DRY=0; INSTALL=0
+DRY=0; INSTALL=0; BARE=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
     --install) INSTALL=1 ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    --bare) BARE=1 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
@@ -39,6 +46,13 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PY="${PYTHON:-python}"
 OUT="${GKD_CHECK_DIR:-outputs/gpu_check/$(date -u +%Y%m%dT%H%M%SZ)}"
+if [[ $BARE == 1 ]]; then
+  # the plain checkout on the path, nothing installed; only ms-swift's wheel is carried (docs/cluster.md)
+  echo "== gkd-harness bare GPU check -> $OUT"
+  PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 \
+    "$PY" -m launch.gpu_bare --out "$OUT" --device "${GKD_CHECK_DEVICE:-cuda}"
+  exit $?
+fi
 CHECKS="$OUT/checks.jsonl"
 STEPS="${GKD_CHECK_STEPS:-8}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline
