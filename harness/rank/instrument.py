@@ -312,7 +312,10 @@ def spot_check(run_terms: Callable, ref_terms: Callable, student_logits, teacher
         grad_rel = math.nan
     else:
         grad_rel = dnorm / gnorm if gnorm > 0 else dnorm
-    floor = _grad_dtype_floor(grad64, s.dtype)
+    floor = 0.0
+    if s.dtype not in (torch.float32, torch.float64):  # the FP64 gradient on an FP64 leaf (grad64 is in s's dtype)
+        _, exact64 = _mean_loss_and_grad(ref_terms, s.double(), teacher, lab, beta, temperature, *args, **kwargs)
+        floor = _grad_dtype_floor(exact64, s.dtype)
     return {
         SPOT_LOSS: loss,
         SPOT_LOSS_FP64: ref,
