@@ -71,6 +71,8 @@ def _case(rel: str):
         return [f"rollout={parts[1]}", "gkd.lmbda=0.5", *extra], "train"
     if parts[0] == "backend" and parts[1].startswith("megatron"):  # the tiny model's BF16 teacher cast: HF only
         return [f"backend={parts[1]}", "model.student_dtype=null", "model.teacher_dtype=null"], "train"
+    if parts == ("loss", "candidate"):  # loss.source is required: the worked example
+        return ["loss=candidate", f"loss.source={REPO}/examples/candidates/good_promote_first.py"], "train"
     if parts[0] in TRAIN_GROUPS and len(parts) == 2:
         return [f"{parts[0]}={parts[1]}"], "train"
     return [], "/".join(parts)  # not part of train.yaml (e.g. signoff criteria): composed on its own

@@ -149,8 +149,12 @@ def write(cert: Dict[str, Any], out_dir: Path) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from harness.store.run_folder import harness_version
+
     p = argparse.ArgumentParser(
-        prog="gkd-certify", description=__doc__.split("\n\n")[0],
+        prog="gkd-certify",
+        description="The loss-level certificate of a candidate GKD loss fix, no training: every family runs "
+                    "through the candidate's gkd_loss against the independent FP64 reference.",
         epilog="Exit codes: 0 every required family passes, 1 one fails, 2 unusable input. docs/certify.md.")
     p.add_argument("candidate", help="PATH.py | package.module[:attr] | fp32 | fp64 | native")
     p.add_argument("--name", help="label of the candidate (default: the file or module name)")
@@ -162,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dtype pair on which the candidate claims bit-identity with the installed ms-swift, e.g. "
                         "float32/float32 (repeatable; default: the file's GKD_CERTIFY_UNCHANGED)")
     p.add_argument("--family", action="append", default=[], help="only families whose name contains this")
+    p.add_argument("--version", action="version", version=f"gkd-certify (gkd-harness {harness_version()})")
     p.add_argument("--out", type=Path, help=f"write {CERTIFICATE_MD} and {CERTIFICATE_JSON} here")
     return p
 
