@@ -373,6 +373,20 @@ def no_failed_runs(sweep: Sweep, cfg: SignoffCriteria, c: Any) -> Result:
                   "applies to every sweep (planned points from the sweep's manifest or multirun.yaml)")
 
 
+def patched_not_worse(sweep: Sweep, cfg: SignoffCriteria, c: Any) -> Result:
+    """Held-out outcome (issue 20): the upper 95% t bound of (patched − original)/original final eval/jsd,
+    seed-paired, is <= ``c.margin`` (analysis.outcome)."""
+    from analysis.outcome import patched_not_worse as measure
+
+    name, title = "patched_not_worse", "Patched loss distills no worse on held-out data"
+    thr = f"upper 95% bound of (patched − original)/original final eval/jsd <= {c.margin:g}"
+    m = measure(sweep, cfg.original_precision, cfg.patched_precisions, c.margin)
+    status = m["status"]
+    if status == "not_measured" and not c.required:
+        status = "skipped"
+    return Result(name, title, status, thr, m["measured"], m["details"], m["applies"])
+
+
 CRITERIA = {
     "no_negative_patched": no_negative_patched,
     "no_nonfinite": no_nonfinite,
@@ -381,6 +395,7 @@ CRITERIA = {
     "beta_forms_unchanged": beta_forms_unchanged,
     "precisions_unchanged_in_fp32": precisions_unchanged_in_fp32,
     "no_failed_runs": no_failed_runs,
+    "patched_not_worse": patched_not_worse,
 }
 
 

@@ -101,6 +101,13 @@ class NoFailedRuns:
 
 
 @dataclass(frozen=True)
+class PatchedNotWorse:
+    enabled: bool
+    required: bool
+    margin: float = field(metadata=_ge(0))
+
+
+@dataclass(frozen=True)
 class ReportSettings:
     first_steps: int = field(metadata=_ge(1))
     beta_curve_betas: Tuple[float, ...] = field(metadata={"min": 0, "max": 1, "nonempty": True})
@@ -120,6 +127,7 @@ class SignoffCriteria:
     beta_forms_unchanged: BetaFormsUnchanged
     precisions_unchanged_in_fp32: PrecisionsUnchangedInFp32
     no_failed_runs: NoFailedRuns
+    patched_not_worse: PatchedNotWorse
     report: ReportSettings
 
     def to_dict(self) -> dict:

@@ -1,0 +1,202 @@
+"""Does the fix change what the student learns? Seed statistics of the held-out evaluation (``eval/*``).
+
+For a sweep that trains the original and the patched loss with the same seeds (same data order), this module
+gives:
+
+* :func:`final_values`: per run, the last logged value of each held-out metric (``eval/jsd``, forward / reverse
+  KL, top-1 agreement), with the run's variant (``loss.precision``/``loss.beta_form``), role and seed;
+* :func:`variant_table`: per variant and metric, the mean over seeds and its 95% **Student-t** interval
+  (``mean ± t(0.975, n−1) · sd / √n``; no interval from one seed);
+* :func:`paired_differences`: per seed, patched − original and (patched − original) / original, for runs that
+  agree on every other config column that shapes training (β, T, top-k, SFT weight, λ, steps, models, dtypes);
+* :func:`pooled`: the mean of the per-seed differences with its t interval;
+* :func:`outcome_sentence`: the effect and its interval in one sentence, whichever way it goes.
+
+The criterion ``patched_not_worse`` (:func:`patched_not_worse`, registered in :mod:`analysis.criteria`) asks
+that the upper bound of the interval on (patched − original) / original final held-out JSD be ≤ a margin.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable, Optional
+
+import numpy as np
+import pandas as pd
+
+from harness.contract import (EVAL_FORWARD_KL, EVAL_JSD, EVAL_REVERSE_KL, EVAL_TOP1_AGREEMENT, role_of)
+
+#: The held-out metrics the statistics cover (``eval/tokens`` is a count, not an outcome).
+OUTCOME_METRICS = (EVAL_JSD, EVAL_FORWARD_KL, EVAL_REVERSE_KL, EVAL_TOP1_AGREEMENT)
+#: Config columns two runs must share to be a pair (besides the seed); the loss variant is what differs.
+PAIR_COLUMNS = ("gkd.beta", "gkd.temperature", "gkd.topk", "gkd.sft_alpha", "gkd.lmbda", "run.max_steps",
+                "model.student", "model.teacher", "model.student_dtype", "model.teacher_dtype", "backend.name")
+LEVEL = 0.95
+
+
+def t_interval(values: Iterable[float], level: float = LEVEL) -> tuple:
+    """``(mean, low, high, n)`` of ``values`` with the Student-t interval; low/high NaN for fewer than 2."""
+    from scipy import stats
+
+    x = np.asarray([v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))],
+                   dtype=np.float64)
+    n = int(x.size)
+    if n == 0:
+        return math.nan, math.nan, math.nan, 0
+    mean = float(x.mean())
+    if n < 2:
+        return mean, math.nan, math.nan, n
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * float(x.std(ddof=1)) / math.sqrt(n)
+    return mean, mean - half, mean + half, n
+
+
+def variant_of(run: pd.Series) -> str:
+    """``precision/beta_form`` (e.g. ``native/paper``)."""
+    return f"{run.get('loss.precision')}/{run.get('loss.beta_form')}"
+
+
+def final_values(sweep, metrics: Iterable[str] = OUTCOME_METRICS) -> pd.DataFrame:
+    """One row per run with the last logged value of each metric (``[run, variant, role, seed, step, *metrics]``;
+    runs without any of them are left out). ``step`` is the step of the last ``eval/jsd``."""
+    metrics = list(metrics)
+    hist = sweep.history
+    rows = []
+    for _, r in sweep.runs.iterrows():
+        h = hist[hist["run"] == r["run"]]
+        row = {"run": r["run"], "variant": variant_of(r), "role": role_of(r.get("loss.precision")),
+               "precision": r.get("loss.precision"), "beta_form": r.get("loss.beta_form"),
+               "seed": r.get("run.seed"), "step": math.nan}
+        found = False
+        for m in metrics:
+            col = h[m].dropna() if m in h else pd.Series(dtype=float)
+            if len(col):
+                found = True
+                last = h.loc[col.index].sort_values("step").iloc[-1]
+                row[m] = float(last[m])
+                if m == EVAL_JSD:
+                    row["step"] = int(last["step"])
+            else:
+                row[m] = math.nan
+        for c in PAIR_COLUMNS:
+            row[c] = r.get(c)
+        if found:
+            rows.append(row)
+    cols = ["run", "variant", "role", "precision", "beta_form", "seed", "step", *metrics, *PAIR_COLUMNS]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def variant_table(finals: pd.DataFrame, metrics: Iterable[str] = OUTCOME_METRICS,
+                  level: float = LEVEL) -> pd.DataFrame:
+    """Per variant and metric: ``[variant, role, metric, n, mean, low, high]`` (t interval over seeds)."""
+    out = []
+    for variant, g in finals.groupby("variant", sort=True):
+        for m in metrics:
+            mean, lo, hi, n = t_interval(g[m].tolist(), level)
+            out.append({"variant": variant, "role": g["role"].iloc[0], "metric": m, "n": n, "mean": mean,
+                        "low": lo, "high": hi})
+    return pd.DataFrame(out, columns=["variant", "role", "metric", "n", "mean", "low", "high"])
+
+
+def _key(row: pd.Series) -> tuple:
+    return tuple("nan" if (isinstance(row[c], float) and math.isnan(row[c])) else str(row[c]) for c in PAIR_COLUMNS)
+
+
+def paired_differences(finals: pd.DataFrame, original_precision: str = "native",
+                       patched_precisions: Iterable[str] = ("fp32", "candidate"),
+                       metrics: Iterable[str] = OUTCOME_METRICS) -> pd.DataFrame:
+    """Per (patched variant, seed): the original run of the same seed, β form and training config, and for each
+    metric ``<m>:diff`` = patched − original and ``<m>:rel`` = (patched − original) / original.
+
+    Columns ``[variant, seed, original_run, patched_run, ...]``; empty when no run pairs.
+    """
+    metrics = list(metrics)
+    orig = finals[finals["precision"] == original_precision]
+    pats = finals[finals["precision"].isin(list(patched_precisions))]
+    out = []
+    for _, p in pats.iterrows():
+        match = orig[(orig["seed"] == p["seed"]) & (orig["beta_form"] == p["beta_form"])]
+        match = match[[_key(o) == _key(p) for _, o in match.iterrows()]]
+        if len(match) != 1:
+            continue
+        o = match.iloc[0]
+        row = {"variant": p["variant"], "seed": p["seed"], "original_run": o["run"], "patched_run": p["run"]}
+        for m in metrics:
+            d = p[m] - o[m]
+            row[f"{m}:original"], row[f"{m}:patched"] = o[m], p[m]
+            row[f"{m}:diff"] = d
+            row[f"{m}:rel"] = d / o[m] if o[m] else math.nan
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def pooled(pairs: pd.DataFrame, metrics: Iterable[str] = OUTCOME_METRICS, level: float = LEVEL) -> pd.DataFrame:
+    """Per patched variant and metric: mean of the per-seed ``diff`` and ``rel`` with their t intervals
+    (``[variant, metric, n, diff_mean, diff_low, diff_high, rel_mean, rel_low, rel_high]``)."""
+    out = []
+    if pairs.empty:
+        return pd.DataFrame(out, columns=["variant", "metric", "n", "diff_mean", "diff_low", "diff_high",
+                                          "rel_mean", "rel_low", "rel_high"])
+    for variant, g in pairs.groupby("variant", sort=True):
+        for m in metrics:
+            dm, dl, dh, n = t_interval(g[f"{m}:diff"].tolist(), level)
+            rm, rl, rh, _ = t_interval(g[f"{m}:rel"].tolist(), level)
+            out.append({"variant": variant, "metric": m, "n": n, "diff_mean": dm, "diff_low": dl, "diff_high": dh,
+                        "rel_mean": rm, "rel_low": rl, "rel_high": rh})
+    return pd.DataFrame(out)
+
+
+def outcome_sentence(row: Optional[pd.Series], original: str = "the original") -> str:
+    """The effect on final held-out JSD in one sentence, e.g. ``fp32/paper ends at 0.93× the original's held-out
+    JSD (95% t interval 0.90–0.96, 3 seeds)``; says when no difference is resolved."""
+    if row is None:
+        return "No seed-paired original/patched runs with a held-out evaluation: no outcome measured."
+    n = int(row["n"])
+    ratio = 1 + row["rel_mean"]
+    if n < 2 or math.isnan(row["rel_low"]):
+        return (f"{row['variant']} ends at {ratio:.3g}× {original}'s held-out JSD ({n} seed: no interval, no "
+                f"difference resolved).")
+    lo, hi = 1 + row["rel_low"], 1 + row["rel_high"]
+    tail = "; no difference resolved" if lo <= 1 <= hi else ""
+    return (f"{row['variant']} ends at {ratio:.3g}× {original}'s held-out JSD (95% t interval {lo:.3g}–{hi:.3g}, "
+            f"{n} seeds{tail}).")
+
+
+def patched_not_worse(sweep, original_precision: str, patched_precisions: Iterable[str], margin: float) -> dict:
+    """The criterion's measurement: ``{"status", "measured", "details", "applies"}``.
+
+    ``not_applicable`` when no original and patched runs pair by seed; ``not_measured`` when they pair but lack
+    ``eval/jsd`` or have a single seed (no interval); else ``pass`` iff for every patched variant the upper
+    bound of the 95% t interval on (patched − original) / original final ``eval/jsd`` is ≤ ``margin``.
+    """
+    patched = [p for p in patched_precisions if role_of(p) == "patched"]
+    runs = sweep.runs
+    orig = runs[runs["loss.precision"] == original_precision]
+    pats = runs[runs["loss.precision"].isin(patched)]
+    seeds = set(orig["run.seed"].dropna()) & set(pats["run.seed"].dropna())
+    if orig.empty or pats.empty or not seeds:
+        return {"status": "not_applicable", "measured": "no original and patched runs with a common seed",
+                "details": [], "applies": "not applicable: the sweep does not pair original and patched runs by seed"}
+    applies = f"original and patched runs share seeds {sorted(seeds)}"
+    finals = final_values(sweep, [EVAL_JSD])
+    if finals.empty:
+        return {"status": "not_measured", "measured": f"no {EVAL_JSD} logged (monitor.eval.every_n_steps=0?)",
+                "details": [], "applies": applies}
+    pairs = paired_differences(finals, original_precision, patched, [EVAL_JSD])
+    if pairs.empty:
+        return {"status": "not_measured", "measured": f"no seed pair with {EVAL_JSD} on both sides",
+                "details": [], "applies": applies}
+    table = pooled(pairs, [EVAL_JSD])
+    details = [f"seed {r['seed']}: {r['variant']} {r[EVAL_JSD + ':patched']:.6g} vs original "
+               f"{r[EVAL_JSD + ':original']:.6g} ({r[EVAL_JSD + ':rel']:+.3%})" for _, r in pairs.iterrows()]
+    sentences = [outcome_sentence(r) for _, r in table.iterrows()]
+    if (table["n"] < 2).any():
+        return {"status": "not_measured", "measured": " ".join(sentences) + " An interval needs 2 or more seeds.",
+                "details": details, "applies": applies}
+    worst = float(table["rel_high"].max())
+    status = "pass" if worst <= margin else "fail"
+    return {"status": status, "measured": f"upper 95% bound of (patched − original)/original {worst:+.3%} "
+                                          f"(margin {margin:+.1%}). " + " ".join(sentences),
+            "details": details, "applies": applies}
+
+
+__all__ = ["OUTCOME_METRICS", "PAIR_COLUMNS", "t_interval", "variant_of", "final_values", "variant_table",
+           "paired_differences", "pooled", "outcome_sentence", "patched_not_worse"]

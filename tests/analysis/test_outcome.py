@@ -1,0 +1,97 @@
+"""Seed statistics of the held-out evaluation (analysis.outcome) and the patched_not_worse criterion, on synthetic run
+folders (bench.synthetic.write_run plus eval/* rows), checked against a hand computation."""
+import json
+import math
+
+import pytest
+
+from analysis.criteria import evaluate
+from analysis.load_runs import load_sweep
+from analysis.outcome import final_values, paired_differences, pooled, t_interval, variant_table
+from analysis.signoff_config import load_criteria
+from bench.synthetic import write_run
+from harness.contract import EVAL_FORWARD_KL, EVAL_JSD, EVAL_REVERSE_KL, EVAL_TOP1_AGREEMENT, METRICS_FILE
+
+STEPS = 10
+#: final eval/jsd by (precision, seed); an earlier evaluation at step 5 is 2x larger (must not be the one used)
+FINAL = {("native", 1): 0.010, ("native", 2): 0.012, ("native", 3): 0.011,
+         ("fp32", 1): 0.0095, ("fp32", 2): 0.0118, ("fp32", 3): 0.0104}
+# t(0.975, 2), the 97.5% quantile of Student's t with 2 degrees of freedom, in closed form: with 2 degrees of freedom
+# the CDF is 1/2 + t / (2 sqrt(2 + t^2)), so F(t) = 0.975 gives t^2 = 2 * 0.95^2 / (1 - 0.95^2) (tables: 4.303)
+T2 = math.sqrt(2 * 0.95 ** 2 / (1 - 0.95 ** 2))
+
+
+def _add_eval(folder, final_jsd):
+    with open(folder / METRICS_FILE, "a") as f:
+        for step, jsd in ((5, 2 * final_jsd), (STEPS, final_jsd)):
+            f.write(json.dumps({"step": step, EVAL_JSD: jsd, EVAL_FORWARD_KL: 4 * jsd, EVAL_REVERSE_KL: 3 * jsd,
+                                EVAL_TOP1_AGREEMENT: 0.9}) + "\n")
+
+
+def _sweep(root, values=FINAL, with_eval=True):
+    for (prec, seed), v in values.items():
+        folder = write_run(root / f"loss={prec},run.seed={seed}", beta=0.5, beta_form="paper", precision=prec,
+                           seed=seed, steps=STEPS, spot_every=5)
+        if with_eval:
+            _add_eval(folder, v)
+    return load_sweep(root)
+
+
+def _hand_mean_ci(xs):
+    n = len(xs)
+    m = sum(xs) / n
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+    return m, m - T2 * sd / math.sqrt(n), m + T2 * sd / math.sqrt(n)
+
+
+def test_t_interval_matches_hand_computation():
+    m, lo, hi, n = t_interval([1.0, 2.0, 4.0])
+    hm, hlo, hhi = _hand_mean_ci([1.0, 2.0, 4.0])
+    assert n == 3 and (m, lo, hi) == pytest.approx((hm, hlo, hhi), rel=1e-12)
+    assert math.isnan(t_interval([1.0])[1]) and t_interval([])[3] == 0
+
+
+def test_variant_means_and_paired_differences_match_hand_computation(tmp_path):
+    sweep = _sweep(tmp_path)
+    finals = final_values(sweep)
+    assert sorted(finals["step"]) == [STEPS] * 6  # the final evaluation, not the one at step 5
+    table = variant_table(finals).set_index(["variant", "metric"])
+    for prec, variant in (("native", "native/paper"), ("fp32", "fp32/paper")):
+        xs = [FINAL[(prec, s)] for s in (1, 2, 3)]
+        row = table.loc[(variant, EVAL_JSD)]
+        assert row["n"] == 3
+        assert (row["mean"], row["low"], row["high"]) == pytest.approx(_hand_mean_ci(xs), rel=1e-12)
+        assert table.loc[(variant, EVAL_FORWARD_KL), "mean"] == pytest.approx(4 * sum(xs) / 3, rel=1e-12)
+    pairs = paired_differences(finals).set_index("seed")
+    for s in (1, 2, 3):
+        d = FINAL[("fp32", s)] - FINAL[("native", s)]
+        assert pairs.loc[s, f"{EVAL_JSD}:diff"] == pytest.approx(d, rel=1e-12)
+        assert pairs.loc[s, f"{EVAL_JSD}:rel"] == pytest.approx(d / FINAL[("native", s)], rel=1e-12)
+    pool = pooled(pairs.reset_index()).set_index("metric").loc[EVAL_JSD]
+    diffs = [FINAL[("fp32", s)] - FINAL[("native", s)] for s in (1, 2, 3)]
+    rels = [d / FINAL[("native", s)] for d, s in zip(diffs, (1, 2, 3))]
+    assert (pool["diff_mean"], pool["diff_low"], pool["diff_high"]) == pytest.approx(_hand_mean_ci(diffs), rel=1e-9)
+    assert (pool["rel_mean"], pool["rel_low"], pool["rel_high"]) == pytest.approx(_hand_mean_ci(rels), rel=1e-9)
+
+
+def _criterion(sweep):
+    _, results = evaluate(sweep, load_criteria())
+    return next(r for r in results if r.name == "patched_not_worse")
+
+
+def test_patched_not_worse_passes_and_fails_on_the_interval_bound(tmp_path):
+    # rel = -5%, -1.67%, -5.45%: mean -4.04%, upper bound -4.04% + 4.303 * 2.14% / sqrt(3) = +1.27% <= 5%
+    r = _criterion(_sweep(tmp_path / "good"))
+    assert r.status == "pass", r.measured
+    rels = [(FINAL[("fp32", s)] - FINAL[("native", s)]) / FINAL[("native", s)] for s in (1, 2, 3)]
+    upper = _hand_mean_ci(rels)[2]
+    assert f"{upper:+.3%}" in r.measured and "3 seeds" in r.measured
+    worse = {k: (v * 1.08 if k[0] == "fp32" else v) for k, v in FINAL.items()}  # +8% on every seed
+    assert _criterion(_sweep(tmp_path / "bad", worse)).status == "fail"
+
+
+def test_patched_not_worse_not_applicable_without_seed_pairs_and_skipped_without_eval(tmp_path):
+    unpaired = {("native", 1): 0.01, ("fp32", 2): 0.01, ("fp32", 3): 0.01}
+    assert _criterion(_sweep(tmp_path / "unpaired", unpaired)).status == "not_applicable"
+    r = _criterion(_sweep(tmp_path / "noeval", with_eval=False))
+    assert r.status == "skipped" and "eval/jsd" in r.measured  # not required by default: reported, not failed
