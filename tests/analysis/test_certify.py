@@ -1,0 +1,89 @@
+"""gkd-certify: the good worked example and the harness's own fp32 pass; upstream and each broken example fail,
+naming the family; unusable input exits 2. Quick mode (and, for the failing ones, the family that must fail)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis.certify.cli import main
+from tests.conftest import entry_point
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples" / "candidates"
+
+
+def _certify(capsys, *args):
+    with pytest.raises(SystemExit) as e:
+        main([*map(str, args)])
+    return e.value.code, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("candidate", [EXAMPLES / "good_promote_first.py", "fp32"])
+def test_passes_every_required_family(capsys, tmp_path, candidate):
+    code, out = _certify(capsys, candidate, "--quick", "--out", tmp_path)
+    assert code == 0, out
+    assert "verdict: PASS" in out
+    cert = json.loads((tmp_path / "certificate.json").read_text())
+    required = [f for f in cert["families"] if f["required"]]
+    assert len(required) >= 12 and all(f["failures"] == 0 and f["cases"] > 0 for f in required)
+    assert all(f["negatives"] == 0 and f["nonfinite"] == 0 for f in required)
+    names = {f["name"] for f in cert["families"]}
+    assert {"extreme logits", "FP16 under loss scaling", "vocab-parallel primitives"} <= names  # hard: reported
+    md = (tmp_path / "certificate.md").read_text()
+    assert cert["candidate"]["sha256"] in md and "| family | required | cases |" in md
+
+
+def test_good_example_is_bit_identical_to_upstream_where_it_declares_so(capsys):
+    code, out = _certify(capsys, EXAMPLES / "good_promote_first.py", "--quick", "--family", "upstream identity")
+    assert code == 0 and "upstream identity (declared)" in out
+
+
+def test_declared_identity_is_checked(capsys):
+    """harness fp32 (the cancellation-free form) is accurate but not upstream's bits: declaring it unchanged fails."""
+    code, out = _certify(capsys, "fp32", "--quick", "--family", "upstream identity", "--unchanged", "float32/float32")
+    assert code == 1 and "vs upstream" in out
+
+
+@pytest.mark.parametrize("candidate,family", [
+    ("swift.rlhf_trainers.gkd_loss", "mixed FP32/BF16 (the defect)"),
+    (EXAMPLES / "broken_student_only.py", "mixed FP32/BF16 (the defect)"),
+    (EXAMPLES / "broken_cast_back.py", "mixed FP32/BF16 (the defect)"),
+    (EXAMPLES / "broken_clamp.py", "mixed FP32/BF16 (the defect)"),
+    (EXAMPLES / "broken_promote_after_temperature.py", "temperature T != 1"),
+])
+def test_fails_naming_the_family(capsys, candidate, family):
+    code, out = _certify(capsys, candidate, "--quick", "--family", family.split(" (")[0])
+    assert code == 1, out
+    assert f"verdict: FAIL (failed: {family})" in out
+
+
+def test_promotion_after_temperature_passes_at_t_1_and_clamp_hides_negatives(capsys, tmp_path):
+    """The broken examples fail for their own reason: dividing by T in BF16 is harmless at T = 1 (the mixed family
+    runs at T = 1); the clamp leaves no negative loss while upstream's arithmetic shows them."""
+    code, out = _certify(capsys, EXAMPLES / "broken_promote_after_temperature.py", "--quick", "--family", "mixed")
+    assert code == 0, out
+    _certify(capsys, EXAMPLES / "broken_clamp.py", "--quick", "--family", "mixed", "--out", tmp_path / "c")
+    _certify(capsys, "swift.rlhf_trainers.gkd_loss", "--quick", "--family", "mixed", "--out", tmp_path / "u")
+    clamp, up = (json.loads((tmp_path / d / "certificate.json").read_text())["families"][0] for d in ("c", "u"))
+    assert clamp["negatives"] == 0 and clamp["failures"] == clamp["cases"]
+    assert up["negatives"] > 0
+
+
+def test_strict_gates_the_hard_regimes(capsys):
+    code, out = _certify(capsys, EXAMPLES / "good_promote_first.py", "--quick", "--strict", "--family", "partially")
+    assert code == 1 and "partially -inf top-k rows" in out  # upstream-style arithmetic: NaN on -inf entries
+    code, _ = _certify(capsys, "fp32", "--quick", "--strict", "--family", "partially")
+    assert code == 0
+
+
+def test_unusable_input_exits_2_in_one_line(tmp_path):
+    proc = subprocess.run([entry_point("gkd-certify"), str(tmp_path / "missing.py")], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"gkd-certify: {tmp_path / 'missing.py'}: no such file (loss.source)"
+    (tmp_path / "bad.py").write_text("def gkd_loss(student_logits):\n    return 0, 0\n")
+    proc = subprocess.run([sys.executable, "-m", "analysis.certify.cli", str(tmp_path / "bad.py")],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 2 and "gkd_loss signature differs" in proc.stderr and "Traceback" not in proc.stderr
