@@ -33,7 +33,7 @@ __all__ = [
 #: Packages that may hold the config tree (the wheel ships ``configs/`` as ``gkd_harness_configs``).
 _CONFIG_PACKAGES = ("gkd_harness_configs", "configs")
 _REPO_FILE = Path(__file__).resolve().parents[1] / "configs" / "signoff" / "default.yaml"
-Precision = Literal["native", "fp32", "fp64"]
+Precision = Literal["native", "fp32", "fp64", "candidate"]  # candidate: loss.source (harness.loss.candidate)
 
 
 def _ge(x: float) -> dict:
