@@ -3,7 +3,8 @@
 Written from the formulas, not from the code under test: log-probabilities in FP64, the mixture
 ``M = (1-β)·S + β·T`` formed in log space (``logaddexp``, so it neither underflows at logit scales of 1e4 nor
 rounds below FP64), and KL terms as sums of ``p·(log p − log q)`` with ``0·log 0 = 0``. Gradients come from FP64
-autograd through these formulas.
+autograd through these formulas (``KL(S‖M)`` written relative to its vanishing-teacher limit for the gradient, see
+:func:`_jsd_for_gradient`), with each row's entry at the student's argmax set from the row's zero sum.
 """
 from __future__ import annotations
 
@@ -45,6 +46,28 @@ def reference_jsd(s_logits, t_logits, beta: float, beta_form: str = "paper", tem
     raise ValueError(beta_form)
 
 
+def _jsd_for_gradient(s_logits, t_logits, beta: float, beta_form: str, temperature: float):
+    """A per-position function ``[N]`` with the same gradient as :func:`reference_jsd` (FP64 autograd).
+
+    For 0 < β < 1, ``KL(S‖M) = Σ p·log(p/M) = −log(1−β)·Σ p − Σ p·softplus(d + log(β/(1−β)))`` with
+    ``d = log q − log p``; ``Σ p = 1`` has zero gradient, so that term is dropped. Autograd of the textbook
+    ``Σ p·log(p/M)`` forms ``h − Σ p·h`` with ``h → −log(1−β)`` wherever the teacher's share vanishes (student and
+    teacher confident on different tokens), which cancels below FP64; ``softplus`` (``logaddexp(x, 0)``) is 0 in
+    that limit. ``KL(T‖M)`` and the endpoint KLs have no such constant and stay textbook.
+    """
+    if beta in (0.0, 1.0):
+        return reference_jsd(s_logits, t_logits, beta, beta_form, temperature)
+    s = s_logits.to(F64) / temperature
+    t = t_logits.to(F64) / temperature
+    ls = s - torch.logsumexp(s, -1, keepdim=True)
+    lt = t - torch.logsumexp(t, -1, keepdim=True)
+    lm = torch.logaddexp(ls + math.log1p(-beta), lt + math.log(beta))
+    x = (lt - ls) + (math.log(beta) - math.log1p(-beta))
+    kl_s_shifted = -(ls.exp() * torch.logaddexp(x, torch.zeros_like(x))).sum(-1)
+    w_t, w_s = (beta, 1 - beta) if beta_form == "paper" else (1 - beta, beta)
+    return w_t * _kl(lt, lm) + w_s * kl_s_shifted
+
+
 def reference_gkd(student_logits, labels, beta, temperature, beta_form="paper", teacher_full=None, teacher_topk=None,
                   teacher_labels=None):
     """FP64 GKD loss (total, num_valid) and d(total/num_valid)/d student_logits, from first principles.
@@ -68,6 +91,7 @@ def reference_gkd(student_logits, labels, beta, temperature, beta_form="paper", 
         s, lp, idx = s[keep], lp[keep], idx[keep]
         s_k = torch.gather(s, -1, idx)
         per = reference_jsd(s_k, lp, beta, beta_form, temperature) if len(s_k) else s_k.sum(-1)
+        per_g = _jsd_for_gradient(s_k, lp, beta, beta_form, temperature) if len(s_k) else per
     else:
         t = teacher_full[t_mask].to(F64)
         vs, vt = s.shape[-1], t.shape[-1]
@@ -76,9 +100,10 @@ def reference_gkd(student_logits, labels, beta, temperature, beta_form="paper", 
         elif vt < vs:
             t = torch.cat([t, s[:, vt:]], -1)  # upstream: the teacher borrows the student logits (graph kept)
         per = reference_jsd(s, t, beta, beta_form, temperature) if len(s) else s.sum(-1)
+        per_g = _jsd_for_gradient(s, t, beta, beta_form, temperature) if len(s) else per
     n = int(per.shape[0])
     total = per.sum()
-    loss = total / n if n else total * 0
+    loss = per_g.sum() / n if n else per_g.sum() * 0  # same gradient as total / n
     (grad, ) = torch.autograd.grad(loss, s_all, allow_unused=True)
     if grad is None:
         grad = torch.zeros_like(s_all)
