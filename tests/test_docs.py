@@ -73,6 +73,8 @@ COMMANDS = [
     ["gkd-dashboard", "--help"],
     ["gkd-replay", "synthetic"],
     ["gkd-bench", "--help"],
+    ["gkd-certify", "--help"],
+    ["gkd-certify", "--version"],
 ]
 
 
@@ -85,7 +87,7 @@ def test_documented_command_runs(cmd, tmp_path):
     assert "Traceback" not in proc.stderr
     if "--help" in cmd:
         assert "``" not in proc.stdout, "raw RST backticks in --help"
-        if cmd[0] in ("gkd-train", "gkd-analyze", "gkd-dashboard"):
+        if cmd[0] in ("gkd-train", "gkd-analyze", "gkd-dashboard", "gkd-certify"):
             assert "Exit codes" in proc.stdout or "exit codes" in proc.stdout.lower(), "--help lists no exit codes"
     if cmd == ["gkd-train", "run.dry_run=true"]:
         assert not (tmp_path / "outputs").exists()
