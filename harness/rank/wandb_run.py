@@ -46,8 +46,8 @@ def attach_to_wandb_run(harness_config: Mapping[str, Any]) -> bool:
     run.config.update({f"harness.{k}": v for k, v in flat.items()}, allow_val_change=True)
     from harness.store.provenance import provenance
 
-    run.config.update({f"harness.provenance.{k}": v for k, v in provenance(flat.get("loss.precision")).items()},
-                      allow_val_change=True)
+    prov = provenance(flat.get("loss.precision"), flat.get("loss.source"))
+    run.config.update({f"harness.provenance.{k}": v for k, v in prov.items()}, allow_val_change=True)
     for name, summary in WANDB_SUMMARIES.items():
         run.define_metric(name, summary=summary)
     return True

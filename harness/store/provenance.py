@@ -4,8 +4,9 @@
   anything, in the tree this package was imported from (None for an installed wheel: no git tree);
 * ``loss_sha256``: sha256 of the loss implementation the run used. ``native``: upstream's installed
   ``swift/rlhf_trainers/gkd_loss.py`` (found through the ms-swift distribution, without importing swift); every
-  other precision: the harness's own ``harness/loss/*.py`` (names and contents, in name order);
-  ``loss_code``: the file or folder hashed;
+  other precision: the harness's own ``harness/loss/*.py`` (names and contents, in name order); ``candidate``: the
+  file ``loss.source`` names (a ``.py`` path, or a module's file found without importing it; the same hash as
+  ``harness.loss.candidate.loss_source_sha256``); ``loss_code``: the file or folder hashed;
 * ``ms_swift``: the installed ms-swift version.
 
 Torch-free and import-free of the other layers (the store layer imports only config).
@@ -39,9 +40,37 @@ def git_state(root: Path = _HARNESS_DIR.parent) -> Dict[str, Any]:
     return {"harness_commit": commit.strip(), "harness_dirty": None if status is None else bool(status.strip())}
 
 
-def loss_code_path(precision: Optional[str]) -> Optional[Path]:
-    """The file (``native``: upstream's installed gkd_loss.py) or folder (the harness's ``harness/loss``) whose
-    code computes a run's loss."""
+def _candidate_file(source: Optional[str]) -> Optional[Path]:
+    """The file of a candidate's ``loss.source`` (``PATH.py`` or ``package.module[:attr]``), found without importing."""
+    import importlib.util
+
+    if not source:
+        return None
+    p = Path(source).expanduser()
+    if source.endswith(".py") or "/" in source or p.exists():
+        return p.resolve() if p.is_file() else None
+    parts = source.partition(":")[0].split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if len(parts) == 1:
+        return Path(spec.origin) if spec.origin and spec.origin.endswith(".py") else None
+    for root in spec.submodule_search_locations or []:
+        base = Path(root, *parts[1:])
+        for cand in (base.with_suffix(".py"), base / "__init__.py"):
+            if cand.is_file():
+                return cand
+    return None
+
+
+def loss_code_path(precision: Optional[str], source: Optional[str] = None) -> Optional[Path]:
+    """The file (``native``: upstream's installed gkd_loss.py; ``candidate``: the ``loss.source`` file) or folder
+    (the harness's ``harness/loss``) whose code computes a run's loss."""
+    if precision == "candidate":
+        return _candidate_file(source)
     if precision == "native":
         from importlib.metadata import PackageNotFoundError, distribution
 
@@ -64,12 +93,13 @@ def sha256_path(path: Path) -> str:
     return h.hexdigest()
 
 
-def provenance(precision: Optional[str]) -> Dict[str, Any]:
-    """The ``provenance`` block of summary.json for a run of ``loss.precision = precision``."""
+def provenance(precision: Optional[str], source: Optional[str] = None) -> Dict[str, Any]:
+    """The ``provenance`` block of summary.json for a run of ``loss.precision = precision`` (``source``: the
+    candidate's ``loss.source``)."""
     from importlib.metadata import PackageNotFoundError, version
 
     out = git_state()
-    code = loss_code_path(precision)
+    code = loss_code_path(precision, source)
     out["loss_code"] = str(code) if code is not None else None
     out["loss_sha256"] = sha256_path(code) if code is not None and code.exists() else None
     try:

@@ -631,7 +631,7 @@ class RunFolder:
             "config": canonical_config(flat_config, exclude=()),
             "fingerprint": config_fingerprint(flat_config, version), "harness_version": version,
             "dtypes_seen": {}, "versions": package_versions(), "last_step": 0, "started_at": now_iso(), "ended_at": None, "wall_s": None,
-            "provenance": provenance(flat_config.get("loss.precision")),
+            "provenance": provenance(flat_config.get("loss.precision"), flat_config.get("loss.source")),
         }
         self._write_summary(summary)
         return summary

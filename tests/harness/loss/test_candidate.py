@@ -184,3 +184,14 @@ def test_check_command_exit_codes(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "harness.loss.candidate", str(tmp_path / "x.py")],
                          capture_output=True, text=True, cwd=REPO, timeout=300)
     assert bad.returncode == 2 and "no such file" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_run_provenance_hashes_the_candidates_file():
+    """summary.json's provenance (harness.store.provenance, torch-free) agrees with loss_source_sha256."""
+    from harness.store.provenance import provenance
+
+    prov = provenance("candidate", str(GOOD))
+    assert prov["loss_code"] == str(GOOD) and prov["loss_sha256"] == loss_source_sha256("candidate", str(GOOD))
+    mod = provenance("candidate", "swift.rlhf_trainers.gkd_loss")
+    assert mod["loss_sha256"] == provenance("native")["loss_sha256"] == loss_source_sha256("native")
+    assert provenance("fp32")["loss_sha256"] == loss_source_sha256("fp32")
