@@ -58,10 +58,13 @@ def _wandb_vars(cfg: TrainConfig, mode: str, run_dir: Path, run_name: str,
     from harness.config.flat import flatten
     from harness.config.secrets import redact
 
+    from harness.loss.candidate import candidate_tags
+
     return wandb_env(dataclasses.asdict(cfg.tracking.wandb), mode, run_dir, run_name,
                      precision=cfg.loss.precision, beta_form=cfg.loss.beta_form,
                      experiment=experiment or experiment_name(),
-                     fingerprint=config_fingerprint(flatten(redact(to_dict(cfg)))))
+                     fingerprint=config_fingerprint(flatten(redact(to_dict(cfg)))),
+                     loss_tags=candidate_tags(cfg.loss.precision, cfg.loss.source, cfg.loss.name))
 
 
 def make_plan(cfg: TrainConfig, run_dir: Path, base_env: Optional[Dict[str, str]] = None, dry_run: bool = False,

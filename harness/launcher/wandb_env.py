@@ -88,7 +88,8 @@ def experiment_name() -> Optional[str]:
 
 def wandb_env(wandb_cfg: Mapping[str, Any], mode: str, run_dir: Path, run_name: str,
               job_type: str = "gkd-train", *, precision: Optional[str] = None, beta_form: Optional[str] = None,
-              experiment: Optional[str] = None, fingerprint: Optional[str] = None) -> Dict[str, str]:
+              experiment: Optional[str] = None, fingerprint: Optional[str] = None,
+              loss_tags: Sequence[str] = ()) -> Dict[str, str]:
     """``WANDB_*`` variables that steer ms-swift's ``wandb.init`` (never contains a key).
 
     ``wandb_cfg``: ``tracking.wandb`` as a mapping (project, entity, group, tags). Sets WANDB_MODE, WANDB_DIR
@@ -104,7 +105,9 @@ def wandb_env(wandb_cfg: Mapping[str, Any], mode: str, run_dir: Path, run_name: 
     for key, var in (("project", "WANDB_PROJECT"), ("entity", "WANDB_ENTITY"), ("group", "WANDB_RUN_GROUP")):
         if wandb_cfg.get(key):
             env[var] = str(wandb_cfg[key])
-    tags = run_tags(precision, beta_form, experiment, wandb_cfg.get("group"), list(wandb_cfg.get("tags") or []))
+    # loss_tags: a candidate's name and sha256 prefix (harness.loss.candidate.candidate_tags), before the user's tags
+    tags = run_tags(precision, beta_form, experiment, wandb_cfg.get("group"),
+                    [*loss_tags, *list(wandb_cfg.get("tags") or [])])
     if tags:
         env["WANDB_TAGS"] = ",".join(tags)
     return env

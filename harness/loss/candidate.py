@@ -160,6 +160,14 @@ def loss_provenance(precision: str, source: Optional[str] = None, name: Optional
             "sha256": loss_source_sha256(precision, source)}
 
 
+def candidate_tags(precision: str, source: Optional[str] = None, name: Optional[str] = None) -> Tuple[str, ...]:
+    """wandb tags of a candidate run: ``candidate:<name>`` and ``sha256:<first 12 hex>`` (none for the others)."""
+    if precision != "candidate" or not source:
+        return ()
+    sha = loss_source_sha256(precision, source)
+    return (f"candidate:{candidate_name(source, name)}", ) + ((f"sha256:{sha[:12]}", ) if sha else ())
+
+
 # ------------------------------------------------------------------------------------------------ signatures
 @dataclasses.dataclass(frozen=True)
 class Params:
@@ -400,7 +408,7 @@ def main(argv=None) -> int:
 
 
 __all__ = ["CandidateError", "Candidate", "SourceRef", "resolve_source", "load_candidate", "loss_source_sha256",
-           "loss_source_path", "loss_provenance", "candidate_name", "copy_into_run_folder", "candidate_terms",
+           "loss_source_path", "loss_provenance", "candidate_name", "candidate_tags", "copy_into_run_folder", "candidate_terms",
            "signature_problem", "params_from_ast", "params_from_callable", "upstream_file", "find_module_file",
            "UNCHANGED_ATTR"]
 

@@ -195,3 +195,16 @@ def test_run_provenance_hashes_the_candidates_file():
     mod = provenance("candidate", "swift.rlhf_trainers.gkd_loss")
     assert mod["loss_sha256"] == provenance("native")["loss_sha256"] == loss_source_sha256("native")
     assert provenance("fp32")["loss_sha256"] == loss_source_sha256("fp32")
+
+
+def test_wandb_tags_name_the_candidate_and_its_hash():
+    from harness.launcher.wandb_env import wandb_env
+    from harness.loss.candidate import candidate_tags
+
+    tags = candidate_tags("candidate", str(GOOD), None)
+    sha = loss_source_sha256("candidate", str(GOOD))
+    assert tags == ("candidate:good_promote_first", f"sha256:{sha[:12]}")
+    assert candidate_tags("fp32", None, None) == ()
+    env = wandb_env({"group": "g", "tags": ["mine"]}, "offline", Path("/tmp/r"), "r", precision="candidate",
+                    beta_form="paper", loss_tags=tags)
+    assert env["WANDB_TAGS"].split(",") == ["patched", "candidate", "paper", "g", *tags, "mine"]
