@@ -40,10 +40,11 @@ from typing import Callable, Dict, Iterable, Optional
 import torch
 import torch.distributed as dist
 from swift.metrics.utils import Metric
-from swift.rlhf_trainers.gkd_loss import TeacherOutput, extract_active
+from swift.rlhf_trainers.gkd_loss import TeacherOutput, default_gather
 from harness.contract import JSD_LOSS, LOSS_CALLS_TOTAL, MIN_TOKEN_JSD, NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, NEG_TOKEN_FRAC, NONFINITE_CALLS_TOTAL, SFT_LOSS, SPOT_GRAD_REL_L2, SPOT_GRAD_REL_L2_DTYPE_FLOOR, SPOT_LOSS, SPOT_LOSS_ABS_ERR, SPOT_LOSS_FP64, SPOT_LOSS_REL_ERR, SPOT_PARAM_GRAD_REL_L2, SPOT_SIGN_MISMATCH
+from harness.loss.tolerances import LOW_PRECISION_GRAD_FACTOR
 
-#: DESIGN metric names produced by the instrument (all but ``spot/param_grad_rel_l2`` always registered).
+#: Contract metric names produced by the instrument (all but ``spot/param_grad_rel_l2`` always registered).
 
 
 class NonFiniteError(RuntimeError):
@@ -234,7 +235,7 @@ class RatioMetric(_HarnessMetric):
 
 
 def build_metrics(param_grad: bool = False, where: Optional[MetricDevice] = None) -> Dict[str, Metric]:
-    """One metric object per DESIGN name (all ranks must register the same set), sharing one :class:`MetricDevice`.
+    """One metric object per contract name (all ranks must register the same set), sharing one :class:`MetricDevice`.
 
     Queries no device: the collectives' device is bound when training begins or on the first loss call.
     """
@@ -256,66 +257,133 @@ def build_metrics(param_grad: bool = False, where: Optional[MetricDevice] = None
 # ----------------------------------------------------------------------------------------------------------
 # spot checks
 # ----------------------------------------------------------------------------------------------------------
-def _cap_active(student_logits: torch.Tensor, teacher_output: TeacherOutput, labels: torch.Tensor, max_tokens: int):
-    """The active positions of a call, capped at ``max_tokens``, as a ``[1, N, V]`` problem with all labels active.
+#: The extra arguments of ms-swift's ``gkd_loss`` after ``temperature``, in order.
+_LOSS_EXTRA_ARGS = ("gather_fn", "log_softmax_fn", "kl_div_fn", "chunk_size")
 
-    Returns ``(student [1, N, V] detached, TeacherOutput [1, N, ...], labels [1, N])``.
+#: Elements of one row chunk of a full-vocabulary spot check (2^23: 64 MiB as an FP64 ``[rows, V]`` tensor).
+SPOT_CHUNK_ELEMENTS = 1 << 23
+
+
+def _loss_kwargs(args: tuple, kwargs: dict) -> dict:
+    """The call's extra ``gkd_loss`` arguments (positional or keyword) by name."""
+    if len(args) > len(_LOSS_EXTRA_ARGS):
+        raise TypeError(f"gkd_loss takes at most {len(_LOSS_EXTRA_ARGS)} arguments after temperature")
+    return {**dict(zip(_LOSS_EXTRA_ARGS, args)), **kwargs}
+
+
+def _active_rows(student_logits: torch.Tensor, teacher_output: TeacherOutput, labels: torch.Tensor, max_tokens: int):
+    """Row indices of the call's active positions as ``extract_active`` pairs them, capped at ``max_tokens``.
+
+    Returns ``(student rows [R, V] (a view where possible), student row ids [n], teacher row ids [n])``; nothing
+    of size ``[n, V]`` is copied here.
     """
-    s_act, t_act, _ = extract_active(student_logits.detach(), teacher_output, labels)
-    n = min(int(s_act.shape[0]), int(max_tokens))
+    vocab = student_logits.shape[-1]
+    s_rows = student_logits.detach().reshape(-1, vocab)
+    s_mask = (labels != -100).reshape(-1)
+    t_labels = teacher_output.labels
+    t_mask = s_mask if t_labels is None else (t_labels != -100).reshape(-1)
+    s_ids, t_ids = s_mask.nonzero().squeeze(-1), t_mask.nonzero().squeeze(-1)
+    if teacher_output.is_topk_mode:  # upstream drops positions whose top-k log-probs are all -inf
+        lp = teacher_output.topk_logprobs.reshape(-1, teacher_output.topk_logprobs.shape[-1])
+        keep = ~torch.isinf(lp[t_ids]).all(-1)
+        s_ids, t_ids = s_ids[keep], t_ids[keep]
+    n = min(int(s_ids.shape[0]), int(max_tokens))
+    return s_rows, s_ids[:n], t_ids[:n]
 
-    def cut(x):
-        return None if x is None else x[:n].detach().unsqueeze(0)
 
-    teacher = TeacherOutput(full_logits=cut(t_act.full_logits), topk_logprobs=cut(t_act.topk_logprobs),
-                            topk_indices=cut(t_act.topk_indices))
-    lab = torch.zeros((1, n), dtype=torch.long, device=labels.device)
-    teacher.labels = lab
-    return cut(s_act), teacher, lab
+def _spot_pieces(student_logits, teacher_output, labels, max_tokens: int, extra: dict):
+    """The capped problem as pieces ``(student [1, r, W], TeacherOutput, labels [1, r], loss kwargs)``.
 
-
-def _mean_loss_and_grad(terms_fn: Callable, s: torch.Tensor, teacher: TeacherOutput, labels, beta, temperature,
-                        *args, **kwargs):
-    """``(loss = total / num_valid as float, d loss / d s in FP64)`` on a detached leaf copy of ``s``.
-
-    ``args`` / ``kwargs``: the call's extra arguments (gather / log-softmax / KL functions, TP-aware under
-    Megatron), passed through so a spot check computes exactly what the run computes.
+    Top-k: one piece of the student gathered at the teacher's ids (``[1, n, K]``, through the call's own
+    ``gather_fn``, so TP shards gather as in the run), the teacher's ids replaced by ``0 … K−1`` and the default
+    gather: the loss and its gradient on the gathered values are the run's (the gradient is 0 elsewhere).
+    Full vocabulary: row chunks of at most :data:`SPOT_CHUNK_ELEMENTS` elements with the call's own primitives.
     """
-    x = s.detach().clone().requires_grad_(True)
+    s_rows, s_ids, t_ids = _active_rows(student_logits, teacher_output, labels, max_tokens)
+    n, vocab = int(s_ids.shape[0]), s_rows.shape[-1]
+    dev = labels.device
+    if teacher_output.is_topk_mode:
+        k = teacher_output.topk_indices.shape[-1]
+        ids = teacher_output.topk_indices.reshape(-1, k)[t_ids]
+        vals = teacher_output.topk_logprobs.reshape(-1, k)[t_ids].detach()
+        gather = extra.get("gather_fn", default_gather)
+        step = max(1, SPOT_CHUNK_ELEMENTS // max(1, vocab))
+        s_k = torch.cat([gather(s_rows[s_ids[i:i + step]], ids[i:i + step]) for i in range(0, n, step)]) if n else \
+            s_rows.new_zeros((0, k))
+        lab = torch.zeros((1, n), dtype=torch.long, device=dev)
+        local = torch.arange(k, device=ids.device).expand(n, k)
+        teacher = TeacherOutput(topk_logprobs=vals[None], topk_indices=local[None], labels=lab)
+        yield s_k.detach()[None], teacher, lab, {**extra, "gather_fn": default_gather}
+        return
+    t_rows = teacher_output.full_logits.reshape(-1, teacher_output.full_logits.shape[-1])
+    step = max(1, SPOT_CHUNK_ELEMENTS // max(1, vocab))
+    for i in range(0, n, step):
+        s_c, t_c = s_rows[s_ids[i:i + step]], t_rows[t_ids[i:i + step]].detach()
+        lab = torch.zeros((1, s_c.shape[0]), dtype=torch.long, device=dev)
+        yield s_c[None], TeacherOutput(full_logits=t_c[None], labels=lab), lab, extra
+
+
+def _total_and_grad(terms_fn: Callable, x: torch.Tensor, teacher: TeacherOutput, labels, beta, temperature,
+                    kwargs: dict):
+    """``(total as float, d total / d x)`` of one piece; ``x`` is a leaf (gradient in ``x``'s dtype)."""
     with torch.enable_grad():
-        out = terms_fn(x, teacher, labels, beta, temperature, *args, **kwargs)
-        n = int(out.num_valid)
-        loss = out.total / n if n else out.total * 0
-        (grad, ) = torch.autograd.grad(loss, x, allow_unused=True)
-    grad = torch.zeros_like(x, dtype=torch.float64) if grad is None else grad.to(torch.float64)
-    return float(loss.detach().to(torch.float64)), grad
+        out = terms_fn(x, teacher, labels, beta, temperature, **kwargs)
+        (grad, ) = torch.autograd.grad(out.total, x, allow_unused=True)
+    grad = torch.zeros_like(x) if grad is None else grad
+    return float(out.total.detach().to(torch.float64)), grad
+
+
+def _sq(x: torch.Tensor) -> float:
+    """``‖x‖²`` accumulated in FP64."""
+    return float(torch.linalg.vector_norm(x, dtype=torch.float64)) ** 2
 
 
 def spot_check(run_terms: Callable, ref_terms: Callable, student_logits, teacher_output, labels, beta, temperature,
                max_tokens: int, *args, **kwargs) -> Optional[Dict[str, float]]:
     """FP64 spot check of one loss call (``None`` if the call has no active position).
 
-    Returns the DESIGN ``spot/*`` values: ``loss`` (run's variant, per-position mean on the capped inputs),
+    Returns the contract ``spot/*`` values: ``loss`` (run's variant, per-position mean on the capped inputs),
     ``loss_fp64``, ``loss_abs_err``, ``loss_rel_err`` (abs / |fp64|), ``grad_rel_l2``
     (``‖g − g64‖ / ‖g64‖`` of d loss / d student logits), ``sign_mismatch`` (1.0 when signs differ).
     A non-finite loss or gradient on either side makes the comparisons NaN (a failed check, logged as NaN).
+
+    Sized to what the loss saw (see :func:`_spot_pieces`): top-k works on the gathered ``[n, K]`` values; full
+    vocabulary runs row chunks, one chunk's tensors alive at a time; the norms and totals are accumulated.
     """
-    s, teacher, lab = _cap_active(student_logits, teacher_output, labels, max_tokens)
-    if s.shape[1] == 0:
+    extra = _loss_kwargs(args, kwargs)
+    n, run_sum, ref_sum, dn2, gn2, round2, exact2 = 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+    low = student_logits.dtype not in (torch.float32, torch.float64)
+    for s, teacher, lab, kw in _spot_pieces(student_logits, teacher_output, labels, max_tokens, extra):
+        if s.shape[1] == 0:
+            continue
+        n += s.shape[1]
+        x = s.detach().clone().requires_grad_(True)
+        run_total, grad = _total_and_grad(run_terms, x, teacher, lab, beta, temperature, kw)
+        ref_total, grad64 = _total_and_grad(ref_terms, x, teacher, lab, beta, temperature, kw)
+        run_sum, ref_sum = run_sum + run_total, ref_sum + ref_total
+        gn2 += _sq(grad64)
+        diff = grad64.to(torch.float64)
+        dn2 += _sq(diff.sub_(grad))
+        del diff, grad
+        if low:  # the FP64 gradient on an FP64 leaf (grad64 is in the student's dtype)
+            x64 = s.detach().to(torch.float64).requires_grad_(True)
+            _, exact = _total_and_grad(ref_terms, x64, teacher, lab, beta, temperature, kw)
+            exact2 += _sq(exact)
+            round2 += _sq(exact.to(s.dtype).to(torch.float64).sub_(exact))
+            del x64, exact
+    if n == 0:
         return None
-    loss, grad = _mean_loss_and_grad(run_terms, s, teacher, lab, beta, temperature, *args, **kwargs)
-    ref, grad64 = _mean_loss_and_grad(ref_terms, s, teacher, lab, beta, temperature, *args, **kwargs)
+    loss, ref = run_sum / n, ref_sum / n
     finite = math.isfinite(loss) and math.isfinite(ref)
     abs_err = abs(loss - ref) if finite else math.nan
-    gnorm, dnorm = float(grad64.norm()), float((grad - grad64).norm())
+    gnorm, dnorm = math.sqrt(gn2), math.sqrt(dn2)
     if not (finite and math.isfinite(gnorm) and math.isfinite(dnorm)):
         grad_rel = math.nan
     else:
         grad_rel = dnorm / gnorm if gnorm > 0 else dnorm
     floor = 0.0
-    if s.dtype not in (torch.float32, torch.float64):  # the FP64 gradient on an FP64 leaf (grad64 is in s's dtype)
-        _, exact64 = _mean_loss_and_grad(ref_terms, s.double(), teacher, lab, beta, temperature, *args, **kwargs)
-        floor = _grad_dtype_floor(exact64, s.dtype)
+    if low and math.isfinite(exact2) and math.isfinite(round2) and exact2 > 0:
+        floor = LOW_PRECISION_GRAD_FACTOR * math.sqrt(round2 / exact2)
     return {
         SPOT_LOSS: loss,
         SPOT_LOSS_FP64: ref,
@@ -326,16 +394,6 @@ def spot_check(run_terms: Callable, ref_terms: Callable, student_logits, teacher
         SPOT_SIGN_MISMATCH: float((loss < 0) != (ref < 0)) if finite else math.nan,
         SPOT_GRAD_REL_L2_DTYPE_FLOOR: floor,
     }
-
-
-def _grad_dtype_floor(grad64: torch.Tensor, student_dtype: torch.dtype) -> float:
-    """The student dtype's own share of the gradient tolerance (``harness.loss.tolerances.grad_tol`` less its
-    FP32 part): 2x the relative L2 rounding of the FP64 gradient ``grad64`` [1, N, V] to ``student_dtype``."""
-    from harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT, grad_tol
-
-    if not bool(torch.isfinite(grad64).all()) or float(grad64.norm()) == 0.0:
-        return 0.0
-    return max(0.0, grad_tol(grad64, student_dtype) - GRAD_REL_L2_FP32_STUDENT)
 
 
 def param_grad_rel_l2(loss_run: torch.Tensor, loss_ref: torch.Tensor, params: list[torch.Tensor]) -> Optional[float]:
