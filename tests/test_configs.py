@@ -32,7 +32,7 @@ from tests.launch.helpers import (compose, harness_env, read_metrics, read_summa
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 TRAIN_GROUPS = ("model", "loss", "gkd", "backend", "rollout", "tracking", "monitor", "local", "experiment")
-TINY_EXPERIMENTS = ("smoke", "beta_sweep")
+TINY_EXPERIMENTS = ("smoke", "beta_sweep", "outcome")
 SEED_EXPERIMENTS = ("seed", "seed_hf", "precision_ab")
 DATASET = "org/gkd-prompts"  # a hub-style id: nothing is downloaded at the argument level
 
