@@ -387,6 +387,18 @@ def patched_not_worse(sweep: Sweep, cfg: SignoffCriteria, c: Any) -> Result:
     return Result(name, title, status, thr, m["measured"], m["details"], m["applies"])
 
 
+def candidate_certified(sweep: Sweep, cfg: SignoffCriteria, c: Any) -> Result:
+    """A candidate fix (``loss=candidate``) passes ``gkd-certify``, once per sha256, cached in the sweep folder
+    (analysis.certify.signoff)."""
+    from analysis.certify.signoff import certificate_rows
+
+    status, thr, measured, details, applies = certificate_rows(sweep.runs, sweep.source, c.quick, c.strict)
+    if status == "fail" and not c.required:
+        status = "skipped"
+    return Result("candidate_certified", "Candidate fix passes the loss certificate (gkd-certify)", status, thr,
+                  measured, details, applies)
+
+
 CRITERIA = {
     "no_negative_patched": no_negative_patched,
     "no_nonfinite": no_nonfinite,
@@ -396,6 +408,7 @@ CRITERIA = {
     "precisions_unchanged_in_fp32": precisions_unchanged_in_fp32,
     "no_failed_runs": no_failed_runs,
     "patched_not_worse": patched_not_worse,
+    "candidate_certified": candidate_certified,
 }
 
 

@@ -108,6 +108,14 @@ class PatchedNotWorse:
 
 
 @dataclass(frozen=True)
+class CandidateCertified:
+    enabled: bool
+    required: bool
+    quick: bool
+    strict: bool
+
+
+@dataclass(frozen=True)
 class ReportSettings:
     first_steps: int = field(metadata=_ge(1))
     beta_curve_betas: Tuple[float, ...] = field(metadata={"min": 0, "max": 1, "nonempty": True})
@@ -128,6 +136,7 @@ class SignoffCriteria:
     precisions_unchanged_in_fp32: PrecisionsUnchangedInFp32
     no_failed_runs: NoFailedRuns
     patched_not_worse: PatchedNotWorse
+    candidate_certified: CandidateCertified
     report: ReportSettings
 
     def to_dict(self) -> dict:

@@ -87,3 +87,42 @@ def test_unusable_input_exits_2_in_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "analysis.certify.cli", str(tmp_path / "bad.py")],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 2 and "gkd_loss signature differs" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------------------------------------------------------ the sign-off
+def _runs(tmp_path, source, name="cand"):
+    import pandas as pd
+
+    from harness.loss.candidate import copy_into_run_folder
+
+    run = tmp_path / "sweep" / "0_loss=candidate"
+    run.mkdir(parents=True)
+    copy_into_run_folder(str(source), str(run))
+    return pd.DataFrame([{"run": "0", "loss.precision": "candidate", "loss.source": str(source), "loss.name": name,
+                          "loss.beta_form": "paper", "path": str(run)},
+                         {"run": "1", "loss.precision": "native", "loss.source": None, "loss.name": None,
+                          "loss.beta_form": "paper", "path": str(tmp_path / "sweep" / "1")}])
+
+
+def test_signoff_certificate_passes_and_is_cached_per_hash(tmp_path):
+    from analysis.certify.signoff import certificate_rows
+    from harness.loss.candidate import loss_source_sha256
+
+    runs = _runs(tmp_path, EXAMPLES / "good_promote_first.py", "pr-1")
+    status, _, measured, details, applies = certificate_rows(runs, str(tmp_path / "sweep"), quick=True)
+    sha = loss_source_sha256("candidate", str(EXAMPLES / "good_promote_first.py"))
+    assert status == "pass" and measured == f"pr-1 (sha256 {sha[:12]}): PASS", (measured, details)
+    cache = tmp_path / "sweep" / "certificates" / f"{sha}-paper-quick"
+    assert json.loads((cache / "certificate.json").read_text())["candidate"]["sha256"] == sha
+    (cache / "certificate.json").write_text((cache / "certificate.json").read_text().replace('"PASS"', '"FAIL"'))
+    assert certificate_rows(runs, str(tmp_path / "sweep"), quick=True)[0] == "fail"  # read from the cache
+
+
+def test_signoff_certificate_fails_a_broken_candidate_naming_the_family(tmp_path):
+    from analysis.certify.signoff import certificate_rows
+
+    runs = _runs(tmp_path, EXAMPLES / "broken_cast_back.py")
+    status, _, measured, details, _ = certificate_rows(runs, str(tmp_path / "sweep"), quick=True)
+    assert status == "fail" and ": FAIL" in measured
+    assert any("mixed FP32/BF16 (the defect)" in d for d in details), details
+    assert certificate_rows(runs[runs["run"] == "1"], None)[0] == "not_applicable"

@@ -48,7 +48,8 @@ def test_passing_sweep_exit_0_and_report_files(synthetic_sweep_dir, tmp_path):
     assert _status(v) == {"no_negative_patched": "pass", "no_nonfinite": "pass", "spot_tolerance": "pass",
                           "original_shows_defect": "pass",
                           "beta_forms_unchanged": "pass", "precisions_unchanged_in_fp32": "not_applicable",
-                          "no_failed_runs": "pass", "patched_not_worse": "skipped"}  # no eval/* in synthetic runs
+                          "no_failed_runs": "pass", "patched_not_worse": "skipped",  # no eval/* in synthetic runs
+                          "candidate_certified": "not_applicable"}
     for name in ("report.md", "report.html", "loss_curves.png", "grad_norm_curves.png", "negatives.png",
                  "spot_errors.png", "beta_curve.png"):
         assert (report / name).stat().st_size > 0, name
