@@ -163,6 +163,10 @@ def _train_main_node(cfg: TrainConfig, run_dir: Path, folder, experiment: Option
         folder.create()
         folder.write_config(OmegaConf.to_yaml(OmegaConf.create(redact(to_dict(cfg)))))
         folder.start_summary(run_name_for(cfg, run_dir), cfg.tracking.wandb.group, flat)
+    if cfg.loss.precision == "candidate":  # its source copied into the folder; name and sha256 in summary.json
+        from harness.loss.candidate import keep_in_run_folder
+
+        folder.update_summary(candidate=keep_in_run_folder(cfg.loss.source, cfg.loss.name, str(run_dir)))
     try:
         totals = None
         if resume:

@@ -353,6 +353,15 @@ def copy_into_run_folder(source: str, run_dir: str, folder_name: str = CANDIDATE
     return str(target)
 
 
+def keep_in_run_folder(source: str, name: Optional[str], run_dir: str) -> Dict[str, Any]:
+    """Copy the candidate's source into ``run_dir/candidate/`` and return what summary.json records of it:
+    ``{"name", "source", "path", "sha256", "copy"}`` (``copy``: the copied file, relative to the run folder)."""
+    copy = copy_into_run_folder(source, run_dir)
+    prov = loss_provenance("candidate", source, name)
+    return {"name": prov["name"], "source": source, "path": prov["path"], "sha256": prov["sha256"],
+            "copy": str(Path(copy).relative_to(run_dir)) if copy else None}
+
+
 # ------------------------------------------------------------------------------------------------ instrument
 def candidate_terms(gkd_loss: Callable, max_positions: int = 256) -> Callable:
     """The candidate's ``gkd_loss`` in the per-position form the instrument records (``GKDTerms``).
@@ -408,7 +417,7 @@ def main(argv=None) -> int:
 
 
 __all__ = ["CandidateError", "Candidate", "SourceRef", "resolve_source", "load_candidate", "loss_source_sha256",
-           "loss_source_path", "loss_provenance", "candidate_name", "candidate_tags", "copy_into_run_folder", "candidate_terms",
+           "loss_source_path", "loss_provenance", "candidate_name", "candidate_tags", "keep_in_run_folder", "copy_into_run_folder", "candidate_terms",
            "signature_problem", "params_from_ast", "params_from_callable", "upstream_file", "find_module_file",
            "UNCHANGED_ATTR"]
 

@@ -109,6 +109,18 @@ def test_copy_into_run_folder_keeps_the_bytes(tmp_path):
     assert hashlib.sha256(Path(dest).read_bytes()).hexdigest() == loss_source_sha256("candidate", str(GOOD))
 
 
+def test_keep_in_run_folder_records_name_hash_and_copy(tmp_path):
+    from harness.loss.candidate import keep_in_run_folder
+
+    rec = keep_in_run_folder(str(GOOD), "pr-7", str(tmp_path))
+    sha = hashlib.sha256(GOOD.read_bytes()).hexdigest()
+    assert rec == {"name": "pr-7", "source": str(GOOD), "path": str(GOOD), "sha256": sha,
+                   "copy": "candidate/good_promote_first.py"}
+    assert hashlib.sha256((tmp_path / rec["copy"]).read_bytes()).hexdigest() == sha
+    mod = keep_in_run_folder("swift.rlhf_trainers.gkd_loss", None, str(tmp_path / "m"))
+    assert mod["copy"] == "candidate/gkd_loss.py" and mod["sha256"] == loss_source_sha256("native")
+
+
 @pytest.mark.parametrize("mode", ["full", "topk"])
 def test_candidate_terms_are_the_candidates_own_values(mode):
     """total / num_valid are the candidate's (graph kept); per_position is the candidate row by row."""
