@@ -1,8 +1,10 @@
 """gkd-harness worked example, BROKEN on purpose: promotion after the temperature division.
 
 It divides the BF16 teacher logits by T in BF16 (each scaled logit rounded to 8 bits of mantissa) and
-promotes only then: at T = 1 it equals the good fix, at T != 1 the rounding is already in the inputs.
-`gkd-certify examples/candidates/broken_promote_after_temperature.py` exits 1; the failing row is "temperature T != 1".
+promotes only then: at T = 1 it equals the good fix, at T != 1 the rounding is already in the inputs. (Promoting
+late also aligns the vocabularies in BF16: the teacher's padding borrows student logits rounded to BF16, which the
+"vocab mismatch" row shows.)
+`gkd-certify examples/candidates/broken_promote_after_temperature.py` exits 1; the failing row is "temperature T != 1" (and "vocab mismatch").
 Everything but ``jsd_loss`` / ``gkd_loss`` comes from the installed ms-swift (the interface gkd-certify checks).
 """
 from typing import Callable
