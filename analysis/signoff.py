@@ -115,6 +115,25 @@ def _replay(captures: list, doc: Document) -> tuple:
     return per_capture, averaged
 
 
+def _seed_defect(sweep: Sweep, doc: Document) -> Optional[pd.DataFrame]:
+    """The seed defect table (:func:`analysis.seed_defect.seed_defect_table`) for the seed pair and the sweep's
+    dtype pairs, written into ``doc``; shown in every report, with or without captures."""
+    try:
+        from analysis.seed_defect import seed_defect_table, seed_input_description, sweep_dtype_pairs
+
+        table = seed_defect_table(sweep_dtype_pairs(sweep.runs))
+        described = seed_input_description()
+    except Exception as e:  # the table must not hide the rest of the report
+        doc.para(f"Seed defect table unavailable: {type(e).__name__}: {e}")
+        return None
+    doc.para(f"The seed report's fixed synthetic input ({described}), recomputed with the native (upstream), "
+             "FP32 and FP64 loss: same inputs, only the arithmetic changes. Rows for each other dtype pair this sweep's runs saw at the loss follow. "
+             "`grad_rel_l2`: relative L2 error of d loss / d student logits against FP64; each row's command "
+             "prints the same numbers.")
+    doc.table(table, caption="seed defect table (gkd-replay synthetic)")
+    return table
+
+
 _REPORT_FILES = ("verdict.json", "report.md", "report.html")
 
 
@@ -308,6 +327,8 @@ def _write_report(sweep: Sweep, report_dir: Path, cfg: SignoffCriteria, captures
                 f"{ld_precs['metric']} at step {ld_precs['at_step']}." if ld_precs else "not measured (no pairs)."))
     doc.table(precs, max_rows=100)
 
+    doc.heading("Seed defect table (native / FP32 / FP64 on the seed report's synthetic input)")
+    seed = _seed_defect(sweep, doc)
     doc.heading("Replay of captures (native / FP32 / FP64 on the training inputs)")
     _, replay_avg = _replay(captures, doc)
 
@@ -335,6 +356,7 @@ def _write_report(sweep: Sweep, report_dir: Path, cfg: SignoffCriteria, captures
                        "training": _records(train_curve)},
         "largest_divergence": {"beta_forms": _jsonable(ld_forms), "precisions_fp32": _jsonable(ld_precs)},
         "replay": _records(replay_avg) if replay_avg is not None else None,
+        "seed_defect": _records(seed) if seed is not None else None,
         "criteria_config": cfg.to_dict(),
         "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
         "provenance": {"analysis": git_state(),
