@@ -362,6 +362,18 @@ def keep_in_run_folder(source: str, name: Optional[str], run_dir: str) -> Dict[s
             "copy": str(Path(copy).relative_to(run_dir)) if copy else None}
 
 
+def run_source(source: str, run_dir: str) -> str:
+    """What a rank loads: the run folder's copy of a file candidate (``run_dir/candidate/<file>``, written by
+    gkd-train before ms-swift starts, so a relative ``loss.source`` and a moved branch do not matter), else
+    ``source`` itself (a module, or a folder without the copy)."""
+    ref = resolve_source(source)
+    if ref.is_file:
+        copy = Path(run_dir) / CANDIDATE_DIR / ref.path.name
+        if copy.is_file():
+            return str(copy)
+    return source
+
+
 # ------------------------------------------------------------------------------------------------ instrument
 def candidate_terms(gkd_loss: Callable, max_positions: int = 256) -> Callable:
     """The candidate's ``gkd_loss`` in the per-position form the instrument records (``GKDTerms``).
@@ -417,7 +429,7 @@ def main(argv=None) -> int:
 
 
 __all__ = ["CandidateError", "Candidate", "SourceRef", "resolve_source", "load_candidate", "loss_source_sha256",
-           "loss_source_path", "loss_provenance", "candidate_name", "candidate_tags", "keep_in_run_folder", "copy_into_run_folder", "candidate_terms",
+           "loss_source_path", "loss_provenance", "candidate_name", "candidate_tags", "keep_in_run_folder", "run_source", "copy_into_run_folder", "candidate_terms",
            "signature_problem", "params_from_ast", "params_from_callable", "upstream_file", "find_module_file",
            "UNCHANGED_ATTR"]
 

@@ -220,3 +220,13 @@ def test_wandb_tags_name_the_candidate_and_its_hash():
     env = wandb_env({"group": "g", "tags": ["mine"]}, "offline", Path("/tmp/r"), "r", precision="candidate",
                     beta_form="paper", loss_tags=tags)
     assert env["WANDB_TAGS"].split(",") == ["patched", "candidate", "paper", "g", *tags, "mine"]
+
+
+def test_ranks_load_the_run_folders_copy(tmp_path):
+    from harness.loss.candidate import keep_in_run_folder, run_source
+
+    assert run_source(str(GOOD), str(tmp_path)) == str(GOOD)  # no copy yet
+    keep_in_run_folder(str(GOOD), None, str(tmp_path))
+    assert run_source(str(GOOD), str(tmp_path)) == str(tmp_path / "candidate" / GOOD.name)
+    assert run_source("swift.rlhf_trainers.gkd_loss", str(tmp_path)) == "swift.rlhf_trainers.gkd_loss"
+    assert load_candidate(run_source(str(GOOD), str(tmp_path))).sha256 == load_candidate(str(GOOD)).sha256
