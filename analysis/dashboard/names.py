@@ -14,7 +14,7 @@ from __future__ import annotations
 __all__ = [
     "TRAIN_LOSS", "TRAIN_GRAD_NORM", "JSD_LOSS", "NEG_CALLS", "NEG_CALLS_TOTAL", "LOSS_CALLS_TOTAL",
     "NEG_TOKEN_FRAC", "MIN_TOKEN_JSD", "NONFINITE_TOTAL", "SPOT_LOSS_FP64", "SPOT_ABS_ERR", "SPOT_REL_ERR",
-    "SPOT_GRAD_REL_L2", "SPOT_SIGN_MISMATCH", "SPOT_PARAM_GRAD_REL_L2",
+    "SPOT_GRAD_REL_L2", "SPOT_SIGN_MISMATCH", "SPOT_PARAM_GRAD_REL_L2", "STEP",
     "WANDB_CONFIG_PREFIX", "PRECISION", "BETA_FORM", "BETA", "EXPERIMENT", "GROUPING_KEYS",
     "wandb_config_key", "config_path",
 ]
@@ -24,6 +24,9 @@ from harness.contract import (  # noqa: E402
     JSD_LOSS, LOSS_CALLS_TOTAL, MIN_TOKEN_JSD, NEG_TOKEN_FRAC, SPOT_GRAD_REL_L2, SPOT_LOSS_FP64,
     SPOT_PARAM_GRAD_REL_L2, SPOT_SIGN_MISMATCH, TRAIN_GRAD_NORM, TRAIN_LOSS,
 )
+#: The x-axis of every line plot: the optimizer step (transformers' declared step metric, the report's step),
+#: not wandb's ``_step`` log counter (off by one, and the log index once ``logging_steps`` > 1).
+from harness.contract import TRAIN_GLOBAL_STEP as STEP  # noqa: E402
 from harness.contract import NEG_LOSS_CALLS as NEG_CALLS  # noqa: E402
 from harness.contract import NEG_LOSS_CALLS_TOTAL as NEG_CALLS_TOTAL  # noqa: E402
 from harness.contract import NONFINITE_CALLS_TOTAL as NONFINITE_TOTAL  # noqa: E402
