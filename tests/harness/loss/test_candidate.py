@@ -150,7 +150,6 @@ def _validate(overrides):
     (["loss=candidate", "loss.source=/no/such/gkd_loss.py"], "loss.source: /no/such/gkd_loss.py: no such file"),
     (["loss=candidate", "loss.source=harness.contract"], "no gkd_loss"),
     (["loss=candidate", "loss.source=no_such_pkg_gkd.mod:fn"], "no module named 'no_such_pkg_gkd'"),
-    (["loss=fp32", "loss.source=x.py"], "only read with loss.precision=candidate"),
 ])
 def test_config_refusals_before_any_model_loads(overrides, message):
     from harness.config.schema import ConfigError
@@ -158,6 +157,12 @@ def test_config_refusals_before_any_model_loads(overrides, message):
     with pytest.raises(ConfigError) as e:
         _validate(overrides + ["run.dry_run=true"])
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_other_precisions_ignore_loss_source():
+    """`loss=original,candidate loss.source=X` sets the source on the original point too."""
+    cfg = _validate(["loss=original", "loss.source=/no/such/file.py", "run.dry_run=true"])
+    assert cfg.loss.precision == "native"
 
 
 def test_config_refuses_a_syntax_error_naming_the_file(tmp_path):
