@@ -17,6 +17,12 @@ Groups (the first case of each group is its baseline):
 * ``spot_topk`` / ``spot_full``: one harness ``fp32`` loss forward+backward on the group's inputs (baseline) and
   one FP64 spot check (loss and logit gradient in the run's precision and in FP64 on at most ``max_tokens``
   positions).
+* ``wide``: the ``full`` inputs at the seed's vocabulary (V = 248,320): upstream and ``fp32``.
+* the scaling groups (``--only scale``, :data:`SIZED_GROUPS`): ``full`` at 4× and 16× its N (N = 2,048 and 8,192
+  at the default sizes) and ``topk`` at k = 8 and k = 512: upstream and ``fp32``. A case whose estimated peak
+  memory does not fit the device (:func:`memory_guard`) is reported as not run, with the estimate.
+
+:func:`loss_rows` measures these loss rows in the calling process on any device (the GPU proof imports it).
 """
 from __future__ import annotations
 
@@ -284,9 +290,10 @@ def _loss_case(name: str, loss_fn: Callable, student, to, labels, ref_fn: Option
 def build_case(name: str, sizes: Sizes, device: str) -> Case:
     """Build the named case (``group/variant``) with its inputs on ``device``."""
     group, variant = name.split("/", 1)
-    if group in ("topk", "full"):
-        student, to, labels = (topk_inputs if group == "topk" else full_inputs)(sizes, device)
-        ref = LOSSES["fp64"]() if variant == BASELINES[group].split("/")[1] else None
+    kind, sizes = group_kind_sizes(group, sizes)
+    if kind in ("topk", "full"):
+        student, to, labels = (topk_inputs if kind == "topk" else full_inputs)(sizes, device)
+        ref = LOSSES["fp64"]() if variant == BASELINES[group].split("/")[1] and group in ("topk", "full") else None
         return _loss_case(name, LOSSES[variant](), student, to, labels, ref)
     if group in ("spot_topk", "spot_full"):
         student, to, labels = (topk_inputs if group == "spot_topk" else full_inputs)(sizes, device)
@@ -308,14 +315,149 @@ def build_case(name: str, sizes: Sizes, device: str) -> Case:
     raise KeyError(name)
 
 
+#: Loss groups measured at other sizes than their kind's: ``group -> (kind, overrides of the run's Sizes)``.
+#: ``wide`` is the seed's vocabulary; the rest make the scaling table (N × 4, × 16 of ``full_n``; k = 8, 512).
+SIZED_GROUPS: Dict[str, tuple] = {
+    "wide": ("full", lambda s: {"full_v": 248320}),
+    "full_n4": ("full", lambda s: {"full_n": s.full_n * 4}),
+    "full_n16": ("full", lambda s: {"full_n": s.full_n * 16}),
+    "topk_k8": ("topk", lambda s: {"topk_k": 8}),
+    "topk_k512": ("topk", lambda s: {"topk_k": 512}),
+}
+SCALE_GROUPS = ("full_n4", "full_n16", "topk_k8", "topk_k512")
+
+
+def group_kind_sizes(group: str, sizes: Sizes) -> tuple:
+    """``(kind, sizes)`` of a loss group: ``kind`` is ``topk``/``full``/``spot_topk``/``spot_full``, ``sizes`` the
+    run's sizes with the group's overrides applied."""
+    import dataclasses
+    if group in SIZED_GROUPS:
+        kind, over = SIZED_GROUPS[group]
+        return kind, dataclasses.replace(sizes, **over(sizes))
+    return group, sizes
+
+
+def case_shape(name: str, sizes: Sizes) -> Dict[str, int]:
+    """The problem size of a loss case: ``{"n", "v"}`` (full vocabulary) or ``{"n", "k"}`` (top-k)."""
+    kind, sz = group_kind_sizes(name.split("/")[0], sizes)
+    if kind.endswith("topk"):
+        return {"n": sz.topk_n, "k": sz.topk_k}
+    return {"n": sz.full_n, "v": sz.full_v}
+
+
+#: Peak memory above the inputs per element of one ``[N, V]`` BF16 tensor, full vocabulary, measured with
+#: gkd-bench (CPU, N = 512, V = 151,936: upstream 1,929 MiB, naive 4,451 MiB, fp32 ~450 MiB), with a margin.
+#: Upstream keeps every 512-row chunk's activations for backward, so it grows with N like the others.
+_FULL_BYTES_PER_ELEMENT = {"upstream": 28, "naive_upcast": 64, "fp32": 8, "continuous": 8, "fp64": 64}
+
+
+def memory_guard(name: str, sizes: Sizes, device: str, available: Optional[int] = None) -> Optional[str]:
+    """Why a full-vocabulary case would not fit (a sentence), or None when it fits or is not a full-vocab loss case.
+
+    Estimate: the two BF16 inputs plus :data:`_FULL_BYTES_PER_ELEMENT` per element of one ``[N, V]`` tensor;
+    it must stay under 3/4 of the memory available now (``MemAvailable`` on a CPU, free device memory on CUDA).
+    """
+    group, variant = name.split("/", 1)
+    kind, sz = group_kind_sizes(group, sizes)
+    if kind != "full" or variant not in _FULL_BYTES_PER_ELEMENT:
+        return None
+    elems = sz.full_n * sz.full_v
+    need = 2 * 2 * elems + _FULL_BYTES_PER_ELEMENT[variant] * elems
+    if available is None:
+        available = _available_bytes(device)
+    if available is None or need <= 0.75 * available:
+        return None
+    return (f"not run: needs ~{need / 2**30:.1f} GiB (inputs + estimated peak), "
+            f"{available / 2**30:.1f} GiB available on {device}")
+
+
+def _available_bytes(device: str) -> Optional[int]:
+    if str(device).startswith("cuda"):
+        return int(torch.cuda.mem_get_info()[0])
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 LOSS_CASES = {
     "topk": ["upstream", "fp32", "continuous", "trl", "naive_upcast"],
     "full": ["upstream", "fp32", "naive_upcast"],
     "spot_topk": ["loss", "check"],
     "spot_full": ["loss", "check"],
+    **{g: ["upstream", "fp32"] for g in SIZED_GROUPS},
 }
 BASELINES = {g: f"{g}/{v[0]}" for g, v in LOSS_CASES.items()}
 
 
 def nan_to_none(x: float) -> Optional[float]:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
+
+
+# ---------------------------------------------------------------------------
+# In-process loss rows (the GPU proof imports this)
+# ---------------------------------------------------------------------------
+
+#: The groups :func:`loss_rows` measures by default: the goal rows, the seed's vocabulary and the scaling table.
+LOSS_ROW_GROUPS = ("topk", "full", "wide") + SCALE_GROUPS
+
+
+def loss_rows(device: str = "cuda", groups=LOSS_ROW_GROUPS, sizes: Optional[Sizes] = None, warmup: int = 2,
+              reps: int = 5) -> list:
+    """gkd-bench's loss rows measured in this process on ``device`` (no worker processes, so it runs wherever
+    ``bench.cases`` imports, e.g. a bare CUDA node).
+
+    Each case: ``warmup`` untimed forward+backward calls, ``reps`` timed ones (CUDA synchronised), then one more
+    for the peak memory (``torch.cuda.max_memory_allocated`` above the level before the call on CUDA; on a CPU
+    the process's peak resident set, which only rises, so CPU peaks here are upper bounds; ``gkd-bench``
+    measures them in fresh processes). Sizes default to :class:`Sizes` on CUDA and :meth:`Sizes.quick` on a CPU.
+
+    Returns:
+        one dict per case, in order: ``case`` (``group/variant``), ``shape`` (``{"n", "v"}`` or ``{"n", "k"}``),
+        ``ms`` (median), ``ms_all``, ``peak_mib``, ``loss``, and against the group's upstream row ``time_ratio``
+        and ``mem_ratio``; ``skipped`` (a reason) instead of figures for a case that does not fit
+        (:func:`memory_guard`) or whose package is absent (TRL); ``error`` for a case that failed.
+    """
+    import gc
+    import statistics
+
+    from bench import measure as bm
+
+    if sizes is None:
+        sizes = Sizes() if str(device).startswith("cuda") else Sizes.quick()
+    rows = []
+    for group in groups:
+        base = None
+        for variant in LOSS_CASES[group]:
+            name = f"{group}/{variant}"
+            row = {"case": name, "shape": case_shape(name, sizes)}
+            reason = memory_guard(name, sizes, device)
+            if reason:
+                rows.append({**row, "skipped": reason})
+                continue
+            try:
+                case = build_case(name, sizes, device)
+                times = bm.time_calls(case.step, device, warmup, reps)["wall_s"]
+                peak = bm.cuda_peak_mib(case.step) if str(device).startswith("cuda") else bm.peak_rss_delta_mib(case.step)
+                row.update(ms=statistics.median(times) * 1e3, ms_all=[t * 1e3 for t in times], peak_mib=peak,
+                           loss=nan_to_none(case.value()))
+            except ModuleNotFoundError as e:  # a package absent on a bare image (TRL)
+                row["skipped"] = f"{type(e).__name__}: {e}"
+            except Exception as e:  # noqa: BLE001 - one failed case is a row, not the end of the proof
+                row["error"] = f"{type(e).__name__}: {e}"[:400]
+            finally:
+                case = None
+                gc.collect()
+                if str(device).startswith("cuda"):
+                    torch.cuda.empty_cache()
+            if variant == LOSS_CASES[group][0]:
+                base = row
+            elif base is not None and "ms" in row and "ms" in base:
+                row["time_ratio"] = row["ms"] / base["ms"]
+                if row.get("peak_mib") and base.get("peak_mib"):
+                    row["mem_ratio"] = row["peak_mib"] / base["peak_mib"]
+            rows.append(row)
+    return rows
