@@ -2,9 +2,16 @@
 server and for tests.
 
 Every attempt of one run is one run: files that share a wandb run id (a resumed run), or that sit in the same
-run folder's ``wandb/`` (a run folder holds ``summary.json``, ``metrics.jsonl`` or ``config.yaml``), are merged
-into one run, attempts ordered by start time; the later attempt wins per step, and for config and summary
-keys. Archived attempts (``previous_attempts/``) are not read, as the run-folder loader does not read them.
+run folder (a run folder holds ``summary.json``, ``metrics.jsonl`` or ``config.yaml``; its wandb files lie in
+``<run folder>/wandb/wandb/offline-run-*/``, or ``<run folder>/wandb/offline-run-*/``), are merged into one
+run, attempts ordered by start time; the later attempt wins per step, and for config and summary keys.
+Archived attempts (``previous_attempts/``) are not read, as the run-folder loader does not read them.
+
+Copies are not attempts. Files of one wandb run id owned by different places (two run folders, or two wandb
+folders outside any run folder), and a second file of the same attempt (same run id and start time), are
+copies of one run: each copy stays its own run under the run's name, so the tables mark it (``copy_of``) as
+the run-folder loader does, and ``gkd-analyze`` refuses the sweep unless ``--allow-mixed`` is given
+(:func:`analysis.records.mixed_sweep_problems`).
 """
 from __future__ import annotations
 
@@ -21,6 +28,11 @@ from harness.contract import ARCHIVE_DIR, CONFIG_FILE, METRICS_FILE, SUMMARY_FIL
 __all__ = ["OfflineRun", "MergedRun", "find_offline_runs", "group_attempts", "load_wandb_offline"]
 
 _RUN_MARKERS = (SUMMARY_FILE, METRICS_FILE, CONFIG_FILE)
+_LATEST_RUN = "latest-run"  # wandb's link to the newest offline-run-* folder of a wandb folder
+#: How far above the folder holding ``offline-run-*`` a run folder is looked for: ``<run>/wandb/`` (1),
+#: ``<run>/wandb/wandb/`` (2, gkd-train's WANDB_DIR=<run>/wandb), ``<run>/swift/wandb/`` (2, Megatron's
+#: dir=--output_dir), one more level for a wandb folder nested once more.
+_OWNER_LEVELS = 3
 
 
 def _item_key(item) -> str:
@@ -132,24 +144,59 @@ class MergedRun:
 
 
 def find_offline_runs(root: os.PathLike) -> list:
-    """All ``run-*.wandb`` files under ``root`` (sorted), except archived attempts under ``previous_attempts/``."""
-    return sorted(p for p in Path(root).rglob("run-*.wandb") if ARCHIVE_DIR not in p.relative_to(root).parts)
+    """All ``run-*.wandb`` files under ``root`` (sorted), except archived attempts under ``previous_attempts/``
+    and wandb's ``latest-run`` (a link to one ``offline-run-*`` folder; a copy that follows links makes it a
+    second copy of that folder)."""
+    return sorted(p for p in Path(root).rglob("run-*.wandb")
+                  if not {ARCHIVE_DIR, _LATEST_RUN} & set(p.relative_to(root).parts))
 
 
-def _run_folder(path: Path) -> Optional[Path]:
-    """The harness run folder owning ``<run folder>/wandb/offline-run-*/run-*.wandb``, or None."""
-    if path.parent.parent.name != "wandb":
-        return None
-    folder = path.parent.parent.parent
-    return folder if any((folder / m).exists() for m in _RUN_MARKERS) else None
+def _run_folder(path: Path, root: Optional[Path] = None) -> Optional[Path]:
+    """The harness run folder owning the wandb file ``path`` (``.../offline-run-*/run-*.wandb``): the nearest
+    of the :data:`_OWNER_LEVELS` folders above the one holding ``offline-run-*`` that has a run marker, not
+    above ``root`` (the sweep folder); None outside any run folder."""
+    stop = Path(root).absolute() if root is not None else None
+    for folder in list(path.parent.parent.parents)[:_OWNER_LEVELS]:
+        if any((folder / m).is_file() for m in _RUN_MARKERS):
+            return folder
+        if stop is not None and folder.absolute() == stop:
+            break
+    return None
 
 
-def group_attempts(runs: list) -> list:
-    """Group :class:`OfflineRun` s into runs: same run id, or same run folder (transitively).
+def _owner(run: "OfflineRun", root: Optional[Path]) -> Path:
+    """Where one attempt lives: its run folder, else the wandb folder holding its ``offline-run-*`` folder."""
+    return _run_folder(run.path, root) or run.path.parent.parent
+
+
+def _copies(members: list, root: Optional[Path]) -> list:
+    """Split one run's files into copies: by owner (:func:`_owner`), and within an owner a second file of the
+    same attempt (same run id and start time) starts another copy. Returns lists of attempts, in owner order."""
+    by_owner = {}
+    for r in members:
+        by_owner.setdefault(_owner(r, root), []).append(r)
+    out = []
+    for owner in sorted(by_owner, key=str):
+        layers, seen = [], {}
+        for r in sorted(by_owner[owner], key=lambda a: a.path_str):
+            key = (r.id, r.start_time) if r.start_time else (r.id, r.path.parent.name)
+            k = seen.get(key, 0)
+            seen[key] = k + 1
+            if k == len(layers):
+                layers.append([])
+            layers[k].append(r)
+        out += layers
+    return out
+
+
+def group_attempts(runs: list, root: Optional[os.PathLike] = None) -> list:
+    """Group :class:`OfflineRun` s into runs: same run id, or same run folder (transitively); copies of one run
+    (:func:`_copies`) stay apart, each its own run with a problem naming the other copies.
 
     Returns a list of runs: an :class:`OfflineRun` where a run has one attempt, else a :class:`MergedRun`
     (attempts ordered by start time, then by their ``offline-run-<time>-<id>`` folder name). A run inside a
-    harness run folder gets that folder as its ``path_str`` (where ``captures/`` are), else its file."""
+    harness run folder gets that folder as its ``path_str`` (where ``captures/`` are), else its file. Run
+    folders are searched up to ``root`` (the sweep folder)."""
     parent = list(range(len(runs)))
 
     def find(i: int) -> int:
@@ -160,7 +207,7 @@ def group_attempts(runs: list) -> list:
 
     first_by_key = {}
     for i, r in enumerate(runs):
-        folder = _run_folder(r.path)
+        folder = _run_folder(r.path, root)
         for key in (("id", r.id), ("folder", folder)):
             if key[1] is None:
                 continue
@@ -171,16 +218,27 @@ def group_attempts(runs: list) -> list:
         groups.setdefault(find(i), []).append(r)
     out = []
     for members in groups.values():
-        if len(members) == 1:
-            folder = _run_folder(members[0].path)
-            if folder is not None:
-                members[0].path_str = str(folder)
-            out.append(members[0])
-            continue
-        members.sort(key=lambda a: (a.start_time or 0.0, a.path.parent.name))
-        folders = {_run_folder(a.path) for a in members} - {None}
-        out.append(MergedRun(members, next(iter(folders)) if len(folders) == 1 else None))
+        copies = _copies(members, root)
+        for copy in copies:
+            run = _one_run(copy, root)
+            if len(copies) > 1:
+                where = [str(_owner(c[0], root)) + ("" if _owner(c[0], root) != _owner(copy[0], root)
+                                                     else f" ({c[0].path.parent.name})") for c in copies]
+                run.problems.append(f"wandb run id {copy[-1].id}: {len(copies)} copies ({', '.join(where)})")
+            out.append(run)
     return out
+
+
+def _one_run(members: list, root: Optional[Path]):
+    """The attempts of one copy as one run (an :class:`OfflineRun` or a :class:`MergedRun`)."""
+    if len(members) == 1:
+        folder = _run_folder(members[0].path, root)
+        if folder is not None:
+            members[0].path_str = str(folder)
+        return members[0]
+    members.sort(key=lambda a: (a.start_time or 0.0, a.path.parent.name))
+    folders = {_run_folder(a.path, root) for a in members} - {None}
+    return MergedRun(members, next(iter(folders)) if len(folders) == 1 else None)
 
 
 def load_wandb_offline(root: os.PathLike, group: Optional[str] = None) -> Sweep:
@@ -191,7 +249,7 @@ def load_wandb_offline(root: os.PathLike, group: Optional[str] = None) -> Sweep:
     files = find_offline_runs(root)
     if not files:
         raise UnusableInput(f"no wandb offline run files (run-*.wandb) under {root}")
-    runs = group_attempts([OfflineRun(f) for f in files])
+    runs = group_attempts([OfflineRun(f) for f in files], root)
     if group is not None:
         # A run whose files hold no records has no known group: keep it (marked), it may be this sweep's.
         runs = [r for r in runs if r.group == group or r.group is None]
