@@ -5,9 +5,12 @@ Both renderings come from the same block list, so the HTML is the same report as
 * opens with a verdict banner (:meth:`Document.banner`: green for PASS, red for FAIL; the verdict word is in
   ``#verdict`` so a browser test can read it) and a table of contents (:meth:`Document.toc`) linking every
   level-2 heading;
-* puts every table in its own horizontally scrolling box (``div.table-wrap``) and wraps long text, so the page
-  itself never scrolls sideways (checked at 1366 px in a real browser by ``tests/analysis/test_report_browser.py``);
-  a shadow at a box's edge shows that more columns lie that way;
+* fits every table into the page column (1,152 px at a 1366 px window) without sideways scrolling: setting
+  columns (dotted config keys such as ``gkd.beta``, ``run.seed``) that hold one value in every row move to one
+  line above the table (:func:`constant_settings`); a table still wider than the column is split into parts,
+  each repeating the first (identifying) column (:func:`column_parts`, widths estimated from the text); long text
+  wraps. Each part sits in its own scroll box (``div.table-wrap``) as a fallback, so the page itself never
+  scrolls sideways (both checked at 1366 px in a real browser by ``tests/analysis/test_report_browser.py``);
 * embeds images as ``data:`` URIs and loads nothing from outside the file.
 
 Heading anchors follow GitHub's rule (:func:`slugify`), so the Markdown table of contents links work on GitHub too.
@@ -25,7 +28,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-__all__ = ["Document", "format_value", "slugify", "STYLE"]
+__all__ = ["Document", "format_value", "slugify", "constant_settings", "column_parts", "STYLE"]
 
 #: CSS of the HTML rendering (inline; no external resources).
 STYLE = """
@@ -62,11 +65,63 @@ figure{margin:1em 0}
 img{max-width:100%;height:auto;display:block}
 figcaption{font-size:0.9em;color:#57606a}
 pre{background:#f6f8fa;padding:0.6em;overflow-x:auto;max-width:100%}
+p.table-constants,p.table-part{font-size:0.9em;margin:0.6em 0 0.2em;color:#57606a}
 code{background:#f0f2f4;padding:0 0.2em;border-radius:3px;overflow-wrap:anywhere}
 """.strip()
 
 _STATUS = ("pass", "fail", "not_measured", "not_applicable", "skipped", "disabled")
 _LONG_CELL = 60  # characters: cells longer than this wrap inside a bounded width
+#: A setting column: a dotted config key (``gkd.beta``, ``run.seed``, ``dtype.student``).
+_SETTING_COLUMN = re.compile(r"^[A-Za-z_]+(\.[A-Za-z_]+)+$")
+#: Width a table part is packed into: the page column is 1,152 px (``max-width:1200px`` less 2 x 1.5em
+#: padding), less a margin for the estimate below.
+TABLE_BUDGET_PX = 1080
+_CHAR_PX = 7.8      # widest average advance at 12px (DejaVu Sans Bold ~0.65em); an over-estimate for most fonts
+_CELL_PAD_PX = 14   # 2 x 6px padding + border
+_LONG_PX = 18 * 12  # td.long's min-width (18em at 12px): a long cell wraps down to this
+
+
+def constant_settings(df: pd.DataFrame) -> list:
+    """-> [(column, shown value)] of the setting columns (:data:`_SETTING_COLUMN`) that hold one value in
+    every row of ``df`` (2 rows or more): said once above the table instead of in each row."""
+    if len(df) < 2:
+        return []
+    out = []
+    for c in df.columns:
+        if _SETTING_COLUMN.match(str(c)):
+            shown = {format_value(v) for v in df[c]}
+            if len(shown) == 1:
+                out.append((str(c), shown.pop()))
+    return out
+
+
+def _column_px(df: pd.DataFrame, col) -> float:
+    """Estimated narrowest width the browser can give one column (its min-content width): the header (never
+    wrapped) or the longest word of any cell (cells wrap at spaces; a long cell wraps down to ``td.long``'s
+    min-width), whichever is wider."""
+    cells = [format_value(v) for v in df[col]]
+    widest = max([_LONG_PX if len(t) > _LONG_CELL else max(map(len, t.split() or [""])) * _CHAR_PX
+                  for t in cells] or [0.0])
+    return max(len(str(col)) * _CHAR_PX, widest) + _CELL_PAD_PX
+
+
+def column_parts(df: pd.DataFrame, budget_px: float = TABLE_BUDGET_PX) -> list:
+    """-> lists of column positions, one per table part: all columns when they fit ``budget_px``; else the
+    first column followed by as many of the next as fit, part after part (a column wider than the budget on
+    its own gets a part of its own)."""
+    n = len(df.columns)
+    widths = [_column_px(df, df.columns[i]) for i in range(n)]
+    if n <= 2 or sum(widths) <= budget_px:
+        return [list(range(n))]
+    parts, cur, used = [], [], widths[0]
+    for i in range(1, n):
+        if cur and used + widths[i] > budget_px:
+            parts.append([0] + cur)
+            cur, used = [], widths[0]
+        cur.append(i)
+        used += widths[i]
+    parts.append([0] + cur)
+    return parts
 
 
 def format_value(v) -> str:
@@ -243,7 +298,22 @@ class Document:
                     out.append("<p>(no rows)</p>")
                     continue
                 n_tables += 1
-                out.append(self._html_table(df.head(max_rows), caption or f"table {n_tables}"))
+                label = caption or f"table {n_tables}"
+                shown = df.head(max_rows)
+                constants = constant_settings(df)
+                if constants:
+                    out.append("<p class='table-constants'>Every row: " + ", ".join(
+                        f"<code>{e(c)}</code> = {e(v)}" for c, v in constants) + "</p>")
+                    shown = shown.drop(columns=[c for c, _ in constants])
+                parts = column_parts(shown)
+                for k, cols in enumerate(parts, 1):
+                    part = shown.iloc[:, cols]
+                    if len(parts) > 1:
+                        out.append(f"<p class='table-part'>Part {k} of {len(parts)}: columns "
+                                   f"{e(', '.join(str(c) for c in part.columns[1:]))}</p>")
+                        out.append(self._html_table(part, f"{label} (part {k} of {len(parts)})"))
+                    else:
+                        out.append(self._html_table(part, label))
                 if len(df) > max_rows:
                     out.append(f"<p>({len(df) - max_rows} more rows not shown)</p>")
             elif kind == "img":
