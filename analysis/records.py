@@ -48,6 +48,8 @@ __all__ = [
 CONFIG_COLUMNS = (
     "loss.precision",
     "loss.beta_form",
+    "loss.source",  # loss=candidate: the candidate's file or module, and its label
+    "loss.name",
     "gkd.beta",
     "gkd.temperature",
     "gkd.topk",
@@ -363,7 +365,7 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
     for col in ("gkd.beta", "gkd.temperature", "gkd.sft_alpha", "gkd.lmbda"):
         runs[col] = pd.to_numeric(runs[col], errors="coerce")
     runs["variant"] = runs["loss.precision"].map(
-        {"native": "original", "fp32": "patched", "fp64": "reference"}).fillna("unknown")
+        {"native": "original", "fp32": "patched", "fp64": "reference", "candidate": "patched"}).fillna("unknown")
     history = pd.concat(frames, ignore_index=True, sort=False)
     history["step"] = history["step"].astype("int64")
     nonfinite = pd.DataFrame(bad, columns=_NONFINITE_COLUMNS) if bad else _empty_nonfinite()

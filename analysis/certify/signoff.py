@@ -63,6 +63,8 @@ def certificate_rows(runs, sweep_dir: Optional[str], quick: bool = False,
     if cand.empty:
         return ("not_applicable", THRESHOLD, "no candidate run", [],
                 "not applicable: the sweep has no loss=candidate run")
+    if sweep_dir and sweep_dir.startswith("local:"):  # analysis.load_runs names a local sweep "local:<folder>"
+        sweep_dir = sweep_dir[len("local:"):]
     root = Path(sweep_dir) if sweep_dir and Path(sweep_dir).is_dir() else None
     seen: Dict[Tuple[str, str], Dict[str, Any]] = {}
     details, failed, missing = [], [], []

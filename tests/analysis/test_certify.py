@@ -116,6 +116,7 @@ def test_signoff_certificate_passes_and_is_cached_per_hash(tmp_path):
     assert json.loads((cache / "certificate.json").read_text())["candidate"]["sha256"] == sha
     (cache / "certificate.json").write_text((cache / "certificate.json").read_text().replace('"PASS"', '"FAIL"'))
     assert certificate_rows(runs, str(tmp_path / "sweep"), quick=True)[0] == "fail"  # read from the cache
+    assert certificate_rows(runs, f"local:{tmp_path / 'sweep'}", quick=True)[0] == "fail"  # gkd-analyze's name
 
 
 def test_signoff_certificate_fails_a_broken_candidate_naming_the_family(tmp_path):
