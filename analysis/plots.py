@@ -304,10 +304,16 @@ _SPOT_TITLES = {"rel_err": "loss: |loss − FP64| / |FP64|", "grad_rel_l2": "d l
                 "param_grad_rel_l2": "parameter gradient: relative L2"}
 
 
-def plot_spot_errors(spots: pd.DataFrame, path: Path, grad_tol: float = 1e-3) -> Optional[Path]:
+def plot_spot_errors(spots: pd.DataFrame, path: Path, grad_tol: float = 1e-3, loss_rtol: Optional[float] = None,
+                     param_grad_tol: Optional[float] = None) -> Optional[Path]:
     """Spot-check errors on a log scale, per variant and dtype mix: loss relative error, logit-gradient and
     parameter-gradient relative L2 (dimensionless). Boxes show the spread, points every check; zeros are
-    drawn at 1e-12."""
+    drawn at 1e-12.
+
+    Each panel carries its sign-off tolerance as a dashed line: ``grad_tol`` on the logit-gradient panel,
+    ``param_grad_tol`` on the parameter-gradient panel (None: report only, no line), ``loss_rtol`` on the loss
+    panel: ``|loss - FP64| <= rtol*|FP64| + atol`` is ``rel_err <= rtol + atol/|FP64|``, so the line at ``rtol``
+    is the tolerance's floor (each check's own allowance lies above it by ``atol/|FP64|``)."""
     if spots.empty:
         return None
     metrics = [m for m in ("rel_err", "grad_rel_l2", "param_grad_rel_l2") if spots[m].notna().any()]
@@ -344,9 +350,13 @@ def plot_spot_errors(spots: pd.DataFrame, path: Path, grad_tol: float = 1e-3) ->
             ax.set_xticks(range(1, pos + 1), labels)
             ax.set_xlim(0.4, pos + 0.6)
             ax.set_yscale("log")
-            if m != "rel_err":
-                handles.setdefault(f"tolerance {grad_tol:g}",
-                                   ax.axhline(grad_tol, color="k", ls="--", lw=0.9))
+            tol = {"rel_err": loss_rtol, "grad_rel_l2": grad_tol,
+                   "param_grad_rel_l2": param_grad_tol}[m]
+            if tol is not None:
+                label = (f"loss tolerance: rtol {tol:g} (+ atol/|FP64|)" if m == "rel_err"
+                         else f"tolerance {tol:g}")
+                line = ax.axhline(tol, color="k", ls="--" if m != "rel_err" else ":", lw=0.9, label=label)
+                handles.setdefault(label, line)
             ax.set_title(_SPOT_TITLES[m])
             ax.set_xlabel("variant; dtypes at the loss:\nmixed = BF16/FP16 on one side only")
             ax.grid(axis="y", alpha=0.3)

@@ -235,7 +235,7 @@ def _write_report(sweep: Sweep, report_dir: Path, cfg: SignoffCriteria, captures
                                        rcfg.max_curve_panels),
         "negatives": plots.plot_negatives(neg[neg["run"].isin(plotted)], report_dir / "negatives.png"),
         "spot": plots.plot_spot_errors(spots[spots["run"].isin(plotted)], report_dir / "spot_errors.png",
-                                       st.grad_rel_l2_max),
+                                       st.grad_rel_l2_max, st.loss_rtol, st.param_grad_rel_l2_max),
         "beta": plots.plot_beta_curve(curve, train_curve, report_dir / "beta_curve.png",
                                       first_steps=rcfg.first_steps),
         "beta_captured": (plots.plot_beta_curve(cap_curve, pd.DataFrame(), report_dir / "beta_curve_captured.png")

@@ -1,0 +1,55 @@
+"""spot_errors.png as gkd-analyze draws it: every error panel carries its sign-off tolerance as a horizontal line
+at the value of the criteria file (loss: loss_rtol, the floor of rtol*|FP64| + atol in relative terms; logit
+gradient: grad_rel_l2_max; parameter gradient: param_grad_rel_l2_max)."""
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analysis import plots
+from analysis.cli import main
+from analysis.criteria import load_criteria
+
+
+@pytest.fixture
+def saved(monkeypatch) -> dict:
+    """File name -> the matplotlib Figure that gkd-analyze saved under it."""
+    kept = {}
+    save = plots._save
+
+    def keep(fig, path):
+        kept[Path(path).name] = fig
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    return kept
+
+
+def _horizontal_levels(ax) -> set:
+    """y of every horizontal line drawn across the panel (axhline: x in axes coordinates 0..1, y constant)."""
+    out = set()
+    for ln in ax.get_lines():
+        x, y = np.asarray(ln.get_xdata(), float), np.asarray(ln.get_ydata(), float)
+        if len(y) == 2 and y[0] == y[1] and list(x) == [0.0, 1.0]:
+            out.add(float(y[0]))
+    return out
+
+
+def test_every_spot_error_panel_has_its_tolerance_line(synthetic_sweep_dir, tmp_path, saved):
+    with contextlib.redirect_stdout(io.StringIO()):
+        main([str(synthetic_sweep_dir), "--report", str(tmp_path / "r")])
+    fig = saved["spot_errors.png"]
+    crit = load_criteria().spot_tolerance
+    want = {plots._SPOT_TITLES["rel_err"]: crit.loss_rtol,
+            plots._SPOT_TITLES["grad_rel_l2"]: crit.grad_rel_l2_max,
+            plots._SPOT_TITLES["param_grad_rel_l2"]: crit.param_grad_rel_l2_max}
+    panels = {ax.get_title(): ax for ax in fig.axes if ax.get_title() in want}
+    assert set(panels) == set(want)  # the synthetic sweep logs all three errors
+    for title, ax in panels.items():
+        assert want[title] in _horizontal_levels(ax), (title, _horizontal_levels(ax))
+    labels = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    assert f"loss tolerance: rtol {crit.loss_rtol:g} (+ atol/|FP64|)" in labels
