@@ -77,7 +77,8 @@ def find_captures(paths: Iterable[str]) -> List[Path]:
         if p.is_dir():
             hits = sorted(p.rglob("*.safetensors"))
             if not hits:
-                raise CaptureError(f"{p}: no *.safetensors capture under this folder")
+                raise CaptureError(f"{p}: no *.safetensors capture under this folder (runs write captures "
+                                   "only when trained with monitor.capture=true)")
             found.extend(hits)
         elif p.exists():
             found.append(p)
