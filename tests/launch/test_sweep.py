@@ -30,6 +30,8 @@ APP = textwrap.dedent(
     def main(cfg):
         out = Path(cfg.run.output_dir)
         out.mkdir(parents=True, exist_ok=True)
+        manifest = out.parent / "sweep_manifest.json"  # written by the launching process before any point
+        (out / "manifest_at_start").write_text(manifest.read_text() if manifest.exists() else "")
         summary = out / "summary.json"
         if summary.exists() and json.loads(summary.read_text())["status"] == "completed":
             with open(out / "skipped", "a") as fh:
@@ -105,6 +107,11 @@ def test_failing_point_does_not_stop_the_others_and_each_point_gets_a_line(app, 
     assert "[sweep unit] summary, 4 points: 3 completed, 1 failed" in out
     verdict = json.loads((sweep / "gkd.beta=0.5,run.fail_beta=0.5" / ".hydra" / "job_return.json").read_text())
     assert verdict["status"] == "FAILED" and "planned failure" in verdict["error"]
+    # every point (a submitit worker process for submitit_local) found the whole plan already written
+    for name in status:
+        manifest = json.loads((sweep / name / "manifest_at_start").read_text())
+        assert manifest["points"] == sorted(status) and manifest["group"] == "unit", name
+        assert manifest["launcher"].endswith("LocalLauncher" if launcher == "submitit_local" else "BasicLauncher")
 
 
 def test_resume_skips_completed_and_reruns_failed(app):
