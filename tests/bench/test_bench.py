@@ -105,3 +105,35 @@ def _capped_topk(sizes):
     lab = labels[:, :n]
     return student[:, :n], TeacherOutput(topk_logprobs=to.topk_logprobs[:, :n], topk_indices=to.topk_indices[:, :n],
                                          labels=lab), lab
+
+
+def test_scaling_exponent_and_table():
+    """The fitted exponent recovers a known power law; a not-run point is shown as such and left out of the fit."""
+    from bench.scaling import exponent, format_scaling
+    assert exponent([512, 2048, 8192], [3.0 * x**1.5 for x in (512, 2048, 8192)]) == pytest.approx(1.5)
+    assert exponent([8, 64], [None, 2.0]) is None
+    rows = []
+    for g, n in (("full", 512), ("full_n4", 2048), ("full_n16", 8192)):
+        for v, c in (("upstream", 2.0), ("fp32", 1.0)):
+            r = {"name": f"{g}/{v}", "shape": {"n": n, "v": 151936}, "median_ms": c * n, "peak_mib": c * n / 4}
+            if g == "full_n16" and v == "upstream":
+                r = {"name": r["name"], "shape": r["shape"], "skipped": "not run: needs ~40 GiB"}
+            rows.append(r)
+    text = format_scaling(rows)
+    assert "| 8,192 | not run | 8192.0 |" in text and "exponent" in text and "not run: needs ~40 GiB" in text
+    assert "| exponent (time, memory ∝ n^e) | 1.00 | 1.00 |  | 1.00 | 1.00 |  |" in text
+
+
+def test_memory_guard_reports_what_cannot_fit():
+    from bench.cases import memory_guard
+    sizes = Sizes()
+    big = dataclasses_replace(sizes, full_n=8192)
+    assert memory_guard("full/upstream", sizes, "cpu", available=24 * 2**30) is None
+    reason = memory_guard("full_n16/upstream", sizes, "cpu", available=24 * 2**30)
+    assert reason.startswith("not run: needs ~") and "GiB available on cpu" in reason
+    assert memory_guard("topk/upstream", big, "cpu", available=1) is None  # top-k rows are small
+
+
+def dataclasses_replace(obj, **kw):
+    import dataclasses
+    return dataclasses.replace(obj, **kw)
