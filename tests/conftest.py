@@ -3,12 +3,26 @@
 * ``embedded_cache`` (session): a private cache root for ``harness.fixtures.embedded`` (``$GKD_HARNESS_CACHE``), so the
   tiny models are built once per test session and never touch the user's cache.
 * ``e2e_root`` (session): a folder for end-to-end run folders.
+* ``_output_root_under_tmp`` (session, automatic): ``$GKD_OUTPUT_ROOT`` under a temporary folder when unset.
 """
 from __future__ import annotations
 
 import os
 
 import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _output_root_under_tmp(tmp_path_factory):
+    """Every gkd-train a test starts writes under a temporary folder: Hydra makes ``$GKD_OUTPUT_ROOT`` (default
+    ``outputs`` in the working directory, i.e. the checkout) before the job runs, even with ``run.output_dir``
+    set or for a config error (before: ``outputs/`` left in the checkout by the CLI tests of test_train_e2e)."""
+    old = os.environ.get("GKD_OUTPUT_ROOT")
+    if old is None:
+        os.environ["GKD_OUTPUT_ROOT"] = str(tmp_path_factory.mktemp("gkd_output_root"))
+    yield
+    if old is None:
+        os.environ.pop("GKD_OUTPUT_ROOT", None)
 
 
 @pytest.fixture(scope="session")
