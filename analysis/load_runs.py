@@ -268,9 +268,14 @@ def load_sweep(sweep: os.PathLike) -> Sweep:
         sw.run_history(sw.runs["run"][0])["train/loss"]
     """
     root = Path(sweep)
-    folders = find_run_folders(sweep)
-    records = [load_run_folder(p) for p in folders]
     planned, where = planned_points(root) if root.is_dir() else ([], None)
+    try:
+        folders = find_run_folders(sweep)
+    except UnusableInput:
+        if not planned:
+            raise
+        folders = []  # the sweep planned points and none started (every array task cancelled): all missing
+    records = [load_run_folder(p) for p in folders]
     have = {str(p.relative_to(root)) for p in folders if p != root} | {p.name for p in folders}
     for name in planned:
         if name not in have:

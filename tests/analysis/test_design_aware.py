@@ -117,6 +117,21 @@ def test_planned_point_without_a_run_folder_fails_by_name(tmp_path):
     assert any(d.startswith("loss=fp32,run.seed=3: missing") for d in st["no_failed_runs"].details)
 
 
+def test_a_sweep_whose_planned_points_all_lack_a_folder_fails_naming_them(tmp_path, capsys):
+    """Every SLURM array task cancelled while pending: only the manifest is there. On main: exit 2, "no run
+    folders", without a word of the planned points."""
+    sweep = tmp_path / "cancelled"
+    sweep.mkdir()
+    names = ["loss=original,run.seed=1", "loss=fp32,run.seed=1"]
+    (sweep / SWEEP_MANIFEST_FILE).write_text(json.dumps({"group": "ab", "points": names}))
+    assert main([str(sweep), "--report", str(tmp_path / "r")]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL no_failed_runs: 2 missing of 2 runs; planned but without a run folder: " + ", ".join(names) in out
+    (sweep / SWEEP_MANIFEST_FILE).unlink()  # nothing planned, nothing there: unusable input, as before
+    assert main([str(sweep), "--report", str(tmp_path / "r2")]) == 2
+    assert "no run folders under" in capsys.readouterr().err
+
+
 def test_planned_points_are_read_from_hydras_multirun_yaml(tmp_path):
     sweep = _ab(tmp_path / "ab")
     import shutil

@@ -175,3 +175,17 @@ def test_a_refused_rerun_writes_nothing_into_the_folders_it_does_not_own(app):
     log = (sweep / "refused_points.log").read_text().splitlines()
     assert len(log) == 2 and all("ConfigMismatch" in line for line in log)
     assert "refused: gkd.beta=0.1: ConfigMismatch" in out2 and "2 points refused" in out2
+
+
+def test_submitit_slurm_writes_the_manifest_before_it_submits(app):
+    """hydra/launcher=submitit_slurm: the launching process writes sweep_manifest.json before submitit builds
+    its SLURM executor. Without SLURM here, submitit then stops ("Could not detect srun"), so nothing was
+    submitted and no point started, yet the plan is on disk for gkd-analyze to name the missing points."""
+    proc, out = _run(app, "hydra/launcher=submitit_slurm", "gkd.beta=0.1,0.5",
+                     "hydra.callbacks.sweep_status.progress_interval_s=0")
+    assert proc.returncode != 0 and "srun" in out, out
+    sweep = app / "out" / "multirun" / "unit"
+    manifest = json.loads((sweep / "sweep_manifest.json").read_text())
+    assert manifest["points"] == ["gkd.beta=0.1", "gkd.beta=0.5"] and manifest["group"] == "unit"
+    assert manifest["launcher"].endswith("SlurmLauncher")
+    assert not [d for d in sweep.iterdir() if d.name.startswith("gkd.beta=")]  # no point started
