@@ -31,6 +31,20 @@ OUTCOME_METRICS = (EVAL_JSD, EVAL_FORWARD_KL, EVAL_REVERSE_KL, EVAL_TOP1_AGREEME
 PAIR_COLUMNS = ("gkd.beta", "gkd.temperature", "gkd.topk", "gkd.sft_alpha", "gkd.lmbda", "run.max_steps",
                 "model.student", "model.teacher", "model.student_dtype", "model.teacher_dtype", "backend.name")
 LEVEL = 0.95
+#: wandb groups of the experiments that ask the outcome question (``experiment=outcome``, ``experiment=precision_ab``,
+#: their ``tracking.wandb.group``): there ``patched_not_worse`` is required whatever the criteria file says (missing
+#: held-out evidence is ``not_measured``, which fails the sign-off); elsewhere it is reported.
+REQUIRED_IN_GROUPS = ("outcome", "precision_ab")
+
+
+def required_here(sweep) -> bool:
+    """True when the sweep's runs belong to one of :data:`REQUIRED_IN_GROUPS` (their ``tracking.wandb.group``)."""
+    runs = sweep.runs
+    groups = set()
+    for col in ("tracking.wandb.group", "group"):
+        if col in runs.columns:
+            groups |= {str(g) for g in runs[col].dropna().unique()}
+    return bool(groups & set(REQUIRED_IN_GROUPS))
 
 
 def t_interval(values: Iterable[float], level: float = LEVEL) -> tuple:
@@ -161,12 +175,21 @@ def outcome_sentence(row: Optional[pd.Series], original: str = "the original") -
 
 
 def patched_not_worse(sweep, original_precision: str, patched_precisions: Iterable[str], margin: float) -> dict:
-    """The criterion's measurement: ``{"status", "measured", "details", "applies"}``.
+    """The criterion's measurement: ``{"status", "measured", "details", "applies", "required"}`` (``required``:
+    :func:`required_here`, the sweep is an outcome experiment).
 
     ``not_applicable`` when no original and patched runs pair by seed; ``not_measured`` when they pair but lack
     ``eval/jsd`` or have a single seed (no interval); else ``pass`` iff for every patched variant the upper
     bound of the 95% t interval on (patched − original) / original final ``eval/jsd`` is ≤ ``margin``.
     """
+    out = _measure(sweep, original_precision, patched_precisions, margin)
+    required = required_here(sweep)
+    if required:
+        out["applies"] += f" (required: the sweep's group is one of {list(REQUIRED_IN_GROUPS)})"
+    return {**out, "required": required}
+
+
+def _measure(sweep, original_precision: str, patched_precisions: Iterable[str], margin: float) -> dict:
     patched = [p for p in patched_precisions if role_of(p) == "patched"]
     runs = sweep.runs
     orig = runs[runs["loss.precision"] == original_precision]
@@ -199,4 +222,5 @@ def patched_not_worse(sweep, original_precision: str, patched_precisions: Iterab
 
 
 __all__ = ["OUTCOME_METRICS", "PAIR_COLUMNS", "t_interval", "variant_of", "final_values", "variant_table",
-           "paired_differences", "pooled", "outcome_sentence", "patched_not_worse"]
+           "paired_differences", "pooled", "outcome_sentence", "patched_not_worse", "REQUIRED_IN_GROUPS",
+           "required_here"]

@@ -78,6 +78,10 @@ class EmbeddedConfig:
     seed: int = MISSING
     num_samples: int = MISSING
     tokenizer: str = MISSING  # bytes (local BPE) | qwen3 | qwen35 (real Qwen vocabulary, harness.fixtures.qwen_tokenizer)
+    teacher: str = MISSING    # near_copy | trained (harness.fixtures.distill)
+    teacher_steps: int = MISSING
+    teacher_lr: float = MISSING
+    teacher_corpus: int = MISSING
 
 
 @dataclass

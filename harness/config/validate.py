@@ -114,6 +114,13 @@ def _embedded(cfg: TrainConfig) -> None:
         raise ConfigError("model.embedded.teacher_noise", f"must be >= 0, got {spec.teacher_noise}")
     if not spec.init_std > 0:
         raise ConfigError("model.embedded.init_std", f"must be > 0, got {spec.init_std}")
+    if spec.teacher not in ("near_copy", "trained"):
+        raise ConfigError("model.embedded.teacher", f"must be near_copy or trained, got {spec.teacher!r}")
+    if spec.teacher == "trained":
+        _at_least("model.embedded.teacher_steps", spec.teacher_steps, 1)
+        _at_least("model.embedded.teacher_corpus", spec.teacher_corpus, 1)
+        if not spec.teacher_lr > 0:
+            raise ConfigError("model.embedded.teacher_lr", f"must be > 0, got {spec.teacher_lr}")
 
 
 def validate_config(cfg: TrainConfig) -> None:

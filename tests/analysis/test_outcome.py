@@ -28,10 +28,10 @@ def _add_eval(folder, final_jsd):
                                 EVAL_TOP1_AGREEMENT: 0.9}) + "\n")
 
 
-def _sweep(root, values=FINAL, with_eval=True):
+def _sweep(root, values=FINAL, with_eval=True, **kw):
     for (prec, seed), v in values.items():
         folder = write_run(root / f"loss={prec},run.seed={seed}", beta=0.5, beta_form="paper", precision=prec,
-                           seed=seed, steps=STEPS, spot_every=5)
+                           seed=seed, steps=STEPS, spot_every=5, **kw)
         if with_eval:
             _add_eval(folder, v)
     return load_sweep(root)
@@ -95,3 +95,15 @@ def test_patched_not_worse_not_applicable_without_seed_pairs_and_skipped_without
     assert _criterion(_sweep(tmp_path / "unpaired", unpaired)).status == "not_applicable"
     r = _criterion(_sweep(tmp_path / "noeval", with_eval=False))
     assert r.status == "skipped" and "eval/jsd" in r.measured  # not required by default: reported, not failed
+
+
+@pytest.mark.parametrize("group", ["outcome", "precision_ab"])
+def test_patched_not_worse_is_required_in_the_outcome_experiments(tmp_path, group):
+    """experiment=outcome / precision_ab (their wandb groups): without held-out evidence the sign-off fails, although
+    the shipped criteria file leaves the criterion not required."""
+    assert not load_criteria().patched_not_worse.required
+    sweep = _sweep(tmp_path / group, with_eval=False, group=group)
+    verdict, results = evaluate(sweep, load_criteria())
+    r = next(r for r in results if r.name == "patched_not_worse")
+    assert r.status == "not_measured" and "required" in r.applies and verdict == "fail"
+    assert _criterion(_sweep(tmp_path / (group + "-eval"), group=group)).status == "pass"
