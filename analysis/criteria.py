@@ -382,7 +382,7 @@ def patched_not_worse(sweep: Sweep, cfg: SignoffCriteria, c: Any) -> Result:
     thr = f"upper 95% bound of (patched − original)/original final eval/jsd <= {c.margin:g}"
     m = measure(sweep, cfg.original_precision, cfg.patched_precisions, c.margin)
     status = m["status"]
-    if status == "not_measured" and not c.required:
+    if status == "not_measured" and not (c.required or m["required"]):  # required in the outcome experiments
         status = "skipped"
     return Result(name, title, status, thr, m["measured"], m["details"], m["applies"])
 
