@@ -221,6 +221,95 @@ def _measure(sweep, original_precision: str, patched_precisions: Iterable[str], 
             "details": details, "applies": applies}
 
 
+def seed_band(sweep, metric: str) -> pd.DataFrame:
+    """Per variant and step, ``metric`` over the seeds: ``[variant, step, n, mean, low, high]`` with ``low``/``high``
+    the smallest and largest seed's value (the seed band of the plot)."""
+    hist = sweep.history
+    if metric not in hist.columns:
+        return pd.DataFrame(columns=["variant", "step", "n", "mean", "low", "high"])
+    variants = {r["run"]: variant_of(r) for _, r in sweep.runs.iterrows()}
+    h = hist[["run", "step", metric]].dropna()
+    h = h.assign(variant=h["run"].map(variants))
+    g = h.groupby(["variant", "step"], sort=True)[metric]
+    return g.agg(n="count", mean="mean", low="min", high="max").reset_index()
+
+
+def plot_seed_bands(sweep, metric: str, path, title: str):
+    """PNG of ``metric`` over steps, one line per variant (mean over seeds) with the min–max seed band; None when no
+    run logged ``metric``."""
+    from pathlib import Path
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    band = seed_band(sweep, metric)
+    if band.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for variant, g in band.groupby("variant", sort=True):
+        n = int(g["n"].max())
+        line, = ax.plot(g["step"], g["mean"], marker="o", ms=3, label=f"{variant} (mean of {n} seed(s))")
+        ax.fill_between(g["step"], g["low"], g["high"], color=line.get_color(), alpha=0.2)
+    ax.set_xlabel("step")
+    ax.set_ylabel(metric)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def headline(sweep, original_precision: str, patched_precisions: Iterable[str]) -> Optional[str]:
+    """The first-screen sentence on final held-out JSD (one per patched variant), or None when the sweep has no
+    seed-paired runs with ``eval/jsd``."""
+    finals = final_values(sweep, [EVAL_JSD])
+    if finals.empty:
+        return None
+    pairs = paired_differences(finals, original_precision, list(patched_precisions), [EVAL_JSD])
+    if pairs.empty:
+        return None
+    table = pooled(pairs, [EVAL_JSD])
+    return " ".join(outcome_sentence(r) for _, r in table.iterrows())
+
+
+def report_section(sweep, doc, report_dir, original_precision: str, patched_precisions: Iterable[str]) -> None:
+    """The report's held-out section: per-variant finals with t intervals, the seed-paired differences (per seed and
+    pooled), and held-out JSD / the FP64 training objective / grad_norm over steps with the seed band."""
+    from pathlib import Path
+
+    from harness.contract import SPOT_LOSS_FP64, TRAIN_GRAD_NORM
+
+    doc.heading("Held-out outcome across seeds")
+    finals = final_values(sweep)
+    if finals.empty:
+        doc.para("No run logged the held-out evaluation (`monitor.eval.every_n_steps` = 0): no outcome measured.")
+        return
+    patched = list(patched_precisions)
+    doc.para(headline(sweep, original_precision, patched) or "No seed-paired original/patched runs: no difference "
+             "measured.")
+    doc.para("Final held-out metrics (the last evaluation of each run, FP64, `harness.rank.evaluation`): mean over "
+             "seeds and the 95% Student-t interval (mean ± t(0.975, n−1)·sd/√n).")
+    doc.table(variant_table(finals), caption="per variant: mean and 95% t interval over seeds")
+    pairs = paired_differences(finals, original_precision, patched)
+    if not pairs.empty:
+        cols = ["variant", "seed"] + [c for c in pairs.columns if c.startswith(EVAL_JSD + ":")]
+        doc.table(pairs[cols], caption="per seed: patched − original final eval/jsd (same seed = same init and data "
+                                       "order)")
+        doc.table(pooled(pairs), caption="pooled over seeds: mean difference and relative difference, 95% t interval")
+    report_dir = Path(report_dir)
+    for metric, name, what in ((EVAL_JSD, "eval_jsd_bands.png", "held-out JSD"),
+                               (SPOT_LOSS_FP64, "loss_fp64_bands.png", "FP64 training objective (spot checks)"),
+                               (TRAIN_GRAD_NORM, "grad_norm_bands.png", "grad_norm")):
+        png = plot_seed_bands(sweep, metric, report_dir / name, f"{what} over steps")
+        if png is not None:
+            doc.image(png, f"{metric} over steps per variant: mean over seeds, band = smallest to largest seed")
+
+
 __all__ = ["OUTCOME_METRICS", "PAIR_COLUMNS", "t_interval", "variant_of", "final_values", "variant_table",
            "paired_differences", "pooled", "outcome_sentence", "patched_not_worse", "REQUIRED_IN_GROUPS",
-           "required_here"]
+           "required_here", "seed_band", "plot_seed_bands", "headline", "report_section"]

@@ -257,6 +257,11 @@ def _write_report(sweep: Sweep, report_dir: Path, cfg: SignoffCriteria, captures
     versions = {c: runs[c].dropna().unique().tolist() for c in runs.columns if c.startswith("version.")}
     if versions:
         doc.para("Versions: " + "; ".join(f"{k[8:]} {', '.join(map(str, v))}" for k, v in versions.items()))
+    from analysis import outcome  # issue 20: the held-out effect in one sentence on the first screen
+
+    effect = outcome.headline(sweep, cfg.original_precision, cfg.patched_precisions)
+    if effect:
+        doc.para("Held-out outcome: " + effect)
     doc.toc()
 
     doc.heading("Criteria")
@@ -272,6 +277,8 @@ def _write_report(sweep: Sweep, report_dir: Path, cfg: SignoffCriteria, captures
     doc.heading("Runs")
     doc.para("Failed and incomplete runs are listed here and counted by the criteria; none is dropped.")
     doc.table(runs[[c for c in _RUN_COLS if c in runs.columns]], max_rows=250)
+
+    outcome.report_section(sweep, doc, report_dir, cfg.original_precision, cfg.patched_precisions)
 
     doc.heading("Original vs patched: loss and grad_norm")
     doc.para("Original = `loss.precision=native` (upstream arithmetic), patched = `fp32`, reference = `fp64`. "
