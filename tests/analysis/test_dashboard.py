@@ -155,6 +155,10 @@ def test_every_panel_metric_is_in_every_run_history(dashboard_sweep, spec):
         logged = {k for row in r.scan_history() for k in row}
         assert metrics <= logged, f"wandb run {r.name} history lacks {sorted(metrics - logged)}"
         assert metrics <= set(r.summary), f"wandb run {r.name} summary lacks {sorted(metrics - set(r.summary))}"
+        # the line plots' x (train/global_step) is on every row a panel plots, counting optimizer steps from 1
+        rows = [row for row in r.scan_history() if metrics & set(row)]
+        assert rows and all("train/global_step" in row for row in rows), r.name
+        assert rows[0]["train/global_step"] == 1 and rows[0].get("_step") == 0, rows[0]
     assert "spot/param_grad_rel_l2" not in metrics
 
 
