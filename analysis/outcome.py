@@ -170,8 +170,17 @@ def outcome_sentence(row: Optional[pd.Series], original: str = "the original") -
                 f"difference resolved).")
     lo, hi = 1 + row["rel_low"], 1 + row["rel_high"]
     tail = "; no difference resolved" if lo <= 1 <= hi else ""
-    return (f"{row['variant']} ends at {ratio:.3g}× {original}'s held-out JSD (95% t interval {lo:.3g}–{hi:.3g}, "
+    d = ratio_decimals(hi - lo)
+    return (f"{row['variant']} ends at {ratio:.{d}f}× {original}'s held-out JSD (95% t interval {lo:.{d}f}–{hi:.{d}f}, "
             f"{n} seeds{tail}).")
+
+
+def ratio_decimals(width: float) -> int:
+    """Decimals that show an interval of ``width`` on a ratio near 1: 2 for a width of 0.06 (``0.93×, 0.90–0.96``),
+    5 for 8e-5 (``1.00004×, 1.00000–1.00008``); at most 9."""
+    if not width > 0 or math.isnan(width):
+        return 2
+    return int(min(9, max(2, math.ceil(-math.log10(width)))))
 
 
 def patched_not_worse(sweep, original_precision: str, patched_precisions: Iterable[str], margin: float) -> dict:
@@ -312,4 +321,4 @@ def report_section(sweep, doc, report_dir, original_precision: str, patched_prec
 
 __all__ = ["OUTCOME_METRICS", "PAIR_COLUMNS", "t_interval", "variant_of", "final_values", "variant_table",
            "paired_differences", "pooled", "outcome_sentence", "patched_not_worse", "REQUIRED_IN_GROUPS",
-           "required_here", "seed_band", "plot_seed_bands", "headline", "report_section"]
+           "required_here", "ratio_decimals", "seed_band", "plot_seed_bands", "headline", "report_section"]

@@ -111,19 +111,21 @@ def test_patched_not_worse_is_required_in_the_outcome_experiments(tmp_path, grou
 
 def test_report_section_states_the_effect_and_plots_the_seed_band(tmp_path):
     from analysis.document import Document
-    from analysis.outcome import headline, report_section, seed_band
+    from analysis.outcome import headline, ratio_decimals, report_section, seed_band
 
     sweep = _sweep(tmp_path / "sweep")
     rels = [(FINAL[("fp32", s)] - FINAL[("native", s)]) / FINAL[("native", s)] for s in (1, 2, 3)]
     m, lo, hi = (1 + x for x in _hand_mean_ci(rels))
     line = headline(sweep, "native", ["fp32"])
-    assert line == (f"fp32/paper ends at {m:.3g}× the original's held-out JSD (95% t interval {lo:.3g}–{hi:.3g}, "
+    assert 0.9 < lo < m < 1 < hi < 1.1  # width 0.07: two decimals, as in 0.93× (0.90–0.96)
+    assert line == (f"fp32/paper ends at {m:.2f}× the original's held-out JSD (95% t interval {lo:.2f}–{hi:.2f}, "
                     "3 seeds; no difference resolved).")
     band = seed_band(sweep, EVAL_JSD).set_index(["variant", "step"])
     xs = [FINAL[("native", s)] for s in (1, 2, 3)]
     assert band.loc[("native/paper", STEPS), "n"] == 3
     assert (band.loc[("native/paper", STEPS), "low"], band.loc[("native/paper", STEPS), "high"]) == (min(xs), max(xs))
     assert band.loc[("native/paper", 5), "mean"] == pytest.approx(2 * sum(xs) / 3, rel=1e-12)
+    assert [ratio_decimals(w) for w in (0.06, 8e-5, 0.5, 1e-12)] == [2, 5, 2, 9]
     doc = Document("t")
     report_section(sweep, doc, tmp_path, "native", ["fp32"])
     assert line in doc.to_markdown() and (tmp_path / "eval_jsd_bands.png").stat().st_size > 0
