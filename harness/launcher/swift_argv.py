@@ -166,7 +166,10 @@ def check_megatron_layout(cfg: TrainConfig, layout: NodeLayout) -> tuple[int, in
     - the processes (``backend.nproc_per_node`` x ``backend.nnodes``) divide by TP x PP x CP;
     - the global batch divides by micro batch x data-parallel size (one micro-batch at least);
     - on-policy (``gkd.lmbda`` > 0): each data-parallel rank's batch (global / DP) divides by TP x PP x CP;
-    - ``run.resume=true`` is refused: no Megatron checkpoint is saved (``--no_save_optim``), none is resumed.
+    - ``run.resume=true`` is refused: no Megatron checkpoint is saved (``--no_save_optim``), none is resumed;
+    - ``monitor.spot_check.param_grad=true`` with ``backend.recompute_granularity`` full / selective is refused:
+      megatron-core's activation checkpointing raises under the check's ``torch.autograd.grad`` (null passes
+      ``--recompute_granularity none`` then, :func:`megatron_argv`).
 
     Raises:
         ConfigError: naming the keys of the impossible layout.
@@ -178,6 +181,11 @@ def check_megatron_layout(cfg: TrainConfig, layout: NodeLayout) -> tuple[int, in
         raise ConfigError("run.resume", "not supported on backend=megatron: the harness saves no Megatron "
                           "checkpoint (--no_save_optim, no run.save_steps) and cannot resume one; rerun without "
                           "run.resume=true to restart the run (the earlier attempt is archived)")
+    if _param_grad_on(cfg) and backend.recompute_granularity not in (None, "none"):
+        raise ConfigError("backend.recompute_granularity",
+                          f"{backend.recompute_granularity} cannot be combined with monitor.spot_check.param_grad=true "
+                          "on backend=megatron: megatron-core's activation checkpointing does not support the "
+                          "check's torch.autograd.grad; use none (or null), or turn the check off")
     mp, world = _model_parallel(backend), layout.world_size
     if world % mp:
         raise ConfigError("backend.tensor_model_parallel_size",
@@ -196,6 +204,12 @@ def check_megatron_layout(cfg: TrainConfig, layout: NodeLayout) -> tuple[int, in
                           f"ms-swift splits over {_MP_KEYS} = {mp} ranks (gkd.lmbda={cfg.gkd.lmbda} > 0): use a "
                           f"multiple of {dp * mp}, or null for the default")
     return dp, gbs
+
+
+def _param_grad_on(cfg: TrainConfig) -> bool:
+    """``monitor.spot_check.param_grad`` in effect (monitoring on, spot checks on)."""
+    mon = cfg.monitor
+    return bool(mon.enabled and mon.spot_check.every_n_steps and mon.spot_check.param_grad)
 
 
 def megatron_batch_note(cfg: TrainConfig, layout: NodeLayout) -> str:
@@ -242,6 +256,8 @@ def megatron_argv(cfg: TrainConfig, inputs: ResolvedInputs, run_dir: str | Path,
             argv += ["--wandb_exp_name", run_name]
     if backend.recompute_granularity:
         argv += ["--recompute_granularity", backend.recompute_granularity]
+    elif _param_grad_on(cfg):  # ms-swift's default (selective) would stop the parameter-gradient spot check
+        argv += ["--recompute_granularity", "none"]
     return argv + list(run.extra_args)
 
 

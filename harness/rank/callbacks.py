@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any, Dict
 
-from harness.contract import CALLBACK_NAME
+from harness.contract import CALLBACK_NAME, WANDB_DIR
 from harness.rank import state
 from harness.rank.state import logger
 
@@ -156,6 +156,27 @@ def _megatron_writer() -> bool:
     return bool(is_last_rank())
 
 
+def _megatron_params(trainer) -> Any:
+    """``() -> [parameter]``: this rank's trainable student parameters in ms-swift's Megatron trainer, over every
+    model chunk of ``trainer.unwrapped_models`` (one per virtual pipeline stage; with LoRA the adapters are the
+    trainable ones). Under TP or PP they are this rank's shards / stages, so ``spot/param_grad_rel_l2`` is per rank
+    (the metric keeps the largest).
+
+    With activation recompute on (``args.recompute_granularity``; ms-swift's default is ``selective``) none are
+    handed: megatron-core's checkpoint functions raise "Checkpointing is not compatible with .grad()" under the
+    spot check's ``torch.autograd.grad`` (``megatron/core/tensor_parallel/random.py``), which would stop the run.
+    gkd-train passes ``--recompute_granularity none`` when the check is on (``harness.launcher.swift_argv``).
+    """
+    recompute = getattr(trainer.args, "recompute_granularity", None)
+    if recompute:
+        logger.warning(f"spot/param_grad_rel_l2 not measured: recompute_granularity={recompute} (megatron-core's "
+                       "activation checkpointing does not support torch.autograd.grad); set "
+                       "backend.recompute_granularity=none")
+        return lambda: []
+    models = list(getattr(trainer, "unwrapped_models", None) or [])
+    return lambda: [p for m in models for p in m.parameters() if p.requires_grad]
+
+
 def _make_megatron_callback():
     from swift.megatron.callbacks.base import MegatronCallback
 
@@ -170,8 +191,11 @@ def _make_megatron_callback():
             import torch.distributed as dist
             from swift.utils import get_current_device
 
-            if state.STATE.instrument is not None:
-                state.STATE.instrument.where.bind_rank_device(get_current_device())  # set per rank by now
+            inst = state.STATE.instrument
+            if inst is not None:
+                inst.where.bind_rank_device(get_current_device())  # set per rank by now
+                if inst.param_grad:  # the model for monitor.spot_check.param_grad, as on HF
+                    inst.params = _megatron_params(self.trainer)
             world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
             _record_start(world, is_writer=_megatron_writer())
 
@@ -210,8 +234,30 @@ def _make_megatron_callback():
     return HarnessMegatronCallback
 
 
+def _make_megatron_wandb_callback(base):
+    """ms-swift's Megatron wandb callback (``base``, ``swift/megatron/callbacks/wandb.py``) with its files in the run
+    folder's ``wandb/``, where the HF backend's go (``<run>/wandb/wandb/offline-run-*``).
+
+    ms-swift calls ``wandb.init(dir=output_dir)`` on the last rank, and an explicit ``dir`` wins over
+    ``WANDB_DIR``: with gkd-train's ``--output_dir <run>/swift`` the files landed in ``<run>/swift/wandb/``, outside
+    the documented ``wandb sync`` glob. Everything else (run name, project, config, logging) is ms-swift's.
+    """
+
+    class RunFolderWandbCallback(base):
+        def setup(self):
+            st = state.STATE
+            if st is not None and st.settings is not None:
+                self.save_dir = os.path.join(st.settings.run_dir, WANDB_DIR)
+                os.makedirs(self.save_dir, exist_ok=True)  # wandb falls back to /tmp for a missing dir
+            super().setup()
+
+    RunFolderWandbCallback._gkd_harness = True
+    return RunFolderWandbCallback
+
+
 def register_callbacks() -> Dict[str, str]:
-    """Put the harness callback into ms-swift's HF and Megatron callback maps under ``gkd_harness``."""
+    """Put the harness callback into ms-swift's HF and Megatron callback maps under ``gkd_harness``, and point
+    the Megatron map's ``wandb`` callback at the run folder's ``wandb/`` (:func:`_make_megatron_wandb_callback`)."""
     result = {}
     for name, make, mod_name in (("hf", _make_hf_callback, "swift.callbacks"),
                                  ("megatron", _make_megatron_callback, "swift.megatron.callbacks")):
@@ -219,6 +265,9 @@ def register_callbacks() -> Dict[str, str]:
             mod = importlib.import_module(mod_name)
             cb_map = mod.callbacks_map if name == "hf" else mod.megatron_callbacks_map
             cb_map[CALLBACK_NAME] = make()
+            wandb_cb = cb_map.get("wandb")
+            if name == "megatron" and wandb_cb is not None and not getattr(wandb_cb, "_gkd_harness", False):
+                cb_map["wandb"] = _make_megatron_wandb_callback(wandb_cb)
             result[name] = "registered"
         except Exception as e:  # noqa: BLE001
             result[name] = f"skipped: {type(e).__name__}: {e}"
