@@ -31,7 +31,7 @@ import os
 from typing import Callable, Dict, Optional
 
 from harness.config.schema import from_dict
-from harness.contract import CAPTURES_DIR, PLUGIN_MODULE, SETTINGS_ENV, PluginSettings
+from harness.contract import CANDIDATE, CAPTURES_DIR, PLUGIN_MODULE, SETTINGS_ENV, PluginSettings
 from harness.rank import state
 from harness.rank.boundary import DtypeBoundary
 from harness.rank.callbacks import register_callbacks
@@ -59,13 +59,20 @@ def build_loss(settings: PluginSettings, cfg):
 
     precision, beta_form = cfg.loss.precision, cfg.loss.beta_form
     mon = cfg.monitor
+    if precision == CANDIDATE:  # a fix loaded from loss.source, installed exactly like a built-in variant
+        from harness.loss.candidate import candidate_terms, load_candidate, run_source
+
+        run_loss = load_candidate(run_source(cfg.loss.source, settings.run_dir), cfg.loss.name).gkd_loss
+        run_terms = candidate_terms(run_loss, mon.spot_check.max_tokens)
+    else:
+        run_loss, run_terms = make_gkd_loss(precision, beta_form), make_gkd_loss_terms(precision, beta_form)
     instrument = None
     if mon.enabled:
         from harness.rank.instrument import LossInstrument, build_metrics
 
         capture_dir = os.path.join(settings.run_dir, CAPTURES_DIR) if mon.capture else None
         instrument = LossInstrument(
-            make_gkd_loss_terms(precision, beta_form), make_gkd_loss_terms("fp64", beta_form),
+            run_terms, make_gkd_loss_terms("fp64", beta_form),
             build_metrics(param_grad=mon.spot_check.param_grad), spot_every=mon.spot_check.every_n_steps,
             spot_max_tokens=mon.spot_check.max_tokens, param_grad=mon.spot_check.param_grad,
             capture_dir=capture_dir, meta={"precision": precision, "beta_form": beta_form}, rank=global_rank(),
@@ -75,11 +82,11 @@ def build_loss(settings: PluginSettings, cfg):
             instrument.metrics[key].total = float(value)
         inner = instrument
     else:
-        inner = make_gkd_loss(precision, beta_form)
+        inner = run_loss
     if mon.eval.every_n_steps:  # the held-out evaluation sees the logits as they reach the loss
         from harness.rank.evaluation import EvalTap
 
-        inner = EvalTap(inner, make_gkd_loss(precision, beta_form), beta_form)
+        inner = EvalTap(inner, run_loss, beta_form)
     boundary = DtypeBoundary(inner, DTYPES_BY_NAME.get(cfg.model.student_dtype),
                              DTYPES_BY_NAME.get(cfg.model.teacher_dtype))
     return boundary, instrument

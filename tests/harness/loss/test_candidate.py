@@ -235,3 +235,38 @@ def test_ranks_load_the_run_folders_copy(tmp_path):
     assert run_source(str(GOOD), str(tmp_path)) == str(tmp_path / "candidate" / GOOD.name)
     assert run_source("swift.rlhf_trainers.gkd_loss", str(tmp_path)) == "swift.rlhf_trainers.gkd_loss"
     assert load_candidate(run_source(str(GOOD), str(tmp_path))).sha256 == load_candidate(str(GOOD)).sha256
+
+
+def test_plugin_installs_the_candidate_behind_the_boundary_and_the_instrument(tmp_path):
+    """The rank side: build_loss loads the run folder's copy, the dtype boundary and the instrument wrap it, and
+    rebind_gkd_loss puts it where ms-swift's trainers call gkd_loss; the value is the candidate's own."""
+    import dataclasses
+
+    from harness.contract import LOSS_CALLS_TOTAL, SPOT_LOSS_FP64
+    from harness.launcher.compose import point_config
+    from harness.launcher.run import plugin_settings
+    from harness.loss.candidate import keep_in_run_folder
+    from harness.losses import DTYPES_BY_NAME
+    from harness.rank.plugin import build_loss, rebind_gkd_loss
+
+    cfg, run_dir = point_config(["loss=candidate", f"loss.source={GOOD}", "monitor.spot_check.every_n_steps=1"],
+                                run_dir=tmp_path)
+    keep_in_run_folder(str(GOOD), None, str(run_dir))
+    boundary, inst = build_loss(plugin_settings(cfg, run_dir), cfg)
+    case = make_case("fp32", "fp32", "full", True, 5, seq=8)
+    s = case.student.clone().requires_grad_(True)
+    total, n = boundary(s, case.teacher, case.labels, 0.5, 0.9)
+    cast = DTYPES_BY_NAME.get(cfg.model.teacher_dtype) or case.teacher.full_logits.dtype
+    t = dataclasses.replace(case.teacher, full_logits=case.teacher.full_logits.to(cast))
+    want, want_n = load_candidate(str(GOOD)).gkd_loss(case.student, t, case.labels, 0.5, 0.9)
+    assert torch.equal(total.detach(), want) and int(n) == int(want_n)
+    assert inst.calls == 1 and inst.metrics[LOSS_CALLS_TOTAL].value == 1
+    assert inst.metrics[SPOT_LOSS_FP64].count == 1  # the FP64 spot check ran on the candidate's call
+    import swift.rlhf_trainers.gkd_trainer as hf
+
+    before = hf.gkd_loss
+    try:
+        assert rebind_gkd_loss(boundary, modules=(hf.__name__, )) == {hf.__name__: "rebound"}
+        assert hf.gkd_loss is boundary
+    finally:
+        hf.gkd_loss = before
