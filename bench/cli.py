@@ -30,13 +30,16 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from bench.spot_cases import SPOT_GROUPS, spot_goals
+
 RESULT_TAG = "GKD_BENCH_RESULT "
 SCALE = ("full_n4", "full_n16", "topk_k8", "topk_k512")  # bench.cases.SCALE_GROUPS (kept torch-free here)
-GROUPS = ("topk", "full", "spot_topk", "spot_full", "instr", "e2e", "analysis", "wide") + SCALE
+SPOT_WIDE = tuple(SPOT_GROUPS)  # bench.spot_cases: spot checks at V=248,320 (--only spot_wide spot_topk_wide)
+GROUPS = ("topk", "full", "spot_topk", "spot_full", "instr", "e2e", "analysis", "wide") + SCALE + SPOT_WIDE
 GROUP_CHOICES = GROUPS + ("scale", )  # --only scale = the four scaling groups
 DEFAULT_GROUPS = ("topk", "full", "spot_topk", "spot_full", "instr", "analysis")
 DEFAULT_GROUPS_QUICK = DEFAULT_GROUPS
-MEMORY_GROUPS = ("topk", "full", "wide") + SCALE
+MEMORY_GROUPS = ("topk", "full", "wide") + SCALE + SPOT_WIDE
 #: Groups timed in the first round only (one slow call per size on a CPU; the scaling table, not a goal).
 FIRST_ROUND_ONLY = SCALE
 NOTES_MARKER = "<!-- notes below are kept when the benchmark regenerates this file -->"
@@ -69,6 +72,7 @@ GOALS = (
     Goal("instr_topk/monitor_off", "syncs_added", 0, "device→host syncs added per loss call, monitoring off = 0"),
     Goal("analysis/report", "seconds", 10.0, "sign-off report, 200 runs × 2,000 steps ≤ 10 s"),
 )
+GOALS = GOALS + spot_goals(Goal)
 
 # ---------------------------------------------------------------------------
 # Plan
@@ -82,6 +86,8 @@ def group_cases(group: str) -> List[str]:
         if os.environ.get("GKD_BENCH_PROTO") and group in ("topk", "full"):
             extra = [f"{group}/proto_fp32", f"{group}/proto_continuous"]
         return [f"{group}/{v}" for v in LOSS_CASES[group]] + extra
+    if group in SPOT_GROUPS:
+        return [f"{group}/{v}" for v in SPOT_GROUPS[group]]
     if group == "e2e":
         return ["e2e/monitor_off", "e2e/monitor_on"]
     if group == "instr":
@@ -151,12 +157,14 @@ def _worker(args) -> Dict:
         return out
 
     from bench.cases import build_case, case_shape, memory_guard
-    if group in MEMORY_GROUPS:
+    if group in MEMORY_GROUPS and group not in SPOT_WIDE:
         out["shape"] = case_shape(name, _sizes(args))
         reason = memory_guard(name, _sizes(args), args.device)
         if reason:  # reported as not run, with the estimate (the scaling table's largest N on a small machine)
             out["skipped"] = reason
             return out
+    if group in SPOT_WIDE:
+        from bench.spot_cases import build_spot_case as build_case
     case = build_case(name, _sizes(args), args.device)
     out["note"] = case.note
     if args.mode == "mem":

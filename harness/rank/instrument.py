@@ -307,9 +307,12 @@ def _spot_pieces(student_logits, teacher_output, labels, max_tokens: int, extra:
         ids = teacher_output.topk_indices.reshape(-1, k)[t_ids]
         vals = teacher_output.topk_logprobs.reshape(-1, k)[t_ids].detach()
         gather = extra.get("gather_fn", default_gather)
-        step = max(1, SPOT_CHUNK_ELEMENTS // max(1, vocab))
-        s_k = torch.cat([gather(s_rows[s_ids[i:i + step]], ids[i:i + step]) for i in range(0, n, step)]) if n else \
-            s_rows.new_zeros((0, k))
+        if gather is default_gather:  # straight from the rows: no [rows, V] copy
+            s_k = s_rows[s_ids[:, None], ids]
+        else:  # the call's own (TP-aware) gather, on row chunks
+            step = max(1, SPOT_CHUNK_ELEMENTS // max(1, vocab))
+            s_k = torch.cat([gather(s_rows[s_ids[i:i + step]], ids[i:i + step]) for i in range(0, n, step)]) \
+                if n else s_rows.new_zeros((0, k))
         lab = torch.zeros((1, n), dtype=torch.long, device=dev)
         local = torch.arange(k, device=ids.device).expand(n, k)
         teacher = TeacherOutput(topk_logprobs=vals[None], topk_indices=local[None], labels=lab)

@@ -105,6 +105,51 @@ def test_topk_spot_check_against_reference():
     assert vals["spot/grad_rel_l2"] <= 1e-3
 
 
+@pytest.mark.parametrize("mode", ["full", "topk"])
+def test_spot_check_in_row_chunks_equals_one_piece(mode, monkeypatch):
+    """Issue 22: the full-vocabulary spot check runs row chunks (here 1 row each) and accumulates totals and norms;
+    top-k works on the student gathered at the teacher's ids (a V = 64 student, K = 8). Both agree with the
+    one-piece computation and with the independent reference."""
+    import harness.rank.instrument as instrument
+
+    s, t, labels = mixed_inputs(8, noise=0.3)
+    teacher = TeacherOutput(full_logits=t, labels=labels)
+    if mode == "topk":
+        teacher = teacher.to_topk(8)
+    args = (make_gkd_loss_terms("fp32", "paper"), make_gkd_loss_terms("fp64", "paper"), s, teacher, labels, BETA, T)
+    whole = spot_check(*args, max_tokens=9)
+    monkeypatch.setattr(instrument, "SPOT_CHUNK_ELEMENTS", 1)
+    chunked = spot_check(*args, max_tokens=9)
+    assert chunked["spot/loss_fp64"] == pytest.approx(whole["spot/loss_fp64"], rel=1e-12)
+    for k in ("spot/loss", "spot/grad_rel_l2"):  # fp32 totals summed in another grouping
+        assert chunked[k] == pytest.approx(whole[k], rel=1e-6), k
+    rows = labels != -100
+    keep = torch.arange(int(rows.sum())) < 9
+    if mode == "full":
+        ref = reference_jsd(s[rows][keep], t[rows][keep], BETA, "paper", T).mean()
+    else:
+        s_k = torch.gather(s[rows][keep], -1, teacher.topk_indices[rows][keep])
+        ref = reference_jsd(s_k, teacher.topk_logprobs[rows][keep], BETA, "paper", T).mean()
+    assert whole["spot/loss_fp64"] == pytest.approx(float(ref), rel=1e-10)
+    assert whole["spot/grad_rel_l2"] <= 1e-4
+
+
+def test_spot_check_takes_the_calls_arguments_by_position_or_name():
+    """The extra gkd_loss arguments reach the check whether the trainer passes them by position or by name."""
+    s, t, labels = mixed_inputs(9)
+    teacher = TeacherOutput(full_logits=t, labels=labels).to_topk(8)
+    calls = []
+
+    def gather(logits, idx):
+        calls.append(tuple(logits.shape))
+        return torch.gather(logits, -1, idx)
+
+    base = (make_gkd_loss_terms("fp32", "paper"), make_gkd_loss_terms("fp64", "paper"), s, teacher, labels, BETA, T, 5)
+    by_pos = spot_check(*base, gather)
+    by_name = spot_check(*base, gather_fn=gather)
+    assert by_pos == by_name and calls and all(shape[-1] == 64 for shape in calls)
+
+
 @pytest.mark.parametrize("precision", ["native", "fp32"])
 def test_instrumentation_does_not_change_loss_or_gradient(precision, tmp_path):
     s, t, labels = mixed_inputs(3)
