@@ -11,12 +11,16 @@ Two independent axes select a variant:
       upcast. With the default primitives it computes the cancellation-free form (``_jsd_stable``) and its
       closed-form gradient chunk by chunk (``_FusedChunkedJSD``): promotion per chunk, the gradient kept in
       the student's dtype, no activation graph, so no FP32 copy of a whole ``[N, V]`` BF16 tensor is ever
-      alive. With injected primitives (Megatron's vocab-parallel ones) the textbook formula runs per chunk
-      with recompute-in-backward. The formula is chosen per row/element where a single one would lose digits
+      alive. With injected primitives (Megatron's vocab-parallel ones) the same form and closed-form gradient
+      run with every row sum through the injected ``kl_div_fn`` (``harness.loss.injected``); the textbook
+      formula (per chunk, recompute-in-backward) is left for different vocabulary sizes, a teacher with a
+      gradient or an explicit ``recompute``. The formula is chosen per row/element where a single one would lose digits
       (logits/T in the thousands, β within ~1/4 of an endpoint, |log T/S| > 30, nearly one-hot rows, −inf
       top-k log-probs); FP16 students' stored gradient is scaled per row by a power of two so a loss scale
       cannot meet an underflowed value. See docs/loss_accuracy.md.
-    - ``"fp64"``: everything in FP64 (textbook formula; NaN-safe KL for −inf top-k log-probs).
+    - ``"fp64"``: everything in FP64: the same cancellation-free form and closed-form gradient (exact on
+      super-confident and disjoint rows; the spot check's and gkd-replay's reference), the textbook formula
+      where ``fp32`` would use it (NaN-safe KL for −inf top-k log-probs).
 * ``beta_form``
     - ``"paper"``: ``β·KL(T‖M) + (1−β)·KL(S‖M)``, ``M = (1−β)·S + β·T`` (GKD paper, upstream).
     - ``"continuous"``: ``(1−β)·KL(T‖M) + β·KL(S‖M)`` with the same M: continuous at β→0/1 where the limits

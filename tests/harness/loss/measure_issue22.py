@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from harness.loss.reference import reference_gkd, reference_jsd  # noqa: E402
+from harness.loss.reference import reference_gkd  # noqa: E402
 from harness.losses import make_gkd_loss_terms  # noqa: E402
 from swift.rlhf_trainers.gkd_loss import TeacherOutput  # noqa: E402
 
