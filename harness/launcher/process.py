@@ -100,6 +100,8 @@ def _last_error_line(log_path: Path) -> str:
     # Wrappers' errors (torchrun's ChildFailedError, ms-swift's CalledProcessError) only say that a rank died;
     # the rank's own error, printed before them, is the one worth reporting.
     wrappers = ("ChildFailedError", "CalledProcessError")
+    # torchrun prefixes each rank's lines with "[rankN]: " when there are several
+    lines = [re.sub(r"^\s*\[rank\d+\]:\s?", "", line) for line in lines]
     errors = [line.strip() for line in lines
               if re.match(r"^\s*([A-Za-z_][\w.]*(Error|Exception)|AssertionError|KeyboardInterrupt)\b", line)]
     for line in reversed(errors):

@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any, Dict
 
-from harness.contract import CALLBACK_NAME, WANDB_DIR
+from harness.contract import CALLBACK_NAME, SUMMARY_FILE, WANDB_DIR
 from harness.rank import state
 from harness.rank.state import logger
 
@@ -35,6 +35,48 @@ def _record_start(world_size: int, is_writer: bool) -> None:
                              "versions": package_versions()})
     except Exception as e:  # noqa: BLE001 - tracking never kills training
         logger.warning(f"could not add the harness config to the wandb run: {e}")
+
+
+class RunFolderNotSharedError(RuntimeError):
+    """A rank does not see the run folder that gkd-train on node 0 created (multi-node needs a shared folder)."""
+
+
+def check_run_folder_shared() -> None:
+    """Multi-node (``NNODES`` > 1 in ms-swift's environment, a process group started): every rank checks that it
+    sees node 0's ``summary.json`` in the run folder, then one all-reduce (MIN) tells every rank the answer.
+
+    gkd-train on node 0 writes ``summary.json`` before it starts ms-swift, and no rank reaches training before
+    node 0's ms-swift joined the rendezvous, so a rank that does not see it is on a node with its own folder. The
+    rank that writes ``metrics.jsonl`` and the dtypes (the last rank on Megatron) may be one of them: without
+    this check node 0 ended only with "the harness plugin never reported". Raised on every rank, node 0's
+    ``swift.log`` included, so gkd-train on node 0 fails with this line.
+
+    Raises:
+        RunFolderNotSharedError: naming the folder and how to set it.
+    """
+    import torch
+    import torch.distributed as dist
+
+    try:
+        nnodes = int(os.environ.get("NNODES", "1") or 1)
+    except ValueError:
+        nnodes = 1
+    if nnodes <= 1 or not (dist.is_available() and dist.is_initialized()):
+        return
+    from swift.utils import get_current_device
+
+    folder = _run_folder()
+    seen = folder.summary_path.is_file()
+    flag = torch.tensor([1.0 if seen else 0.0], device=get_current_device())
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    if flag.item() < 1:
+        import socket
+
+        who = (f"rank {dist.get_rank()} on {socket.gethostname()}" if not seen else "a rank on another node")
+        raise RunFolderNotSharedError(
+            f"run folder {folder.path} is not shared by the {nnodes} nodes: {who} does not see node 0's "
+            f"{SUMMARY_FILE} there; set run.output_dir (or GKD_OUTPUT_ROOT) to a folder every node mounts at the "
+            "same path (NFS, Lustre, /shared/...)")
 
 
 def _check_finite_logs(logs: Dict[str, Any], step: int) -> None:
@@ -116,6 +158,7 @@ def _make_hf_callback():
                 # HF replaces a NaN/Inf step loss by the window's mean (0.0 right after a log): log it as it is
                 args.logging_nan_inf_filter = False
                 logger.info("logging_nan_inf_filter turned off: NaN/Inf losses are logged as themselves")
+            check_run_folder_shared()
             world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
             _record_start(world, is_writer=tstate.is_world_process_zero)
 
@@ -196,6 +239,7 @@ def _make_megatron_callback():
                 inst.where.bind_rank_device(get_current_device())  # set per rank by now
                 if inst.param_grad:  # the model for monitor.spot_check.param_grad, as on HF
                     inst.params = _megatron_params(self.trainer)
+            check_run_folder_shared()
             world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
             _record_start(world, is_writer=_megatron_writer())
 
