@@ -270,3 +270,24 @@ def test_plugin_installs_the_candidate_behind_the_boundary_and_the_instrument(tm
         assert hf.gkd_loss is boundary
     finally:
         hf.gkd_loss = before
+
+
+def test_wandb_config_carries_the_candidates_hash(tmp_path, monkeypatch):
+    """attach_to_wandb_run (inside ms-swift, on the rank owning the wandb run) adds the candidate's name, source
+    and sha256 to the run's config."""
+    import wandb
+
+    from harness.config.schema import to_dict
+    from harness.launcher.compose import point_config
+    from harness.rank.wandb_run import attach_to_wandb_run
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    cfg, _ = point_config(["loss=candidate", f"loss.source={GOOD}", "loss.name=pr-9"], run_dir=tmp_path)
+    run = wandb.init(dir=str(tmp_path), mode="offline", project="t")
+    try:
+        assert attach_to_wandb_run(to_dict(cfg))
+        conf = dict(run.config)
+        assert conf["harness.provenance.loss_sha256"] == loss_source_sha256("candidate", str(GOOD))
+        assert conf["harness.loss.name"] == "pr-9" and conf["harness.loss.source"] == str(GOOD)
+    finally:
+        wandb.finish()
