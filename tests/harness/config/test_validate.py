@@ -48,7 +48,7 @@ def test_default_config_is_valid():
     ("model.student_dtype", "fp8"), ("model.teacher_dtype", "half"), ("model.torch_dtype", "int8"),
     ("model.student", "/nonexistent/student"), ("model.teacher", "./no/such/teacher"),
     ("model.embedded.num_kv_heads", "3"), ("model.embedded.vocab_size", "100"),
-    ("model.embedded.teacher_noise", "-1.0"),
+    ("model.embedded.teacher_noise", "-1.0"), ("model.embedded.teacher", "oracle"),
     ("backend.name", "deepspeed"), ("backend.nproc_per_node", "0"),
     ("run.max_steps", "0"), ("run.seed", "x"), ("run.grad_accum", "0"), ("run.per_device_batch_size", "0"),
     ("run.learning_rate", "-1.0"), ("run.device", "tpu"), ("run.save_steps", "0"),
