@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from analysis.betacurve import (capture_inputs, endpoint_jumps, fp64_beta_curve, generalized_jsd_fp64,
-                                report001_inputs)
+                                beta_defect_inputs)
 
 
 def test_report001_table_reproduced():
     """The report's table (4 decimals): current = paper form, swapped = continuous form."""
-    s, t = report001_inputs()
+    s, t = beta_defect_inputs()
     c = fp64_beta_curve(s, t, [0.0, 0.001, 0.1, 0.5, 0.9, 0.999, 1.0]).pivot(index="beta", columns="form", values="D")
     expected = {  # beta: (paper, continuous)
         0.0: (1.9262, 1.9262), 0.001: (0.0019, 1.9069), 0.1: (0.1454, 1.0605), 0.5: (0.3492, 0.3492),
@@ -24,7 +24,7 @@ def test_report001_table_reproduced():
 
 
 def test_endpoint_jump_measured():
-    s, t = report001_inputs()
+    s, t = beta_defect_inputs()
     jumps = endpoint_jumps(fp64_beta_curve(s, t)).set_index("form")
     # paper: D(0.999)/D(1) ~ 0.001 (the jump); continuous: close to 1
     assert jumps.loc["paper", "D(high)/D(1)"] == pytest.approx(0.000992, rel=1e-2)

@@ -16,7 +16,7 @@ from matplotlib.lines import Line2D
 from PIL import Image
 
 from analysis import plots
-from analysis.betacurve import fp64_beta_curve, report001_inputs, training_beta_curve
+from analysis.betacurve import fp64_beta_curve, beta_defect_inputs, training_beta_curve
 from analysis.compare import negatives_table, spot_table
 from analysis.load import load_sweep
 from bench.synthetic import write_run
@@ -180,7 +180,7 @@ def test_spot_errors_figure(synthetic_sweep_dir, tmp_path, figs):
 
 
 def test_beta_curve_panels_need_two_betas(synthetic_sweep_dir, smoke_like, tmp_path, figs):
-    s, t = report001_inputs()
+    s, t = beta_defect_inputs()
     curve = fp64_beta_curve(s, t, (0.0, 0.01, 0.5, 0.99, 1.0))
     # one trained β (the smoke sweep): the FP64 panel only
     one = training_beta_curve(load_sweep(smoke_like), 3)
