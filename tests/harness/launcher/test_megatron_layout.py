@@ -36,7 +36,7 @@ def _swift_accepts(world: int, tp: int, pp: int, cp: int, micro: int, gbs: int, 
 
 
 def _cfg(experiment, tmp_path, *extra):
-    base = [f"experiment={experiment}", "run.dataset=x/y", f"run.output_dir={tmp_path / 'run'}"]
+    base = [f"experiment={experiment}", "run.dataset=x/y", "monitor.eval.dataset=x/val", f"run.output_dir={tmp_path / 'run'}"]
     if not isinstance(point_config(base)[0].backend, MegatronBackendConfig):  # an HF preset, laid out on Megatron
         base.append("backend=megatron_seed")
     return point_config([*base, *extra])
