@@ -24,27 +24,10 @@ from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 from harness.config.schema import ConfigError, TrainConfig
+from harness.config.source_files import find_module_file
 
 KEY = "loss.source"
 _CHECKED: Dict[Tuple[str, str], Optional[str]] = {}  # (source, sha256) -> refusal or None
-
-
-def _module_file(module: str) -> Optional[Path]:
-    parts = module.split(".")
-    try:
-        spec = importlib.util.find_spec(parts[0])
-    except (ImportError, ValueError):
-        return None
-    if spec is None:
-        return None
-    if len(parts) == 1:
-        return Path(spec.origin) if spec.origin and spec.origin.endswith(".py") else None
-    for root in spec.submodule_search_locations or []:
-        base = Path(root, *parts[1:])
-        for cand in (base.with_suffix(".py"), base / "__init__.py"):
-            if cand.is_file():
-                return cand
-    return None
 
 
 def _static_check(source: str) -> Optional[Path]:
@@ -60,7 +43,7 @@ def _static_check(source: str) -> Optional[Path]:
         module, _, attr = source.partition(":")
         if importlib.util.find_spec(module.split(".")[0]) is None:
             raise ConfigError(KEY, f"{source}: no module named {module.split('.')[0]!r}")
-        path = _module_file(module)
+        path = find_module_file(module)
         if path is None:
             return None
     try:

@@ -38,6 +38,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from harness.config.source_files import find_module_file
 from harness.contract import CANDIDATE_DIR
 
 #: The upstream module whose interface a candidate implements.
@@ -81,25 +82,6 @@ def resolve_source(source: str) -> SourceRef:
         raise CandidateError(f"loss.source: {source!r} is neither a .py file nor package.module[:attr]")
     module, _, attr = source.partition(":")
     return SourceRef(source, module=module, attr=attr or None)
-
-
-def find_module_file(module: str) -> Optional[Path]:
-    """The source file of ``module`` found without importing it or its packages (None if not found that way)."""
-    parts = module.split(".")
-    try:
-        spec = importlib.util.find_spec(parts[0])
-    except (ImportError, ValueError):
-        return None
-    if spec is None:
-        return None
-    if len(parts) == 1:
-        return Path(spec.origin) if spec.origin and spec.origin.endswith(".py") else None
-    for root in spec.submodule_search_locations or []:
-        base = Path(root, *parts[1:])
-        for cand in (base.with_suffix(".py"), base / "__init__.py"):
-            if cand.is_file():
-                return cand
-    return None
 
 
 def upstream_file() -> Optional[Path]:

@@ -18,6 +18,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from harness.config.source_files import source_file
+
 __all__ = ["provenance", "git_state", "loss_code_path", "sha256_path"]
 
 _HARNESS_DIR = Path(__file__).resolve().parents[1]  # harness/
@@ -40,37 +42,11 @@ def git_state(root: Path = _HARNESS_DIR.parent) -> Dict[str, Any]:
     return {"harness_commit": commit.strip(), "harness_dirty": None if status is None else bool(status.strip())}
 
 
-def _candidate_file(source: Optional[str]) -> Optional[Path]:
-    """The file of a candidate's ``loss.source`` (``PATH.py`` or ``package.module[:attr]``), found without importing."""
-    import importlib.util
-
-    if not source:
-        return None
-    p = Path(source).expanduser()
-    if source.endswith(".py") or "/" in source or p.exists():
-        return p.resolve() if p.is_file() else None
-    parts = source.partition(":")[0].split(".")
-    try:
-        spec = importlib.util.find_spec(parts[0])
-    except (ImportError, ValueError):
-        return None
-    if spec is None:
-        return None
-    if len(parts) == 1:
-        return Path(spec.origin) if spec.origin and spec.origin.endswith(".py") else None
-    for root in spec.submodule_search_locations or []:
-        base = Path(root, *parts[1:])
-        for cand in (base.with_suffix(".py"), base / "__init__.py"):
-            if cand.is_file():
-                return cand
-    return None
-
-
 def loss_code_path(precision: Optional[str], source: Optional[str] = None) -> Optional[Path]:
     """The file (``native``: upstream's installed gkd_loss.py; ``candidate``: the ``loss.source`` file) or folder
     (the harness's ``harness/loss``) whose code computes a run's loss."""
     if precision == "candidate":
-        return _candidate_file(source)
+        return source_file(source)
     if precision == "native":
         from importlib.metadata import PackageNotFoundError, distribution
 
