@@ -9,7 +9,7 @@ import torch
 from swift.rlhf_trainers import gkd_loss as upstream
 from swift.rlhf_trainers.gkd_loss import default_kl_div, default_log_softmax
 
-from harness.loss.stable import _jsd_stable, _jsd_stable_and_grad, _pow2_row_scale
+from harness.loss.stable import TorchRows, _jsd_stable, _jsd_stable_and_grad, _pow2_row_scale
 from harness.loss.textbook import _jsd_from_logprobs, _safe_kl
 
 def _prepare_chunk(s: torch.Tensor, t: torch.Tensor, cdtype: torch.dtype, temperature: Optional[float],
@@ -28,8 +28,9 @@ def _prepare_chunk(s: torch.Tensor, t: torch.Tensor, cdtype: torch.dtype, temper
 def _chunk_fn(precision, cdtype, temperature, align_vocab, beta, beta_form, log_softmax_fn, kl_div_fn):
     """The per-chunk computation ``(s [C, D], t [C, D']) -> [C]`` of a patched variant.
 
-    ``fp32`` with the default primitives uses the cancellation-free form; ``fp64`` (the reference) and any
-    injected primitives use the textbook formula.
+    Used where the fused path (:class:`_FusedChunkedJSD`) does not apply: unequal vocabularies, a teacher that needs
+    a gradient, or an explicit ``recompute``. ``fp32`` with the default primitives uses the cancellation-free form;
+    otherwise the textbook formula runs through the given primitives.
     """
     stable = precision == "fp32" and log_softmax_fn is default_log_softmax and kl_div_fn is default_kl_div
     if kl_div_fn is default_kl_div:
@@ -98,15 +99,19 @@ def _scaled(x: torch.Tensor, cd: torch.dtype, temperature: Optional[float]) -> t
 
 
 class _FusedChunkedJSD(torch.autograd.Function):
-    """Per-position JSD (:func:`_jsd_stable`) and its closed-form gradient in one pass per row chunk.
+    """Per-position JSD ``[N]`` (:func:`_jsd_stable`'s form) of ``s`` ``[N, D]`` (student, gradient) against ``t``
+    ``[N, D]`` (no gradient) and its closed-form gradient, in one pass per block of ``rows`` rows.
 
-    Only for ``fp32`` with the default primitives, equal vocabularies and a teacher without gradient. Forward
-    keeps ``∂JSD_i/∂z_s`` ``[N, D]`` in the student's dtype (no activation graph, nothing recomputed, no FP32
-    copy of BF16 inputs); backward scales it by the incoming per-position gradient (in the compute dtype).
+    Equal vocabularies and a teacher without gradient. ``ops`` does the row reductions:
+    :class:`~harness.loss.stable.TorchRows` (the default primitives; ``fp32`` and the ``fp64`` reference) or
+    :class:`~harness.loss.stable.InjectedRows` (ms-swift's injected ``log_softmax_fn`` / ``kl_div_fn``, vocab-parallel
+    under TP: a row may be a shard, and each rank keeps the derivative for its own shard). Forward keeps
+    ``∂JSD_i/∂z_s`` ``[N, D]`` in the student's dtype (no activation graph, nothing recomputed, no FP32 copy of BF16
+    inputs); backward scales it by the incoming per-position gradient (in the compute dtype).
     """
 
     @staticmethod
-    def forward(ctx, s, t, cd, temperature, beta, beta_form, rows):
+    def forward(ctx, s, t, cd, temperature, beta, beta_form, rows, ops=TorchRows):
         n = s.shape[0]
         need = ctx.needs_input_grad[0]
         out = torch.empty(n, dtype=cd, device=s.device)
@@ -118,7 +123,7 @@ class _FusedChunkedJSD(torch.autograd.Function):
         for start in range(0, n, rows):
             sl = slice(start, start + rows)
             loss, g = _jsd_stable_and_grad(_scaled(s[sl], cd, temperature), _scaled(t[sl], cd, temperature), beta,
-                                           beta_form, need)
+                                           beta_form, need, rows=ops)
             out[sl] = loss
             if need:
                 if row_scale is None and temperature is not None:
@@ -150,7 +155,7 @@ class _FusedChunkedJSD(torch.autograd.Function):
             for start in range(0, dz.shape[0], ctx.rows):
                 sl = slice(start, start + ctx.rows)
                 torch.mul(dz[sl], go[sl, None], out=grad_s[sl])
-        return grad_s, None, None, None, None, None, None
+        return grad_s, None, None, None, None, None, None, None
 
 
 #: Elements of one row block of the fused path, per device type. Every FP32 temporary of a block is this many

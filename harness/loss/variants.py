@@ -12,7 +12,7 @@ Two independent axes select a variant:
       closed-form gradient chunk by chunk (``_FusedChunkedJSD``): promotion per chunk, the gradient kept in
       the student's dtype, no activation graph, so no FP32 copy of a whole ``[N, V]`` BF16 tensor is ever
       alive. With injected primitives (Megatron's vocab-parallel ones) the same form and closed-form gradient
-      run with every row sum through the injected ``kl_div_fn`` (``harness.loss.injected``); the textbook
+      run with every row sum through the injected ``kl_div_fn`` (``harness.loss.stable.InjectedRows``); the textbook
       formula (per chunk, recompute-in-backward) is left for different vocabulary sizes, a teacher with a
       gradient or an explicit ``recompute``. The formula is chosen per row/element where a single one would lose digits
       (logits/T in the thousands, β within ~1/4 of an endpoint, |log T/S| > 30, nearly one-hot rows, −inf
@@ -50,7 +50,6 @@ from swift.rlhf_trainers.gkd_loss import (TeacherOutput, default_gather, default
                                           extract_active)
 
 from harness.loss.chunked import _chunk_fn, _FusedChunkedJSD, _RecomputedChunkedJSD, _rows_per_chunk, block_rows
-from harness.loss.injected import StableJSDWithRows
 from harness.loss.native import _jsd_native_chunk
 from harness.loss.stable import InjectedRows, TorchRows
 
@@ -188,7 +187,7 @@ def jsd_per_position(
             and not t_logits.requires_grad):
         # Fused closed-form gradient: no activation graph, no recompute; row blocks sized from the width.
         rows = block_rows(n, width, s_logits.device)
-        per_position = _FusedChunkedJSD.apply(s_logits, t_logits, cd, temperature, beta, beta_form, rows)
+        per_position = _FusedChunkedJSD.apply(s_logits, t_logits, cd, temperature, beta, beta_form, rows, TorchRows)
         return per_position, per_position.sum()
     if recompute is None and s_logits.shape[-1] == t_logits.shape[-1] and not t_logits.requires_grad:
         # Injected primitives (fp32) and the fp64 reference: the same cancellation-free form and closed-form
@@ -198,7 +197,7 @@ def jsd_per_position(
         in_itemsize = min(s_logits.element_size(), t_logits.element_size())
         rows = n if width <= 1024 else _rows_per_chunk(n, chunk_size, in_itemsize,
                                                        torch.empty((), dtype=cd).element_size())
-        per_position = StableJSDWithRows.apply(s_logits, t_logits, cd, temperature, beta, beta_form, rows, ops)
+        per_position = _FusedChunkedJSD.apply(s_logits, t_logits, cd, temperature, beta, beta_form, rows, ops)
         return per_position, per_position.sum()
     fn = _chunk_fn(precision, cd, temperature, align_vocab, beta, beta_form, log_softmax_fn, kl_div_fn)
     if recompute is None:
