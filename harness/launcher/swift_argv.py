@@ -39,6 +39,13 @@ class ResolvedInputs:
     val_dataset: Optional[str] = None  # the held-out split of monitor.eval (None: no evaluation)
 
 
+def _shared_args(cfg: TrainConfig, inputs: ResolvedInputs) -> List[str]:
+    """What ``swift rlhf`` and ``megatron rlhf`` both get first: GKD, the models, the dataset (no split: the held-out
+    evaluation brings its own file), full fine-tuning."""
+    return ["--rlhf_type", "gkd", *_model_args(cfg, inputs), "--check_model", "false", "--use_hf", "true",
+            "--dataset", inputs.dataset, "--split_dataset_ratio", "0", "--tuner_type", "full"]
+
+
 def _gkd_args(cfg: TrainConfig) -> List[str]:
     gkd = cfg.gkd
     args = ["--beta", _fmt(gkd.beta), "--temperature", _fmt(gkd.temperature), "--sft_alpha", _fmt(gkd.sft_alpha)]
@@ -100,10 +107,7 @@ def hf_argv(cfg: TrainConfig, inputs: ResolvedInputs, run_dir: str | Path, devic
     """
     backend: HFBackendConfig = cfg.backend
     run = cfg.run
-    argv = ["swift", "rlhf", "--rlhf_type", "gkd", *_model_args(cfg, inputs),
-            "--check_model", "false", "--use_hf", "true",
-            "--dataset", inputs.dataset, "--split_dataset_ratio", "0",
-            "--tuner_type", "full",
+    argv = ["swift", "rlhf", *_shared_args(cfg, inputs),
             "--max_steps", str(run.max_steps),
             "--per_device_train_batch_size", str(run.per_device_batch_size),
             "--gradient_accumulation_steps", str(run.grad_accum),
@@ -232,10 +236,7 @@ def megatron_argv(cfg: TrainConfig, inputs: ResolvedInputs, run_dir: str | Path,
     backend: MegatronBackendConfig = cfg.backend
     run = cfg.run
     _, gbs = check_megatron_layout(cfg, layout)
-    argv = ["megatron", "rlhf", "--rlhf_type", "gkd", *_model_args(cfg, inputs),
-            "--check_model", "false", "--use_hf", "true",
-            "--dataset", inputs.dataset, "--split_dataset_ratio", "0",
-            "--tuner_type", "full",
+    argv = ["megatron", "rlhf", *_shared_args(cfg, inputs),
             "--tensor_model_parallel_size", str(backend.tensor_model_parallel_size),
             "--pipeline_model_parallel_size", str(backend.pipeline_model_parallel_size),
             "--context_parallel_size", str(backend.context_parallel_size),
