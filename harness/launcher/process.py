@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -90,6 +91,25 @@ def stop_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
         proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         pass
+    # The ranks are grandchildren: SIGKILL reaches them at once, but they leave the process table only when they
+    # are gone; return once no member of the group still runs, so nothing of ms-swift outlives gkd-train.
+    deadline = time.monotonic() + grace_s
+    while _group_running(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _group_running(pgid: int) -> bool:
+    """Does any process of process group ``pgid`` still run (zombies, which only wait to be reaped, do not count)?"""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 def _last_error_line(log_path: Path) -> str:

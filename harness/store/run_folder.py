@@ -262,14 +262,26 @@ def _proc_start(pid: int) -> Optional[str]:
     return stat.rsplit(")", 1)[-1].split()[19]
 
 
+def _proc_state(pid: int) -> Optional[str]:
+    """The kernel's state letter of ``pid`` (field 3 of /proc/<pid>/stat: R, S, D, Z, ...), None if unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()[0]
+
+
 def pid_alive(pid: int, pid_start: Optional[str] = None) -> bool:
-    """Is process ``pid`` (on this host) alive, and the same process that recorded ``pid_start``?"""
+    """Is process ``pid`` (on this host) alive, and the same process that recorded ``pid_start``? A zombie (exited,
+    not yet reaped by its parent) is not alive."""
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass  # alive, another user's
+    if _proc_state(int(pid)) in ("Z", "X"):
+        return False
     if pid_start is not None:
         now = _proc_start(int(pid))
         if now is not None and now != pid_start:
