@@ -62,6 +62,28 @@ def run_gkd_train(overrides: Sequence[str], env: dict[str, str], cwd: Path, mult
                           timeout=timeout)
 
 
+def run_two_localhost_nodes(tmp_path: Path, port: str, node_overrides) -> tuple[list[int], dict[int, str]]:
+    """``gkd-train`` as node 0 and node 1 of a 2-node localhost rendezvous at ``port``, in parallel;
+    ``node_overrides(node)`` gives each node's overrides. Returns the exit codes and each node's console output."""
+    procs, logs = [], []
+    for node in (0, 1):
+        env = harness_env(tmp_path / "out", NNODES="2", NODE_RANK=str(node), MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=port)
+        log = open(tmp_path / f"node{node}.log", "w")
+        logs.append(log)
+        cmd = gkd_train_cmd([*node_overrides(node), f"hydra.run.dir={tmp_path}/hydra{node}"])
+        procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT))
+    try:
+        rcs = [p.wait(timeout=900) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for log in logs:
+            log.close()
+    return rcs, {n: (tmp_path / f"node{n}.log").read_text() for n in (0, 1)}
+
+
 def read_summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 

@@ -4,7 +4,6 @@ install not used), ms-swift's loss file loaded without its package __init__, one
 The full bare-image simulation (a venv with torch + transformers and the ms-swift wheel only) is a documented
 command in docs/cluster.md; these tests keep to seconds."""
 import json
-import os
 import subprocess
 import sys
 

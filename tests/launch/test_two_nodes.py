@@ -10,12 +10,11 @@ loss calls.
 """
 
 import json
-import subprocess
 
 import pytest
 
 from harness.launcher.node import free_port
-from tests.launch.helpers import gkd_train_cmd, harness_env, read_metrics, read_summary, tail
+from tests.launch.helpers import read_metrics, read_summary, run_two_localhost_nodes, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.parallel]
 
@@ -28,23 +27,7 @@ def test_two_node_localhost_run(tmp_path):
     overrides = ["experiment=smoke", "loss=original", f"run.max_steps={STEPS}", "run.grad_accum=1",
                  "backend.nproc_per_node=1", "run.device=cpu", "tracking.wandb.mode=disabled",
                  f"run.output_dir={run_dir}"]
-    procs, logs = [], []
-    for node in (0, 1):
-        env = harness_env(tmp_path / "out", NNODES="2", NODE_RANK=str(node), MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=port)
-        log = open(tmp_path / f"node{node}.log", "w")
-        logs.append(log)
-        procs.append(subprocess.Popen(gkd_train_cmd([*overrides, f"hydra.run.dir={tmp_path}/hydra{node}"]),
-                                      cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT))
-    try:
-        rcs = [p.wait(timeout=900) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for log in logs:
-            log.close()
-    out = {n: (tmp_path / f"node{n}.log").read_text() for n in (0, 1)}
+    rcs, out = run_two_localhost_nodes(tmp_path, port, lambda node: overrides)
     assert rcs == [0, 0], f"node0:\n{tail(out[0])}\n\nnode1:\n{tail(out[1])}"
 
     # each node ran ms-swift's torchrun with the node's place in the 2-node rendezvous (ms-swift's output goes to

@@ -8,12 +8,11 @@ node 0 could see (on Megatron, the last rank writes ``metrics.jsonl`` and the dt
 "the harness plugin never reported" at best.
 """
 
-import subprocess
 
 import pytest
 
 from harness.launcher.node import free_port
-from tests.launch.helpers import gkd_train_cmd, harness_env, read_summary, tail
+from tests.launch.helpers import read_summary, run_two_localhost_nodes, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.parallel]
 
@@ -23,23 +22,7 @@ def test_node_local_run_folder_is_refused_at_train_begin(tmp_path):
     port = str(free_port())
     overrides = ["experiment=smoke", "loss=original", "run.max_steps=2", "run.grad_accum=1",
                  "backend.nproc_per_node=1", "run.device=cpu", "tracking.wandb.mode=disabled"]
-    procs, logs = [], []
-    for node in (0, 1):
-        env = harness_env(tmp_path / "out", NNODES="2", NODE_RANK=str(node), MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=port)
-        log = open(tmp_path / f"node{node}.log", "w")
-        logs.append(log)
-        cmd = gkd_train_cmd([*overrides, f"run.output_dir={run_dirs[node]}", f"hydra.run.dir={tmp_path}/hydra{node}"])
-        procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT))
-    try:
-        rcs = [p.wait(timeout=900) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for log in logs:
-            log.close()
-    out = {n: (tmp_path / f"node{n}.log").read_text() for n in (0, 1)}
+    rcs, out = run_two_localhost_nodes(tmp_path, port, lambda node: [*overrides, f"run.output_dir={run_dirs[node]}"])
     assert rcs[0] != 0 and rcs[1] != 0, f"node0:\n{tail(out[0])}\n\nnode1:\n{tail(out[1])}"
 
     summary = read_summary(run_dirs[0])
