@@ -27,6 +27,7 @@ from typing import Any, Iterator, Sequence
 
 from omegaconf import OmegaConf
 
+from harness.config.schema import ConfigError
 from harness.launcher.compose import compose, point_config
 from harness.launcher.plan import format_command
 from harness.launcher.run import make_plan
@@ -136,7 +137,14 @@ def node_plan(cfg, run_dir: Path, node: int, nodes: int, gpus_per_node: int | No
 
 def dry_run(overrides: Sequence[str], max_points: int | None = None, base_env: dict[str, str] | None = None,
             wrap: bool = False) -> str:
-    """Render the dry run for a ``gkd-train -m <overrides>`` sweep on SLURM; returns the text."""
+    """Render the dry run for a ``gkd-train -m <overrides>`` sweep on SLURM; returns the text.
+
+    Raises:
+        ConfigError: a point's config is invalid (``harness.config.validate``), naming the key, as ``gkd-train``
+            would refuse it on the node.
+    """
+    from harness.config.validate import validate_config
+
     master = compose(overrides)
     launcher_target = str(master.hydra.launcher.get("_target_", ""))
     if not launcher_target.endswith("SlurmLauncher"):
@@ -156,6 +164,7 @@ def dry_run(overrides: Sequence[str], max_points: int | None = None, base_env: d
     for job in shown:
         name = point_name(job, master)
         cfg, run_dir = point_config(job, run_dir=sweep_dir / name, multirun=True)
+        validate_config(cfg)  # the same rules gkd-train applies first: a bad point fails here, in one line
         out.append(f"# ---- point {name or '(no overrides)'}  (run folder {run_dir}) ----")
         for node in range(nodes):
             plan = node_plan(cfg, run_dir, node, nodes, gpus, base_env)
@@ -180,7 +189,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     overrides = list(args.overrides)
     if not any(o.startswith("hydra/launcher=") for o in overrides):
         overrides.append("hydra/launcher=submitit_slurm")
-    sys.stdout.write(dry_run(overrides, max_points=args.max_points, wrap=args.wrap, base_env={"PATH": os.environ.get("PATH", "")}))
+    try:
+        text = dry_run(overrides, max_points=args.max_points, wrap=args.wrap,
+                       base_env={"PATH": os.environ.get("PATH", "")})
+    except (ConfigError, ValueError) as e:
+        print(f"python -m launch.slurm: invalid config: {e}", file=sys.stderr)
+        return 2
+    sys.stdout.write(text)
     return 0
 
 

@@ -122,3 +122,12 @@ def test_node_plan_is_the_plan_gkd_train_builds_on_that_node(tmp_path):
         assert plan.argv == direct.argv and plan.layout.env() == direct.layout.env()
         assert plan.layout.world_size == 16 and plan.data_parallel_size == 16
         assert plan.argv[plan.argv.index("--global_batch_size") + 1] == "16"
+
+
+def test_a_point_without_its_dataset_is_one_line_exit_2(capsys):
+    """Before: ``python -m launch.slurm experiment=precision_ab`` (no run.dataset) printed a TypeError traceback from
+    deep inside the plan; the dry run now applies gkd-train's own validation first."""
+    rc = main(["experiment=precision_ab"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1 and "run.dataset" in err, err
