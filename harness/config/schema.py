@@ -222,6 +222,7 @@ class MonitorConfig:
     enabled: bool = MISSING
     spot_check: SpotCheckConfig = MISSING
     capture: bool = MISSING
+    capture_max_tokens: int = MISSING   # rows kept per capture (harness.store.captures)
     fail_on_nonfinite: bool = MISSING
     eval: EvalConfig = MISSING
 

@@ -208,6 +208,7 @@ def validate_config(cfg: TrainConfig) -> None:
     if mon.spot_check.every_n_steps < 0:
         raise ConfigError("monitor.spot_check.every_n_steps", "must be >= 0 (0 = never)")
     _at_least("monitor.spot_check.max_tokens", mon.spot_check.max_tokens, 1)
+    _at_least("monitor.capture_max_tokens", mon.capture_max_tokens, 1)
     for key, on in (("monitor.spot_check.param_grad", mon.spot_check.param_grad), ("monitor.capture", mon.capture)):
         if on and (not mon.enabled or mon.spot_check.every_n_steps == 0):
             raise ConfigError(key, "needs monitor.enabled=true and monitor.spot_check.every_n_steps > 0")

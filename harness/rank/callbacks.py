@@ -118,6 +118,14 @@ def _record_log(logs: Dict[str, Any], step: int, is_writer: bool) -> None:
     _run_folder().update_summary(**fields)
 
 
+def _close_captures() -> None:
+    """Write the instrument's queued captures (``harness.rank.capture``) before the process ends."""
+    inst = state.STATE.instrument if state.STATE is not None else None
+    if inst is not None:
+        for err in inst.close():
+            logger.warning(err)
+
+
 def _finish_wandb_run() -> None:
     """Close this process's wandb run synchronously, so its files are complete when ms-swift exits.
 
@@ -179,6 +187,7 @@ def _make_hf_callback():
                 _check_finite_logs(logs, tstate.global_step)
 
         def on_train_end(self, args, tstate, control, **kwargs):
+            _close_captures()
             # Reporting callbacks (wandb's among them) come first in the trainer's list, so they are done here.
             _finish_wandb_run()
 
@@ -273,6 +282,7 @@ def _make_megatron_callback():
             _check_finite_logs(logs, int(self.state.iteration))
 
         def on_train_end(self):
+            _close_captures()
             _finish_wandb_run()
 
     return HarnessMegatronCallback

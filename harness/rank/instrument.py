@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 import sys
-from pathlib import Path
 from typing import Callable, Dict, Iterable, Optional
 
 import torch
@@ -435,7 +434,9 @@ class LossInstrument:
         spot_every: spot-check every N optimizer steps (0 = never); ``step`` is set by the trainer callback.
         spot_max_tokens: cap on the positions a spot check recomputes.
         param_grad: also compare the parameter gradient with the FP64 loss's on spot steps (needs ``params``).
-        capture_dir: if set, save the loss inputs of spot steps there as ``step{S}_rank{R}.safetensors``.
+        capture_dir: if set, save the loss inputs of spot steps there as ``step{S}_rank{R}.safetensors``
+            (:class:`harness.rank.capture.LossCapture`: whole under TP, written off the hot path; :meth:`close`).
+        capture_max_tokens: rows kept per capture (the first active ones, as the spot check takes them).
         meta: strings stored in captures (precision, beta_form, ...).
         fail_on_nonfinite: raise :class:`NonFiniteError` (naming the step) on a non-finite loss call, after
             recording it.
@@ -443,10 +444,12 @@ class LossInstrument:
 
     def __init__(self, terms_fn: Callable, ref_terms_fn: Callable, metrics: Dict[str, Metric], *, spot_every: int = 0,
                  spot_max_tokens: int = 256, param_grad: bool = False, capture_dir: Optional[str] = None,
-                 meta: Optional[dict] = None, rank: int = 0, fail_on_nonfinite: bool = False):
+                 meta: Optional[dict] = None, rank: int = 0, fail_on_nonfinite: bool = False,
+                 capture_max_tokens: int = 256):
         self.terms_fn, self.ref_terms_fn, self.metrics = terms_fn, ref_terms_fn, metrics
         self.spot_every, self.spot_max_tokens = int(spot_every or 0), int(spot_max_tokens)
         self.param_grad, self.capture_dir = bool(param_grad), capture_dir
+        self.capture = self._make_capture(capture_dir, capture_max_tokens, meta, rank)
         self.meta, self.rank = dict(meta or {}), rank
         self.fail_on_nonfinite = bool(fail_on_nonfinite)
         self.where: MetricDevice = getattr(metrics.get(LOSS_CALLS_TOTAL), "where", None) or MetricDevice()
@@ -536,9 +539,19 @@ class LossInstrument:
                 rel = param_grad_rel_l2(out.total / n, ref.total / n, list(self.params()))
                 if rel is not None:
                     self.metrics[SPOT_PARAM_GRAD_REL_L2].update(rel)
-        if self.capture_dir:
-            from harness.store.captures import save_capture
+        if self.capture is not None:
+            self.capture(self.step, student_logits, teacher_output, labels, beta, temperature,
+                         **_loss_kwargs(args, kwargs))
 
-            meta = {**self.meta, "step": self.step, "rank": self.rank}
-            path = Path(self.capture_dir) / f"step{self.step}_rank{self.rank}.safetensors"
-            save_capture(path, student_logits, teacher_output, labels, beta, temperature, meta)
+    @staticmethod
+    def _make_capture(capture_dir: Optional[str], max_tokens: int, meta: Optional[dict], rank: int):
+        """The :class:`harness.rank.capture.LossCapture` of ``capture_dir`` (None when captures are off)."""
+        if not capture_dir:
+            return None
+        from harness.rank.capture import LossCapture
+
+        return LossCapture(capture_dir, max_tokens, meta, rank)
+
+    def close(self) -> list:
+        """Write the queued captures and stop their writer (train end); returns the errors of failed writes."""
+        return self.capture.close() if self.capture is not None else []

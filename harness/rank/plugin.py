@@ -76,7 +76,7 @@ def build_loss(settings: PluginSettings, cfg):
             build_metrics(param_grad=mon.spot_check.param_grad), spot_every=mon.spot_check.every_n_steps,
             spot_max_tokens=mon.spot_check.max_tokens, param_grad=mon.spot_check.param_grad,
             capture_dir=capture_dir, meta={"precision": precision, "beta_form": beta_form}, rank=global_rank(),
-            fail_on_nonfinite=mon.fail_on_nonfinite)
+            fail_on_nonfinite=mon.fail_on_nonfinite, capture_max_tokens=mon.capture_max_tokens)
         # a resumed run continues its cumulative counts from the checkpoint's step
         for key, value in settings.resume_totals.items():
             instrument.metrics[key].total = float(value)

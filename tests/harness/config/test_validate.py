@@ -56,6 +56,7 @@ def test_default_config_is_valid():
     ("run.resume", "maybe"),
     ("monitor.enabled", "often"), ("monitor.spot_check.every_n_steps", "-1"), ("monitor.spot_check.max_tokens", "0"),
     ("monitor.spot_check.param_grad", "often"), ("monitor.capture", "sometimes"),
+    ("monitor.capture_max_tokens", "0"), ("monitor.capture_max_tokens", "all"),
     ("tracking.wandb.mode", "cloud"), ("tracking.wandb.tags", "'a,b'"),
     ("rollout.engine", "sglang"),
 ])
