@@ -74,3 +74,35 @@ def smoke_sweep(tmp_path_factory, embedded_cache):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert len([p for p in sweep.iterdir() if (p / "summary.json").exists()]) == 3
     return sweep
+
+
+OUTCOME_GROUP = "outcome"
+OUTCOME_STEPS = 4
+OUTCOME_EVAL_EVERY = 2
+OUTCOME_SEEDS = (1, 2)
+
+
+@pytest.fixture(scope="session")
+def outcome_sweep(tmp_path_factory, embedded_cache):
+    """One short ``experiment=outcome`` per test session, shared by every test that needs one: original and fp32 ×
+    seeds 1, 2 × 4 steps on ``model=tiny_distill`` (the teacher trained at set-up, in the session's cache), the
+    held-out evaluation every 2 steps and at the end with eval batch 1 (no padding: the saved final student
+    recomputes the logged values), a full checkpoint at the last step. Through Hydra multirun and the real ms-swift
+    CLI; the group stays ``outcome`` (patched_not_worse is required there). ``GKD_OUTCOME_SWEEP=<folder>`` reuses a
+    sweep made by the same command."""
+    import subprocess
+    from pathlib import Path
+
+    if os.environ.get("GKD_OUTCOME_SWEEP"):
+        return Path(os.environ["GKD_OUTCOME_SWEEP"])
+    root = tmp_path_factory.mktemp("outcome_sweep")
+    env = dict(os.environ, GKD_OUTPUT_ROOT=str(root), HF_HUB_OFFLINE="1", WANDB_SILENT="true", WANDB_MODE="offline")
+    cmd = [entry_point("gkd-train"), "-m", "experiment=outcome", f"run.max_steps={OUTCOME_STEPS}",
+           f"run.seed={','.join(map(str, OUTCOME_SEEDS))}", f"monitor.eval.every_n_steps={OUTCOME_EVAL_EVERY}",
+           "monitor.eval.batch_size=1", f"run.save_steps={OUTCOME_STEPS}",
+           "hydra.callbacks.sweep_status.progress_interval_s=0"]
+    proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=1500)
+    sweep = root / "multirun" / OUTCOME_GROUP
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert len([p for p in sweep.iterdir() if (p / "summary.json").exists()]) == 2 * len(OUTCOME_SEEDS)
+    return sweep

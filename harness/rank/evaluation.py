@@ -15,6 +15,17 @@ The harness adds what that loop lacks:
 All metrics are token-weighted means over the active positions of the split: the generalized JSD at the run's
 β, beta form and temperature; forward KL(T‖S) and reverse KL(S‖T) of the temperature-scaled distributions; and
 the fraction of positions where the student's argmax equals the teacher's.
+
+- **Full-vocabulary teacher**: the distributions over the whole vocabulary (vocabularies aligned as upstream does).
+- **Top-k teacher** (``gkd.topk``): the divergences on the teacher's top-k support, both sides renormalised over
+  those k ids, exactly as the loss sees them (the student's logits gathered at the teacher's ids, ``log_softmax``
+  over k); positions whose k log-probs are all ``-inf`` are dropped, as upstream does. Top-1 agreement compares
+  the student's argmax over the *whole* vocabulary with the teacher's top-1 id (known exactly from its top-k).
+  These values are comparable between runs with the same k (original vs patched), not with full-vocabulary ones.
+- **Megatron tensor parallelism** (TP > 1): the logits reach the loss sharded along the vocabulary. The
+  log-softmax normalisers, the vocabulary sums and the argmax are reduced over the TP group (max, sum, and the
+  lowest global id among the shards' maxima: ``torch.argmax``'s first-maximum rule), so every TP rank holds the
+  full-vocabulary values; :meth:`EvalTap.finish` counts them once (TP rank 0's sums).
 """
 from __future__ import annotations
 
@@ -30,47 +41,121 @@ F64 = torch.float64
 SUM_FIELDS = (EVAL_JSD, EVAL_FORWARD_KL, EVAL_REVERSE_KL, EVAL_TOP1_AGREEMENT, EVAL_TOKENS)
 
 
-def _kl_rows(p_log: torch.Tensor, q_log: torch.Tensor) -> torch.Tensor:
+class VocabShards:
+    """Reductions over the vocabulary dimension of ``[N, V_local]`` rows: local when ``group`` is None, else over
+    the tensor-parallel ``group`` whose rank ``rank`` holds global ids ``[rank·V_local, (rank+1)·V_local)``
+    (Megatron's vocab-parallel output layer)."""
+
+    def __init__(self, group=None, rank: int = 0):
+        self.group, self.rank = group, rank
+
+    def _reduce(self, x: torch.Tensor, op) -> torch.Tensor:
+        if self.group is not None:
+            import torch.distributed as dist
+
+            dist.all_reduce(x, op=getattr(dist.ReduceOp, op), group=self.group)
+        return x
+
+    def sum(self, x: torch.Tensor) -> torch.Tensor:
+        return self._reduce(x.sum(-1), "SUM")
+
+    def log_softmax(self, x: torch.Tensor) -> torch.Tensor:
+        m = self._reduce(x.max(-1, keepdim=True).values, "MAX")
+        return x - m - self._reduce((x - m).exp().sum(-1, keepdim=True), "SUM").log()
+
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        """Global ids ``[N]`` of the first maximum of each row over the whole vocabulary."""
+        value, index = x.max(-1)
+        if self.group is None:
+            return index
+        index = index + self.rank * x.shape[-1]
+        best = self._reduce(value.clone(), "MAX")
+        none = torch.full_like(index, torch.iinfo(index.dtype).max)
+        return self._reduce(torch.where(value == best, index, none), "MIN")
+
+
+LOCAL = VocabShards()
+
+
+def tensor_parallel() -> VocabShards:
+    """The :class:`VocabShards` of this process's Megatron TP group (TP > 1), else the local one."""
+    from harness.rank.instrument import _megatron_state
+
+    mpu = _megatron_state()
+    if mpu is None or int(mpu.get_tensor_model_parallel_world_size()) == 1:
+        return LOCAL
+    return VocabShards(mpu.get_tensor_model_parallel_group(), int(mpu.get_tensor_model_parallel_rank()))
+
+
+def _kl_rows(p_log: torch.Tensor, q_log: torch.Tensor, vocab: VocabShards) -> torch.Tensor:
     """KL(P‖Q) per row ``[N, V] -> [N]`` in FP64 (a term with P = 0 is 0)."""
     p = p_log.exp()
-    return torch.where(p > 0, p * (p_log - q_log), torch.zeros_like(p)).sum(-1)
+    return vocab.sum(torch.where(p > 0, p * (p_log - q_log), torch.zeros_like(p)))
+
+
+def _jsd(ls, lt, fkl, rkl, beta, beta_form, vocab):
+    if beta == 0:
+        return fkl
+    if beta == 1:
+        return rkl
+    lm = torch.logaddexp(ls + math.log1p(-beta), lt + math.log(beta))  # log((1-β)·S + β·T)
+    kl_t, kl_s = _kl_rows(lt, lm, vocab), _kl_rows(ls, lm, vocab)
+    if beta_form == "paper":
+        return beta * kl_t + (1 - beta) * kl_s
+    if beta_form == "continuous":
+        return (1 - beta) * kl_t + beta * kl_s
+    raise ValueError(f"loss.beta_form: unknown {beta_form!r}")
 
 
 def divergences(s_logits: torch.Tensor, t_logits: torch.Tensor, beta: float, beta_form: str,
-                temperature: float) -> Dict[str, torch.Tensor]:
-    """Per-position FP64 values for logits ``[N, V]``: ``jsd``, ``forward_kl``, ``reverse_kl`` (each ``[N]``) and
-    ``top1`` (``[N]`` 1.0 where the argmaxes agree)."""
-    s = s_logits.detach().to(F64) / temperature
-    t = t_logits.detach().to(F64) / temperature
-    ls, lt = torch.log_softmax(s, -1), torch.log_softmax(t, -1)
-    fkl, rkl = _kl_rows(lt, ls), _kl_rows(ls, lt)
-    if beta == 0:
-        jsd = fkl
-    elif beta == 1:
-        jsd = rkl
-    else:
-        lm = torch.logaddexp(ls + math.log1p(-beta), lt + math.log(beta))  # log((1-β)·S + β·T)
-        kl_t, kl_s = _kl_rows(lt, lm), _kl_rows(ls, lm)
-        if beta_form == "paper":
-            jsd = beta * kl_t + (1 - beta) * kl_s
-        elif beta_form == "continuous":
-            jsd = (1 - beta) * kl_t + beta * kl_s
-        else:
-            raise ValueError(f"loss.beta_form: unknown {beta_form!r}")
-    top1 = (s_logits.detach().argmax(-1) == t_logits.detach().argmax(-1)).to(F64)
-    return {"jsd": jsd, "forward_kl": fkl, "reverse_kl": rkl, "top1": top1}
+                temperature: float, vocab: VocabShards = LOCAL) -> Dict[str, torch.Tensor]:
+    """Per-position FP64 values for logits ``[N, V]`` (a vocabulary shard of each under ``vocab``'s TP group):
+    ``jsd``, ``forward_kl``, ``reverse_kl`` (each ``[N]``) and ``top1`` (``[N]`` 1.0 where the argmaxes agree)."""
+    ls = vocab.log_softmax(s_logits.detach().to(F64) / temperature)
+    lt = vocab.log_softmax(t_logits.detach().to(F64) / temperature)
+    fkl, rkl = _kl_rows(lt, ls, vocab), _kl_rows(ls, lt, vocab)
+    top1 = (vocab.argmax(s_logits.detach()) == vocab.argmax(t_logits.detach())).to(F64)
+    return {"jsd": _jsd(ls, lt, fkl, rkl, beta, beta_form, vocab), "forward_kl": fkl, "reverse_kl": rkl,
+            "top1": top1}
+
+
+def topk_divergences(s_logits: torch.Tensor, s_topk: torch.Tensor, t_topk_logprobs: torch.Tensor,
+                     t_topk_ids: torch.Tensor, beta: float, beta_form: str, temperature: float,
+                     vocab: VocabShards = LOCAL) -> Dict[str, torch.Tensor]:
+    """As :func:`divergences` for a top-k teacher: the divergences between the student's logits at the teacher's
+    ids ``s_topk [N, k]`` and the teacher's ``t_topk_logprobs [N, k]``, both renormalised over the k ids (the
+    loss's view); top-1 compares the student's argmax over its (sharded) full rows ``s_logits [N, V]`` with the
+    teacher's top-1 id."""
+    ls = torch.log_softmax(s_topk.detach().to(F64) / temperature, -1)
+    lt = torch.log_softmax(t_topk_logprobs.detach().to(F64) / temperature, -1)
+    fkl, rkl = _kl_rows(lt, ls, LOCAL), _kl_rows(ls, lt, LOCAL)
+    t_top = t_topk_ids.gather(-1, t_topk_logprobs.argmax(-1, keepdim=True)).squeeze(-1)
+    top1 = (vocab.argmax(s_logits.detach()) == t_top.to(s_logits.device)).to(F64)
+    return {"jsd": _jsd(ls, lt, fkl, rkl, beta, beta_form, LOCAL), "forward_kl": fkl, "reverse_kl": rkl,
+            "top1": top1}
+
+
+def _masks(labels: torch.Tensor, teacher_labels: Optional[torch.Tensor]):
+    s_mask = labels != -100
+    t_mask = s_mask if teacher_labels is None else teacher_labels != -100
+    if int(s_mask.sum()) != int(t_mask.sum()):
+        raise ValueError(f"eval: {int(s_mask.sum())} active student positions but {int(t_mask.sum())} teacher "
+                         "positions")
+    return s_mask, t_mask
 
 
 def active_rows(student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor,
-                teacher_labels: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                teacher_labels: Optional[torch.Tensor], sharded: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The active positions as the loss selects them: student ``[B, S, V]`` rows where ``labels != -100`` and
     teacher ``[B, S', V']`` rows where its own labels are; vocabularies aligned as upstream does (the shorter side
-    takes the other side's logits for the extra ids). Returns ``([N, V*], [N, V*])``."""
-    s = student_logits[labels != -100]
-    t = teacher_logits[(labels if teacher_labels is None else teacher_labels) != -100]
-    if s.shape[0] != t.shape[0]:
-        raise ValueError(f"eval: {s.shape[0]} active student positions but {t.shape[0]} teacher positions")
+    takes the other side's logits for the extra ids). Returns ``([N, V*], [N, V*])``. With ``sharded`` (TP > 1)
+    the rows are vocabulary shards, which cannot be aligned: their widths must agree."""
+    s_mask, t_mask = _masks(labels, teacher_labels)
+    s, t = student_logits[s_mask], teacher_logits[t_mask]
     vs, vt = s.shape[-1], t.shape[-1]
+    if vs != vt and sharded:
+        raise ValueError(f"eval: student and teacher vocabulary shards differ under tensor parallelism ({vs} vs "
+                         f"{vt})")
     if vs < vt:
         s = torch.cat([s, t[:, vs:].to(s.dtype)], -1)
     elif vt < vs:
@@ -78,13 +163,33 @@ def active_rows(student_logits: torch.Tensor, teacher_logits: torch.Tensor, labe
     return s, t
 
 
-def eval_sums(student_logits, teacher_output, labels, beta: float, temperature: float, beta_form: str) -> torch.Tensor:
+def _gather_default(logits: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    return torch.gather(logits, -1, indices)
+
+
+def eval_sums(student_logits, teacher_output, labels, beta: float, temperature: float, beta_form: str,
+              vocab: VocabShards = LOCAL, gather_fn: Optional[Callable] = None) -> torch.Tensor:
     """FP64 ``[5]`` sums over one loss call's active positions, in :data:`SUM_FIELDS` order (the last is the
-    count). ``teacher_output`` is ms-swift's ``TeacherOutput`` with ``full_logits`` (and shifted ``labels``)."""
-    s, t = active_rows(student_logits, teacher_output.full_logits, labels, getattr(teacher_output, "labels", None))
+    count). ``teacher_output`` is ms-swift's ``TeacherOutput``: ``full_logits``, or ``topk_logprobs`` /
+    ``topk_indices`` (the student is then gathered at the ids with ``gather_fn``, the call's own: TP-aware under
+    Megatron); and the shifted ``labels``. Under TP (``vocab``) the logits are this rank's vocabulary shard."""
+    topk = getattr(teacher_output, "full_logits", None) is None
+    if topk:
+        s_mask, t_mask = _masks(labels, getattr(teacher_output, "labels", None))
+        s = student_logits[s_mask]
+        t_lp, t_ids = teacher_output.topk_logprobs[t_mask], teacher_output.topk_indices[t_mask]
+        keep = ~torch.isinf(t_lp).all(-1)  # upstream drops positions with no covered id
+        s, t_lp, t_ids = s[keep], t_lp[keep], t_ids[keep]
+    else:
+        s, t = active_rows(student_logits, teacher_output.full_logits, labels, getattr(teacher_output, "labels", None),
+                           sharded=vocab.group is not None)
     if s.shape[0] == 0:
         return torch.zeros(len(SUM_FIELDS), dtype=F64, device=student_logits.device)
-    d = divergences(s, t, beta, beta_form, temperature)
+    if topk:
+        s_k = (gather_fn or _gather_default)(s.detach(), t_ids)
+        d = topk_divergences(s, s_k, t_lp, t_ids, beta, beta_form, temperature, vocab)
+    else:
+        d = divergences(s, t, beta, beta_form, temperature, vocab)
     return torch.stack([d["jsd"].sum(), d["forward_kl"].sum(), d["reverse_kl"].sum(), d["top1"].sum(),
                         d["jsd"].new_tensor(float(s.shape[0]))])
 
@@ -108,7 +213,7 @@ class EvalTap:
     def __init__(self, inner: Callable, bare: Callable, beta_form: str):
         self.inner, self.bare, self.beta_form = inner, bare, beta_form
         self.sums: Optional[torch.Tensor] = None
-        self.skipped_topk = False
+        self.vocab: VocabShards = LOCAL
 
     @staticmethod
     def evaluating(student_logits: torch.Tensor) -> bool:
@@ -117,20 +222,20 @@ class EvalTap:
     def __call__(self, student_logits, teacher_output, labels, beta, temperature, *args, **kwargs):
         if not self.evaluating(student_logits):
             return self.inner(student_logits, teacher_output, labels, beta, temperature, *args, **kwargs)
-        if getattr(teacher_output, "full_logits", None) is None:
-            if not self.skipped_topk:
-                self.skipped_topk = True
-                from harness.rank.state import logger
+        from harness.rank.instrument import _loss_kwargs
 
-                logger.warning("eval/*: the teacher gives top-k log-probs only; the held-out metrics need full logits")
-        else:
-            add = eval_sums(student_logits, teacher_output, labels, float(beta), float(temperature), self.beta_form)
-            self.sums = add if self.sums is None else self.sums + add.to(self.sums.device)
+        self.vocab = tensor_parallel()
+        gather = _loss_kwargs(args, kwargs).get("gather_fn")
+        add = eval_sums(student_logits, teacher_output, labels, float(beta), float(temperature), self.beta_form,
+                        self.vocab, gather)
+        self.sums = add if self.sums is None else self.sums + add.to(self.sums.device)
         return self.bare(student_logits, teacher_output, labels, beta, temperature, *args, **kwargs)
 
     def finish(self, group=None) -> Dict[str, float]:
         """The ``eval/*`` metrics of the evaluation since the last call, summed over the ranks of ``group`` (a
-        collective: every rank calls it), then reset. ``{}`` when no rank saw an evaluated position."""
+        collective: every rank calls it), then reset. ``{}`` when no rank saw an evaluated position.
+
+        Under TP > 1 every rank of a TP group holds the same (TP-reduced) sums: only TP rank 0's are counted."""
         import torch.distributed as dist
 
         sums = self.sums
@@ -138,7 +243,8 @@ class EvalTap:
         distributed = dist.is_available() and dist.is_initialized()
         if distributed:
             device = sums.device if sums is not None else _collective_device()
-            sums = sums if sums is not None else torch.zeros(len(SUM_FIELDS), dtype=F64, device=device)
+            if sums is None or tensor_parallel().rank != 0:
+                sums = torch.zeros(len(SUM_FIELDS), dtype=F64, device=device)
             dist.all_reduce(sums, group=group)
         if sums is None or float(sums[-1]) == 0:
             return {}
@@ -178,5 +284,5 @@ def install_hf_hooks(tap: EvalTap) -> bool:
     return True
 
 
-__all__ = ["SUM_FIELDS", "divergences", "active_rows", "eval_sums", "metrics_from_sums", "EvalTap", "find_tap",
-           "install_hf_hooks"]
+__all__ = ["SUM_FIELDS", "VocabShards", "LOCAL", "tensor_parallel", "divergences", "topk_divergences", "active_rows",
+           "eval_sums", "metrics_from_sums", "EvalTap", "find_tap", "install_hf_hooks"]

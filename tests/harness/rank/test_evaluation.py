@@ -1,8 +1,8 @@
-"""The held-out evaluation (harness.rank.evaluation): the FP64 metrics against the independent reference, the tap's
-routing, the held-out split's disjointness, and one short real run recomputed from its saved final student."""
+"""The held-out evaluation (harness.rank.evaluation): the FP64 metrics against the independent reference (full
+vocabulary and top-k teacher), the tap's routing and the held-out split's disjointness. The real runs, recomputed
+from their saved final students, are the shared short outcome sweep's (tests/analysis/test_outcome_sweep.py); the
+TP=2 computation on 2 gloo ranks is tests/harness/rank/test_evaluation_parallel.py."""
 import json
-import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -88,6 +88,59 @@ def test_tap_evaluates_only_calls_without_a_graph():
     assert tap.sums is None and tap.finish() == {}  # reset after each evaluation
 
 
+def _topk_teacher(teacher, labels, k):
+    """ms-swift's own top-k conversion (``TeacherOutput.to_topk``, what the HF trainer does with gkd.topk)."""
+    return _teacher(teacher, labels).to_topk(k)
+
+
+def _topk_reference(student, teacher, labels, k, beta, temperature, form):
+    """FP64 token-weighted means on the teacher's top-k support, renormalised (the loss's view), written
+    independently: ids from the full teacher rows, the student gathered there, reference_jsd over the k columns;
+    top-1 from the full rows' argmaxes."""
+    s, t = student[labels != -100].double(), teacher[labels != -100].double()
+    vals, ids = torch.topk(t, k, -1)
+    s_k = torch.gather(s, -1, ids)
+    n = s.shape[0]
+    return {EVAL_JSD: float(reference_jsd(s_k, vals, beta, form, temperature).sum()) / n,
+            EVAL_FORWARD_KL: float(reference_jsd(s_k, vals, 0.0, form, temperature).sum()) / n,
+            EVAL_REVERSE_KL: float(reference_jsd(s_k, vals, 1.0, form, temperature).sum()) / n,
+            EVAL_TOP1_AGREEMENT: float((s.argmax(-1) == t.argmax(-1)).double().mean()), EVAL_TOKENS: float(n)}
+
+
+@pytest.mark.parametrize("beta,form,k", [(0.5, "paper", 4), (0.2, "continuous", 8), (0.0, "paper", 4),
+                                         (1.0, "paper", 33)])
+def test_topk_teacher_eval_on_the_renormalised_support_against_fp64(beta, form, k):
+    """A top-k teacher (gkd.topk): the divergences on the teacher's k ids, both sides renormalised as the loss sees
+    them, and top-1 over the full vocabulary. Before: the tap logged a warning and recorded nothing."""
+    student, teacher, labels = _case(seed=3)
+    tap = EvalTap(None, lambda *a, **kw: (torch.tensor(0.0), torch.tensor(1)), form)
+    with torch.no_grad():
+        tap(student, _topk_teacher(teacher, labels, k), labels, beta, 0.9)
+    got = tap.finish()
+    ref = _topk_reference(student, teacher, labels, k, beta, 0.9, form)
+    assert got[EVAL_TOKENS] == ref[EVAL_TOKENS] == 9
+    for key in (EVAL_JSD, EVAL_FORWARD_KL, EVAL_REVERSE_KL):
+        assert got[key] == pytest.approx(ref[key], rel=1e-12, abs=1e-15), key
+    assert got[EVAL_TOP1_AGREEMENT] == ref[EVAL_TOP1_AGREEMENT]
+    if k == teacher.shape[-1]:  # the whole vocabulary as "top-k": the full-vocabulary values
+        full = _reference(student, teacher, labels, beta, 0.9, form)
+        assert got[EVAL_JSD] == pytest.approx(full[EVAL_JSD], rel=1e-12)
+
+
+def test_topk_positions_without_a_covered_id_are_dropped_as_upstream_does():
+    student, teacher, labels = _case(seed=4)
+    t_out = _topk_teacher(teacher, labels, 4)
+    t_out.topk_logprobs = t_out.topk_logprobs.float()
+    t_out.topk_logprobs[0, 4] = float("-inf")  # an active position (labels[0, 3:] active)
+    got = metrics_from_sums(eval_sums(student, t_out, labels, 0.5, 1.0, "paper"))
+    keep = labels != -100
+    keep[0, 4] = False
+    assert got[EVAL_TOKENS] == 8
+    ref = _topk_reference(student[None][:, keep], teacher[None][:, keep], labels[None][:, keep], 4, 0.5, 1.0,
+                          "paper")
+    assert got[EVAL_JSD] == pytest.approx(ref[EVAL_JSD], rel=1e-12)
+
+
 def test_held_out_split_is_disjoint_from_training(tmp_path):
     train = generate_messages(64, 0)
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train))
@@ -100,74 +153,3 @@ def test_held_out_split_is_disjoint_from_training(tmp_path):
     assert not {json.dumps(r) for r in rows} & {json.dumps(r) for r in train}
     assert rows == held_out_rows(train, 32, 0)  # deterministic
     assert prepare_validation(tmp_path / "train.jsonl", 32, seed=0).read_text() == path.read_text()
-
-
-# --------------------------------------------------------------------------------------------- one real run
-STEPS = 3
-
-
-@pytest.fixture(scope="module")
-def eval_run(embedded_cache, e2e_root):
-    from harness.launcher.compose import point_config
-    from harness.launcher.run import train
-
-    out = e2e_root / "eval_fp32"
-    cfg = point_config([f"run.output_dir={out}", f"run.max_steps={STEPS}", "loss=fp32", "gkd.beta=0.5",
-                        "gkd.temperature=0.9", "monitor.eval.every_n_steps=2", "monitor.eval.batch_size=1",
-                        f"run.save_steps={STEPS}", "tracking.wandb.mode=offline", "tracking.wandb.group=e2e_eval"])[0]
-    return out, train(cfg)
-
-
-def _encode(student_dir, rows, max_length):
-    from swift import get_processor, get_template
-
-    proc = get_processor(str(student_dir), model_type="qwen3", use_hf=True)
-    template = get_template(proc, template_type="qwen3_nothinking", max_length=max_length)
-    template.set_mode("train")
-    return [template.encode({"messages": r["messages"]}) for r in rows]
-
-
-@pytest.mark.slow
-def test_real_run_logs_eval_metrics_that_recompute_from_the_saved_student(eval_run):
-    """The final eval/* row against an FP64 recomputation from the checkpoint of the last step, the cached teacher
-    and the validation file the run was given (argv in swift.log), with the BF16 teacher cast of model=tiny."""
-    from transformers import AutoModelForCausalLM
-
-    from harness.store.run_folder import read_metrics
-
-    out, summary = eval_run
-    rows = read_metrics(Path(out) / "metrics.jsonl")
-    evals = [r for r in rows if EVAL_JSD in r]
-    assert [r["step"] for r in evals] == [2, 3]  # every 2 steps and at the end
-    assert all(EVAL_JSD not in r for r in rows if "train/loss" in r)  # own records
-    argv = (Path(out) / "swift.log").read_text().split()
-    val = Path(argv[argv.index("--val_dataset") + 1])
-    dataset = Path(argv[argv.index("--dataset") + 1])
-    assert val.parent == dataset.parent and val.name == VALIDATION_FILE.format(n=32)
-    teacher_dir = Path(argv[argv.index("--teacher_model") + 1])
-    student = AutoModelForCausalLM.from_pretrained(Path(out) / "swift" / f"checkpoint-{STEPS}").eval()
-    teacher = AutoModelForCausalLM.from_pretrained(teacher_dir).eval()
-    encoded = _encode(teacher_dir, [json.loads(x) for x in val.read_text().splitlines()], 512)
-    s_rows, t_rows = [], []
-    with torch.no_grad():
-        for enc in encoded:
-            ids = torch.tensor([enc["input_ids"]])
-            labels = torch.roll(torch.tensor([enc["labels"]]), -1, 1)
-            labels[:, -1] = -100
-            keep = labels[0] != -100
-            s_rows.append(student(ids).logits[0][keep].float())
-            t_rows.append(teacher(ids).logits[0][keep].to(torch.bfloat16))  # model.teacher_dtype of model=tiny
-    s, t = torch.cat(s_rows), torch.cat(t_rows)
-    n = s.shape[0]
-    final = evals[-1]
-    assert final[EVAL_TOKENS] == n
-    ref_jsd = float(reference_jsd(s, t, 0.5, "paper", 0.9).sum()) / n
-    ref_fkl = float(reference_jsd(s, t, 0.0, "paper", 0.9).sum()) / n
-    ref_rkl = float(reference_jsd(s, t, 1.0, "paper", 0.9).sum()) / n
-    # the same FP32 forward on the same rows (eval batch 1, no padding); what can differ is FP32 rounding of the
-    # trainer's trimmed lm_head (logits_to_keep). Measured: rel 4.4e-9 on all three, top-1 identical
-    for key, ref in ((EVAL_JSD, ref_jsd), (EVAL_FORWARD_KL, ref_fkl), (EVAL_REVERSE_KL, ref_rkl)):
-        assert final[key] == pytest.approx(ref, rel=1e-6), key
-    agree = float((s.argmax(-1) == t.argmax(-1)).double().mean())
-    assert abs(final[EVAL_TOP1_AGREEMENT] - agree) <= 2 / n
-    assert math.isfinite(final[EVAL_JSD]) and final[EVAL_JSD] > 0
