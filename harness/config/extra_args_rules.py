@@ -8,8 +8,10 @@ called from :func:`harness.config.validate.validate_config`).
   it would reach swift.log, config.yaml and the wandb files;
 * no control characters.
 
-Whether ms-swift knows the flag and accepts its value is checked by ms-swift's own argument classes in the dry
-run and before every launch (:mod:`harness.launcher.extra_args`): this module must not import ms-swift.
+Whether ms-swift knows the flag and accepts its value is checked against the table of ms-swift's own argument
+classes (:mod:`harness.config.swift_flags`): here where the table is cached (``launch/setup_env.sh`` builds it),
+and in the dry run and before every launch, which build it when missing (:mod:`harness.launcher.extra_args`).
+This module must not import ms-swift.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import Dict, List, Sequence, Tuple
 
 from harness.config.schema import ConfigError
 from harness.config.secrets import is_secret_key
+from harness.config.swift_flags import load_table, refusal
 
 KEY = "run.extra_args"
 
@@ -92,9 +95,9 @@ def harness_key(name: str) -> str | None | bool:
     return False
 
 
-def validate_extra_args(extra_args: Sequence[str]) -> None:
+def validate_extra_args(extra_args: Sequence[str], megatron: bool = False) -> None:
     """Raises :class:`ConfigError` naming ``run.extra_args`` for a harness-set, credential-looking or malformed
-    flag."""
+    flag, and, where the table of ms-swift's flags is cached, for a flag or value ms-swift refuses."""
     for flag, values in flag_groups(list(extra_args)):
         name = flag_name(flag)
         values = values + ([flag.partition("=")[2]] if "=" in flag else [])
@@ -106,6 +109,10 @@ def validate_extra_args(extra_args: Sequence[str]) -> None:
             raise ConfigError(KEY, f"--{name} is set by the harness and cannot be overridden")
         if key:
             raise ConfigError(KEY, f"--{name} is set by the harness: use the config key {key} instead")
+    table = load_table(megatron) if extra_args else None
+    why = None if table is None else refusal(list(extra_args), table, harness_key)
+    if why:
+        raise ConfigError(KEY, why)
 
 
 __all__ = ["validate_extra_args", "flag_groups", "flag_name", "harness_key", "HARNESS_FLAGS"]

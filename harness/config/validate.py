@@ -201,7 +201,7 @@ def validate_config(cfg: TrainConfig) -> None:
         raise ConfigError("run.dataset", f"{run.dataset} does not exist")
     if run.dataset is None and cfg.model.student != EMBEDDED:
         raise ConfigError("run.dataset", "must be set when model.student is not the embedded model")
-    validate_extra_args(run.extra_args)
+    validate_extra_args(run.extra_args, megatron=isinstance(cfg.backend, MegatronBackendConfig))
 
     # monitor
     mon = cfg.monitor

@@ -1,23 +1,38 @@
 """``run.extra_args`` checked by ms-swift's own argument classes, before anything is launched (the dry run and
-every real launch call :func:`check_with_swift` through :func:`harness.launcher.plan.build_plan`).
+every real launch call :func:`check_with_swift` through :func:`harness.launcher.plan.build_plan`; validation
+checks them too where the table below is cached).
 
 The harness's own rules (flags it sets, credential-looking flags) run at validation
-(:mod:`harness.config.extra_args_rules`, torch-free). This module parses the flags with the argparse parser
-ms-swift builds from its argument dataclass (``RLHFArguments`` for ``swift rlhf``, ``MegatronRLHFArguments`` for
-``megatron rlhf``): an unknown flag, a value of the wrong type or outside a flag's choices is refused here instead
-of in ms-swift's ``remaining_argv`` error after the models have loaded. Only the parser runs, never the
-dataclass's ``__post_init__`` (which would resolve models and datasets). Costs nothing when the list is empty.
+(:mod:`harness.config.extra_args_rules`, torch-free). The flags ms-swift knows come from the argparse parser it
+builds from its argument dataclass (``RLHFArguments`` for ``swift rlhf``, ``MegatronRLHFArguments`` for
+``megatron rlhf``), extracted once into a table per installed version (:mod:`harness.config.swift_flags`):
+importing ``swift.arguments`` takes 15 to 40 s, parsing against the table milliseconds. An unknown flag, a value
+of the wrong type or outside a flag's choices is refused here instead of in ms-swift's ``remaining_argv`` error
+after the models have loaded. Only the parser is built, never the dataclass (whose ``__post_init__`` would
+resolve models and datasets). Costs nothing when the list is empty.
+
+    python -m harness.launcher.extra_args [--megatron]   # builds the table (launch/setup_env.sh runs it)
 """
 from __future__ import annotations
 
 import argparse
-from typing import List, Sequence
+import importlib.util
+import logging
+import subprocess
+import sys
+from enum import Enum
+from typing import Any, Dict, List, Optional, Sequence
 
-from harness.config.extra_args_rules import KEY
+from harness.config.extra_args_rules import KEY, harness_key
 from harness.config.schema import ConfigError, MegatronBackendConfig, TrainConfig
+from harness.config.swift_flags import load_table, refusal, save_table, table_path
+
+log = logging.getLogger("gkd_harness.train")
+_TYPE_NAMES = {int: "int", float: "float", str: "str", dict: "dict"}
 
 
 def _swift_parser(megatron: bool) -> argparse.ArgumentParser:
+    """The parser ms-swift's ``parse_args`` builds (``swift.utils.utils.parse_args``)."""
     from transformers import HfArgumentParser
 
     from swift.utils.utils import _patch_get_type_hints  # the type-hint patch ms-swift's own parse_args uses
@@ -30,21 +45,61 @@ def _swift_parser(megatron: bool) -> argparse.ArgumentParser:
         return HfArgumentParser([args_class], exit_on_error=False)
 
 
+def _row(action: argparse.Action) -> Optional[Dict[str, Any]]:
+    if isinstance(action, argparse._HelpAction) or not action.option_strings:
+        return None
+    row: Dict[str, Any] = {"flags": list(action.option_strings), "dest": action.dest}
+    if isinstance(action, argparse._StoreFalseAction):
+        return {**row, "action": "store_false"}
+    typ = action.type
+    choices = action.choices
+    if isinstance(typ, type) and issubclass(typ, Enum) and choices is None:
+        choices = [m.value for m in typ]
+    if getattr(typ, "__name__", "") == "string_to_bool":
+        name = "bool"
+    else:
+        name = _TYPE_NAMES.get(typ, "str")  # Path, accelerate's ParallelismConfig...: any string
+    row.update(action="store", nargs=action.nargs, type=name,
+               const=action.const if isinstance(action.const, (bool, int, float, str)) else None,
+               choices=None if choices is None else [str(c) for c in choices])
+    return row
+
+
+def extract_table(megatron: bool = False) -> List[Dict[str, Any]]:
+    """The flag table of ms-swift's parser for ``swift rlhf`` (or ``megatron rlhf``); imports ms-swift."""
+    return [r for r in map(_row, _swift_parser(megatron)._actions) if r is not None]
+
+
+def flag_table(megatron: bool = False) -> Optional[List[Dict[str, Any]]]:
+    """The cached table, built in a subprocess when missing (ms-swift's import stays out of this process: its
+    log lines and logging set-up too). None, with a warning, when ms-swift's classes cannot be imported here
+    (``megatron rlhf`` needs Transformer Engine)."""
+    table = load_table(megatron)
+    if table is not None:
+        return table
+    if megatron and importlib.util.find_spec("transformer_engine") is None:  # mcore-bridge imports it first thing
+        log.warning("run.extra_args not checked against ms-swift's flags: its Megatron argument classes need "
+                    "Transformer Engine, which is not installed here")
+        return None
+    log.info("building the table of ms-swift's flags once for %s (about 20 s)", table_path(megatron))
+    cmd = [sys.executable, "-m", "harness.launcher.extra_args", *(["--megatron"] if megatron else [])]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    table = load_table(megatron)
+    if table is None:
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        log.warning("run.extra_args not checked against ms-swift's flags: its argument classes do not import here "
+                    "(%s)", lines[-1] if lines else f"exit {proc.returncode}")
+    return table
+
+
 def swift_refusal(extra_args: Sequence[str], megatron: bool = False) -> str | None:
-    """Why ms-swift's parser refuses ``extra_args`` (None: it accepts them)."""
-    parser = _swift_parser(megatron)
-    try:
-        _, unknown = parser.parse_known_args(list(extra_args))
-    except argparse.ArgumentError as e:
-        return f"ms-swift refuses it: {e}"
-    unknown_flags: List[str] = [t for t in unknown if t.startswith("-")]
-    if unknown_flags or unknown:
-        return f"ms-swift has no flag {' '.join(unknown_flags or unknown)}"
-    return None
+    """Why ms-swift's flags refuse ``extra_args`` (None: they accept them, or the table cannot be built here)."""
+    table = flag_table(megatron)
+    return None if table is None else refusal(extra_args, table, harness_key)
 
 
 def check_with_swift(cfg: TrainConfig) -> None:
-    """Raises :class:`ConfigError` naming ``run.extra_args`` when ms-swift's parser refuses them."""
+    """Raises :class:`ConfigError` naming ``run.extra_args`` when ms-swift's flags refuse them."""
     extra = list(cfg.run.extra_args)
     if not extra:
         return
@@ -53,4 +108,15 @@ def check_with_swift(cfg: TrainConfig) -> None:
         raise ConfigError(KEY, why)
 
 
-__all__ = ["check_with_swift", "swift_refusal"]
+def main(argv: Sequence[str]) -> int:
+    megatron = "--megatron" in argv
+    path = save_table(extract_table(megatron), megatron)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+
+
+__all__ = ["check_with_swift", "swift_refusal", "flag_table", "extract_table"]
