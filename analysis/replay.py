@@ -37,16 +37,20 @@ def evaluate_variants(student_logits: torch.Tensor, teacher_output: TeacherOutpu
         student_logits: ``[B, S, V]``; teacher_output: full or top-k ``TeacherOutput``; labels: ``[B, S]``.
     Returns:
         ``{variant: {"loss": float (total / num_valid), "grad_rel_l2": float vs fp64, "num_valid": int}}``.
+
+    Computed as the FP64 spot check computes them (``harness.rank.instrument.spot_check``): the gradient of the
+    variant's total on a leaf in the student's dtype (the relative error does not depend on the 1 / num_valid
+    scale), the total divided by num_valid in FP64; so a capture replays to its spot check's values.
     """
     grads, out = {}, {}
     for precision in VARIANTS:
         s = student_logits.detach().clone().requires_grad_(True)
         terms = make_gkd_loss_terms(precision, beta_form)(s, teacher_output, labels, beta, temperature)
         n = int(terms.num_valid)
-        loss = terms.total / n if n else terms.total * 0
-        (grad, ) = torch.autograd.grad(loss, s, allow_unused=True)
+        (grad, ) = torch.autograd.grad(terms.total, s, allow_unused=True)
         grads[precision] = torch.zeros_like(s, dtype=torch.float64) if grad is None else grad.double()
-        out[precision] = {"loss": float(loss.detach().double()), "num_valid": n}
+        total = float(terms.total.detach().double())
+        out[precision] = {"loss": total / n if n else 0.0 * total, "num_valid": n}
     ref = grads["fp64"]
     ref_norm = float(ref.norm())
     for precision in VARIANTS:
