@@ -97,18 +97,18 @@ def capture_tensors(student_logits: torch.Tensor, teacher_output: TeacherOutput,
     """
     s_ids, t_ids, active = capture_rows(teacher_output, labels, max_tokens)
     vocab = student_logits.shape[-1]
-    s_rows = student_logits.detach().reshape(-1, vocab)[s_ids]
+    flat = student_logits.detach().reshape(-1, vocab)
     lab = labels.detach().reshape(-1)[s_ids]
     if teacher_output.is_topk_mode:
         k = teacher_output.topk_indices.shape[-1]
         ids = teacher_output.topk_indices.detach().reshape(-1, k)[t_ids]
-        tensors = {STUDENT_TOPK: gather_fn(s_rows, ids).detach(),
+        tensors = {STUDENT_TOPK: _gather_rows(flat, s_ids, ids, gather_fn),
                    TEACHER_TOPK_LOGPROBS: teacher_output.topk_logprobs.detach().reshape(-1, k)[t_ids],
                    TEACHER_TOPK_INDICES: ids, LABELS: lab}
         meta = {"format": TOPK_GATHERED, "student_vocab": str(int(vocab_size or vocab))}
     elif teacher_output.full_logits is not None:
         t = teacher_output.full_logits.detach()
-        tensors = {STUDENT_FULL: s_rows, TEACHER_FULL: t.reshape(-1, t.shape[-1])[t_ids], LABELS: lab}
+        tensors = {STUDENT_FULL: flat[s_ids], TEACHER_FULL: t.reshape(-1, t.shape[-1])[t_ids], LABELS: lab}
         meta = {"format": ROWS}
     else:
         raise CaptureError("teacher_output has neither full_logits nor top-k tensors")
@@ -116,9 +116,20 @@ def capture_tensors(student_logits: torch.Tensor, teacher_output: TeacherOutput,
     return tensors, meta
 
 
-def capture_nbytes(tensors: Dict[str, torch.Tensor]) -> int:
-    """Bytes of the tensors' data (a file adds a header of a few hundred bytes)."""
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+#: Elements of the student rows copied at once for a caller's own ``gather_fn`` (2^23: 32 MiB in FP32).
+GATHER_CHUNK_ELEMENTS = 1 << 23
+
+
+def _gather_rows(flat: torch.Tensor, s_ids: torch.Tensor, ids: torch.Tensor, gather_fn: Callable) -> torch.Tensor:
+    """``flat[s_ids]`` gathered at ``ids`` ``[n, K]`` without an ``[n, V]`` copy: indexed directly for the default
+    gather; for another (e.g. vocab-parallel) ``gather_fn`` on row chunks of at most ``GATHER_CHUNK_ELEMENTS``."""
+    n, k = ids.shape
+    if gather_fn is default_gather:
+        return flat[s_ids[:, None], ids]
+    step = max(1, GATHER_CHUNK_ELEMENTS // max(1, flat.shape[-1]))
+    if n == 0:
+        return gather_fn(flat[s_ids], ids).detach()  # a collective for a vocab-parallel gather: call it anyway
+    return torch.cat([gather_fn(flat[s_ids[i:i + step]], ids[i:i + step]).detach() for i in range(0, n, step)])
 
 
 # ----------------------------------------------------------------------------------------------------------
