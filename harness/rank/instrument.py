@@ -12,7 +12,7 @@ and every ``spot_every`` optimizer steps (first loss call of that step) a **FP64
 capped at ``spot_max_tokens`` active positions, are recomputed with the run's variant and with the FP64
 variant; loss and ``d loss / d student logits`` are compared. Optionally the **parameter gradient** of the
 full call is compared with the one of the FP64 loss (``param_grad``), and the loss inputs are **captured** as
-safetensors (``harness.store.captures.save_capture``).
+safetensors (``harness.rank.capture``: the rows the loss saw, whole under TP, written off the hot path).
 
 Cost per call: one device-to-host transfer (a stacked vector of five numbers), no other synchronisation.
 
