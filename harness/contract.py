@@ -150,6 +150,12 @@ SPOT_PARAM_GRAD_REL_L2 = "spot/param_grad_rel_l2"
 #: gradient to the student dtype (harness.loss.tolerances.grad_tol minus its FP32 part; 0 for an FP32/FP64 student).
 SPOT_GRAD_REL_L2_DTYPE_FLOOR = "spot/grad_rel_l2_dtype_floor"
 
+#: The one top-level key of the harness's config in a wandb run's config, logged nested under it
+#: (``{"harness": {"gkd": {"beta": 0.5}}}``; wandb stores it as ``harness.value.gkd.beta``), so wandb-workspaces
+#: addresses it as ``Config("harness.gkd.beta")`` and keeps it through its own load-and-save. The analysis readers
+#: flatten it to ``harness.gkd.beta`` (harness.rank.wandb_run, analysis.dashboard.names).
+WANDB_CONFIG_KEY = "harness"
+
 # transformers' step metric (the optimizer step, the x-axis of every dashboard line plot)
 TRAIN_GLOBAL_STEP = "train/global_step"
 

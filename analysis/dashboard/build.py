@@ -5,14 +5,12 @@ JSON specs, and saving them to a wandb server.
   every run carries it; grouped by ``harness.loss.precision``, ``harness.loss.beta_form``, ``harness.gkd.beta``
   (and the experiment config key where the runs carry one), so each variant and β is one line.
 * Line plots are drawn against ``train/global_step`` (the optimizer step), not wandb's ``_step``.
-* Config keys are flat dotted keys in wandb (``{"harness.gkd.beta": {"value": ...}}``), so they are addressed
-  as ``harness.gkd.beta.value`` (:func:`analysis.dashboard.names.config_path`). The runset's grouping and
-  columns do so through the library's public, documented pass-through (a key that already holds ``.value``).
-  Panel axes (parallel-coordinates columns, scatter axes) have no public way in wandb-workspaces 0.4.13: its
-  ``Config("a.b")`` always becomes the nested ``a.value.b``. The two small ``_to_model`` overrides below write
-  the flat key there; the library's own load-and-save turns those 6 axes back into the nested form
-  (tests/analysis/test_dashboard.py, strict xfail), which only logging the harness config nested in wandb
-  would avoid.
+* The harness config is logged nested in wandb (``{"harness": {"gkd": {"beta": ...}}}``,
+  ``harness.rank.wandb_run``), so every config key is addressed through the library's public API as it
+  documents nested keys: ``Config("harness.gkd.beta")`` on panel axes, ``expr.Config`` in the workspace's
+  grouping, ``"config.harness.gkd.beta"`` in a report's, ``config:harness.value.gkd.beta`` as a column
+  (:func:`analysis.dashboard.names.config_path`). No override of the library: a saved workspace survives its
+  load-and-save with every panel and axis (tests/analysis/test_dashboard.py).
 
 Building needs no server except a report runset's project lookup, which happens only when saving
 (``with_project=True``); ``--out`` specs leave the runsets on the report's own project.
@@ -34,44 +32,23 @@ __all__ = ["runset_filters", "grouping", "build_workspace", "build_report", "spe
 MAX_RUNS = 100  # runs (or groups) a panel shows; a β sweep has up to ~70 variant x β groups
 
 
-# --- flat config keys on panel axes ---------------------------------------------------------------------
-class _FlatConfigColumn(wr.ParallelCoordinatesPlotColumn):
-    """A parallel-coordinates axis whose ``Config`` metric is a flat dotted wandb key."""
-
-    def _to_model(self):
-        model = super()._to_model()
-        if isinstance(self.metric, wr.Config):
-            model.accessor = f"config:{self.metric.name}.value"
-        return model
-
-
-class _FlatConfigScatter(wr.ScatterPlot):
-    """A scatter plot whose ``Config`` axes are flat dotted wandb keys."""
-
-    def _to_model(self):
-        model = super()._to_model()
-        for axis in ("x", "y", "z"):
-            metric = getattr(self, axis)
-            if isinstance(metric, wr.Config):
-                setattr(model.config, f"{axis}_axis", f"config:{metric.name}.value")
-        return model
-
-
 def _panel(spec: PanelSpec):
     """One :class:`PanelSpec` -> a wandb-workspaces panel."""
     if spec.kind == "line":
+        bands = {"groupby_aggfunc": "mean", "groupby_rangefunc": "minmax"} if spec.bands else {}
         return wr.LinePlot(title=spec.title, x=n.STEP, y=list(spec.metrics),
                            custom_expressions=[line.expression for line in spec.lines] or None,
-                           log_y=spec.log_y, max_runs_to_show=MAX_RUNS, smoothing_type="none")
+                           log_y=spec.log_y, max_runs_to_show=MAX_RUNS, smoothing_type="none", **bands)
     if spec.kind == "bar":
         return wr.BarPlot(title=spec.title, metrics=list(spec.metrics), orientation="h",
                           max_runs_to_show=MAX_RUNS)
     if spec.kind == "scatter":
-        return _FlatConfigScatter(title=spec.title, x=wr.Config(n.wandb_config_key(spec.config[0])),
-                                  y=wr.SummaryMetric(spec.metrics[0]))
+        return wr.ScatterPlot(title=spec.title, x=wr.Config(n.wandb_config_key(spec.config[0])),
+                              y=wr.SummaryMetric(spec.metrics[0]))
     if spec.kind == "parallel":
-        cols = [_FlatConfigColumn(metric=wr.Config(n.wandb_config_key(k)), display_name=k) for k in spec.config]
-        cols += [_FlatConfigColumn(metric=wr.SummaryMetric(m), display_name=m) for m in spec.metrics]
+        cols = [wr.ParallelCoordinatesPlotColumn(metric=wr.Config(n.wandb_config_key(k)), display_name=k)
+                for k in spec.config]
+        cols += [wr.ParallelCoordinatesPlotColumn(metric=wr.SummaryMetric(m), display_name=m) for m in spec.metrics]
         return wr.ParallelCoordinatesPlot(title=spec.title, columns=cols)
     raise ValueError(f"panel {spec.title!r}: unknown kind {spec.kind!r}")
 
@@ -120,7 +97,7 @@ def build_workspace(sections: Sequence[Section], facts: SweepFacts, name: Option
         settings=ws.WorkspaceSettings(x_axis=n.STEP, max_runs=MAX_RUNS, smoothing_type="none"),
         runset_settings=ws.RunsetSettings(
             filters=_filter(facts),
-            groupby=[expr.Config(n.config_path(k)) for k in keys],
+            groupby=[expr.Config(n.wandb_config_key(k)) for k in keys],
             pinned_columns=_columns(keys),
         ),
     )
@@ -148,7 +125,7 @@ def _runset(facts: SweepFacts, with_project: bool) -> wr.Runset:
         project=facts.project if with_project else "",
         name=f"group {facts.group}" if facts.group else "sweep",
         filters=_filter(facts),
-        groupby=[f"config.{n.config_path(k)}" for k in grouping(facts)],
+        groupby=[f"config.{n.wandb_config_key(k)}" for k in grouping(facts)],
     )
 
 

@@ -16,6 +16,7 @@ from typing import Any, Iterable, Optional
 
 from analysis.dashboard import names as n
 from analysis.records import Sweep, UnusableInput, tabulate
+from harness.config.flat import flatten
 from harness.contract import SUMMARY_FILE
 
 __all__ = ["SweepFacts", "facts_from_folder", "facts_from_wandb"]
@@ -47,6 +48,12 @@ class SweepFacts:
     @property
     def n_runs(self) -> int:
         return len(self.sweep.runs)
+
+
+def _config(run: Any) -> dict:
+    """A wandb run's config with dotted keys: the harness logs its config nested under ``harness``
+    (``harness.rank.wandb_run``), read here as ``harness.gkd.beta``; older runs' flat dotted keys read the same."""
+    return flatten(dict(run.config))
 
 
 def _one(values: Iterable[Any], what: str, where: str, given: Optional[str] = None) -> Optional[str]:
@@ -159,10 +166,11 @@ def facts_from_folder(root: os.PathLike, source: str = "local", group: Optional[
     if wruns:
         metric_keys = frozenset(k for r in wruns for row in r.scan_history() for k in row
                                 if not k.startswith("_"))
-        config_keys = _common([set(r.config) for r in wruns])
+        config_keys = _common([set(_config(r)) for r in wruns])
         tags = _common([set(r.tags or ()) for r in wruns])
         if experiment is None:
-            experiment = _one([r.config.get(n.wandb_config_key(n.EXPERIMENT)) for r in wruns], "experiment", str(root))
+            experiment = _one([_config(r).get(n.wandb_config_key(n.EXPERIMENT)) for r in wruns], "experiment",
+                              str(root))
     else:
         notes.append(f"no wandb offline files under {root}: metric and config keys taken from the run folders")
         metric_keys, config_keys, tags = local_keys, local_config, frozenset()
@@ -190,9 +198,9 @@ def facts_from_wandb(path: str, group: str, experiment: Optional[str] = None, ap
         raise UnusableInput(f"wandb {path} group {group!r}: no runs")
     records = runs_from_wandb(runs)
     sweep = tabulate(records, source=f"wandb:{path}/{group}")
-    config_keys = _common([set(dict(r.config)) for r in runs])
+    config_keys = _common([set(_config(r)) for r in runs])
     tags = _common([set(r.tags or ()) for r in runs])
-    experiment = experiment or _one([dict(r.config).get(n.wandb_config_key(n.EXPERIMENT)) for r in runs],
+    experiment = experiment or _one([_config(r).get(n.wandb_config_key(n.EXPERIMENT)) for r in runs],
                                     "experiment", path)
     return SweepFacts(source=sweep.source, sweep=sweep, group=group, project=project, entity=entity,
                       experiment=experiment, metric_keys=_history_keys(sweep), config_keys=config_keys,

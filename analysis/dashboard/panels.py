@@ -59,6 +59,7 @@ class PanelSpec:
     ``metrics[0]``), ``parallel`` (axes: the ``config`` keys, then the summaries of ``metrics``).
     config: harness config keys (``gkd.beta``), not yet prefixed for wandb.
     optional: left out, with a note, when no run logs its metrics.
+    bands: a line plot of grouped runs draws each group's mean with a min-max band (the seeds of a variant).
     """
 
     kind: str
@@ -68,6 +69,7 @@ class PanelSpec:
     lines: Tuple[Line, ...] = ()
     optional: bool = False
     log_y: Optional[bool] = None
+    bands: bool = False
 
     @property
     def metric_refs(self) -> Tuple[str, ...]:
@@ -153,25 +155,39 @@ def standard_sections(criteria: Any) -> Tuple[Section, ...]:
         PanelSpec("scatter", "Negative-loss calls (total) against gkd.beta", (n.NEG_CALLS_TOTAL,),
                   config=(n.BETA,)),
     ))
-    return (loss, negative, nonfin, spots, min_jsd, beta)
+    evaluation = Section("Held-out evaluation (band: the seeds of a variant)", tuple(
+        PanelSpec("line", title, (metric,), optional=True, bands=True) for metric, title in (
+            (n.EVAL_JSD, "eval/jsd: held-out JSD at the run's beta and temperature"),
+            (n.EVAL_FORWARD_KL, "eval/forward_kl: KL(teacher || student) on the held-out split"),
+            (n.EVAL_REVERSE_KL, "eval/reverse_kl: KL(student || teacher) on the held-out split"),
+            (n.EVAL_TOP1_AGREEMENT, "eval/top1_agreement: share of positions where student and teacher agree"),
+        )))
+    return (loss, negative, nonfin, spots, min_jsd, evaluation, beta)
 
 
 def keep_available(sections: Iterable[Section], metric_keys: Iterable[str]) -> tuple:
     """-> (sections holding only panels whose every metric is in ``metric_keys``, [dropped panel notes]).
 
-    An empty section is left out too. A standard (non-optional) panel that is dropped is noted all the same:
-    the runs did not log a metric the dashboard expects."""
+    An empty section is left out too (a section of optional panels none of which is kept, e.g. the held-out
+    evaluation without ``monitor.eval``, in one note). A standard (non-optional) panel that is dropped is noted
+    all the same: the runs did not log a metric the dashboard expects."""
     available = set(metric_keys)
     kept, dropped = [], []
     for sec in sections:
-        panels = []
+        panels, notes, missing_all = [], [], []
         for p in sec.panels:
             missing = [m for m in p.metric_refs if m not in available]
             if missing:
-                dropped.append(f"{sec.name} / {p.title}: no run logged {', '.join(missing)}"
-                               + ("" if p.optional else " (a standard panel)"))
+                notes.append(f"{sec.name} / {p.title}: no run logged {', '.join(missing)}"
+                             + ("" if p.optional else " (a standard panel)"))
+                missing_all += [m for m in missing if m not in missing_all]
                 continue
             panels.append(p)
         if panels:
             kept.append(Section(sec.name, tuple(panels)))
+            dropped += notes
+        elif len(notes) > 1 and all(p.optional for p in sec.panels):  # a whole optional section: one note
+            dropped.append(f"{sec.name}: no run logged {', '.join(missing_all)}")
+        else:
+            dropped += notes
     return tuple(kept), dropped

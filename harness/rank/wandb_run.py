@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping, Optional
 
 from harness.config.flat import flatten
-from harness.contract import HARNESS_PREFIXES, HF_KEY_MAP, WANDB_SUMMARIES
+from harness.contract import HARNESS_PREFIXES, HF_KEY_MAP, WANDB_CONFIG_KEY, WANDB_SUMMARIES
 import importlib
 import sys
 from typing import Callable
@@ -33,8 +33,26 @@ def design_record(logs: Mapping[str, Any], step: int) -> Optional[Dict[str, Any]
     return rec
 
 
+def _merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> Dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
+    return out
+
+
+def _add_to_wandb_config(run: Any, tree: Mapping[str, Any]) -> None:
+    """Merge ``tree`` into the run's harness config, nested under :data:`~harness.contract.WANDB_CONFIG_KEY`
+    (wandb's ``update`` replaces a key's whole value, so the subtree is merged here). Nested, not flat dotted
+    keys: wandb stores it as ``harness.value.gkd.beta``, the form wandb-workspaces addresses as
+    ``Config("harness.gkd.beta")`` and keeps through its own load-and-save."""
+    current = run.config.get(WANDB_CONFIG_KEY)
+    current = dict(current) if isinstance(current, Mapping) else {}
+    run.config.update({WANDB_CONFIG_KEY: _merge(current, tree)}, allow_val_change=True)
+
+
 def attach_to_wandb_run(harness_config: Mapping[str, Any]) -> bool:
-    """Inside ms-swift's process: add the harness config and metric summaries to the active wandb run."""
+    """Inside ms-swift's process: add the harness config (nested under :data:`WANDB_CONFIG_KEY`) and metric
+    summaries to the active wandb run."""
     try:
         import wandb
     except ImportError:
@@ -42,26 +60,25 @@ def attach_to_wandb_run(harness_config: Mapping[str, Any]) -> bool:
     run = wandb.run
     if run is None:
         return False
-    flat = flatten(redact(dict(harness_config)))
-    run.config.update({f"harness.{k}": v for k, v in flat.items()}, allow_val_change=True)
+    tree = redact(dict(harness_config))
+    flat = flatten(tree)
     from harness.store.provenance import provenance
 
     prov = provenance(flat.get("loss.precision"), flat.get("loss.source"))
-    run.config.update({f"harness.provenance.{k}": v for k, v in prov.items()}, allow_val_change=True)
+    _add_to_wandb_config(run, {**tree, "provenance": dict(prov)})
     for name, summary in WANDB_SUMMARIES.items():
         run.define_metric(name, summary=summary)
     return True
 
 
 def update_wandb_config(values: Mapping[str, Any]) -> None:
-    """Add late-known values (dtypes seen at the loss boundary) to the active wandb run's config."""
+    """Add late-known values (dtypes seen at the loss boundary) to the active wandb run's harness config."""
     try:
         import wandb
     except ImportError:
         return
     if wandb.run is not None:
-        wandb.run.config.update({f"harness.{k}": v for k, v in flatten(redact(dict(values))).items()},
-                                allow_val_change=True)
+        _add_to_wandb_config(wandb.run, redact(dict(values)))
 
 
 def _keep_harness_names(rewrite: Callable) -> Callable:

@@ -22,6 +22,7 @@ import pytest
 from analysis.criteria import load_criteria
 from analysis.dashboard.cli import main as dashboard_main
 from analysis.load_offline import OfflineRun, find_offline_runs
+from harness.config.flat import flatten
 
 STEPS = 3
 
@@ -78,13 +79,19 @@ def _wandb_runs(sweep: Path) -> list:
 _REF = re.compile(r"\$\{([^}]+)\}")
 
 
+def _config_name(path: str) -> str:
+    """A nested config's backend path -> its dotted key: ``harness.value.gkd.beta`` -> ``harness.gkd.beta``."""
+    top, value, rest = path.split(".", 2)
+    assert value == "value", path
+    return f"{top}.{rest}"
+
+
 def _accessor(acc: str, metrics: set, config: set) -> None:
     section, name = acc.split(":", 1)
     if section == "summary":
         metrics.add(name)
     elif section == "config":
-        assert name.endswith(".value"), acc
-        config.add(name[: -len(".value")])
+        config.add(_config_name(name))
     else:
         assert section == "run", acc
 
@@ -105,8 +112,8 @@ def _panel_refs(panels: list, metrics: set, config: set) -> int:
 
 def _runset_refs(runset: dict, metrics: set, config: set, filters: list) -> None:
     for g in runset.get("grouping") or []:
-        assert g["section"] == "config" and g["name"].endswith(".value"), g
-        config.add(g["name"][: -len(".value")])
+        assert g["section"] == "config", g
+        config.add(_config_name(g["name"]))
     for col in (runset.get("runFeed") or {}).get("columnOrder") or []:
         _accessor(col, metrics, config)
     filters += (runset.get("filters") or {}).get("filters") or []
@@ -168,7 +175,9 @@ def test_every_grouping_and_filter_key_is_in_the_runs(dashboard_sweep, spec):
     wruns = _wandb_runs(dashboard_sweep)
     assert {"harness.loss.precision", "harness.loss.beta_form", "harness.gkd.beta"} <= config
     for r in wruns:
-        assert config <= set(r.config), f"wandb run {r.name} config lacks {sorted(config - set(r.config))}"
+        assert "harness" in r.config and not any(k.startswith("harness.") for k in r.config)  # logged nested
+        carried = set(flatten(r.config))
+        assert config <= carried, f"wandb run {r.name} config lacks {sorted(config - carried)}"
     assert filters, "the runset must select the sweep's runs"
     for f in filters:
         key = (f["key"]["section"], f["key"]["name"])
@@ -260,7 +269,9 @@ def test_run_folders_without_wandb_files(synthetic_sweep_dir, tmp_path, capsys):
         assert config <= carried, f"{summary} config lacks {sorted(config - carried)}"
         assert filters and all({k: f[k] for k in ("key", "op", "value")} == {
             "key": {"section": "run", "name": "group"}, "op": "=", "value": data["group"]} for f in filters)
-    assert spec["left_out"] == [] and "spot/param_grad_rel_l2" in metrics  # the synthetic runs measure it
+    assert "spot/param_grad_rel_l2" in metrics  # the synthetic runs measure it
+    assert spec["left_out"] == ["Held-out evaluation (band: the seeds of a variant): no run logged eval/jsd, "
+                                "eval/forward_kl, eval/reverse_kl, eval/top1_agreement"]
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
@@ -383,20 +394,47 @@ def test_saved_workspace_survives_load_and_save(synthetic_sweep_dir, monkeypatch
     assert _without_config_axes(second) == _without_config_axes(first)
     assert _runset_of(second) == _runset_of(first)
     grouping = [g["name"] for g in _runset_of(second)["grouping"]]
-    assert "harness.gkd.beta.value" in grouping
+    assert "harness.value.gkd.beta" in grouping
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "wandb-workspaces 0.4.13 has no form of a panel-axis config key that survives its own load-and-save when "
-    "the key is flat and dotted (the harness logs harness.gkd.beta flat): _metric_to_frontend_pc turns "
-    "config:harness.gkd.beta.value into Config('harness.gkd.beta'), which _metric_to_backend_pc saves as "
-    "config:harness.value.gkd.beta. Fixed only by logging the harness config nested under 'harness' "
-    "(harness.rank.wandb_run), after which the library's plain Config needs no override."))
 def test_config_axes_survive_load_and_save(synthetic_sweep_dir, monkeypatch):
-    """The 6 beta-view axes (3 parallel-coordinates columns, 3 scatter x-axes) keep the flat config key."""
+    """The 6 beta-view axes (3 parallel-coordinates columns, 3 scatter x-axes) keep their config key through
+    the library's own load-and-save (issue 24: with the harness config logged flat, ``harness.gkd.beta.value``
+    came back as ``harness.value.gkd.beta``; it is logged nested now, which the library addresses as is)."""
     first, second = _round_trip(synthetic_sweep_dir, monkeypatch)
-    assert len(_config_axes(first)) == 6 and "config:harness.gkd.beta.value" in _config_axes(first)
+    assert len(_config_axes(first)) == 6 and "config:harness.value.gkd.beta" in _config_axes(first)
     assert _config_axes(second) == _config_axes(first)
+
+
+EVAL = ("eval/jsd", "eval/forward_kl", "eval/reverse_kl", "eval/top1_agreement")
+
+
+def test_eval_panels_by_variant_with_seed_bands(sweep_copy, monkeypatch):
+    """Issue 20's held-out metrics (logged every few steps where monitor.eval.every_n_steps > 0): one line panel
+    each, against train/global_step, each variant's mean with a min-max band over its seeds, through the
+    library's load-and-save; left out (noted) where no run evaluated."""
+    for path in sorted(sweep_copy.glob("*/metrics.jsonl")):
+        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        for row in rows[3::4]:
+            row.update({m: 0.01 * row["step"] for m in EVAL})
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    first, second = _round_trip(sweep_copy, monkeypatch)
+    panels = [(kind, cfg) for _, kind, cfg in _panels_of(first) if set(cfg.get("metrics") or ()) & set(EVAL)]
+    assert [cfg["metrics"] for _, cfg in panels] == [[m] for m in EVAL]
+    for kind, cfg in panels:
+        assert kind == "Run History Line Plot" and cfg["xAxis"] == "train/global_step", cfg
+        assert cfg["groupAgg"] == "mean" and cfg["groupArea"] == "minmax", cfg
+    grouping = [g["name"] for g in _runset_of(first)["grouping"]]
+    assert {"harness.value.loss.precision", "harness.value.loss.beta_form", "harness.value.gkd.beta"} <= set(grouping)
+    assert _without_config_axes(second) == _without_config_axes(first)
+
+
+def test_eval_panels_are_left_out_where_no_run_evaluated(synthetic_sweep_dir, tmp_path, capsys):
+    out = tmp_path / "spec.json"
+    assert dashboard_main([str(synthetic_sweep_dir), "--out", str(out)]) == 0
+    assert not {m for p in json.loads(out.read_text())["panels"] for m in p["metrics"]} & set(EVAL)
+    err = capsys.readouterr().err
+    assert all(m in err for m in EVAL)
 
 
 def test_line_plots_are_drawn_against_the_optimizer_step(synthetic_sweep_dir):

@@ -98,10 +98,13 @@ def test_wandb_offline_run_holds_harness_metrics(run, name):
     out, summary, _ = run(name)
     wr = offline_run(out)
     assert wr.group == "e2e" and wr.job_type == "gkd-train" and wr.name == out.name
-    assert wr.config["harness.loss.precision"] == summary["config"]["loss.precision"]
-    assert wr.config["harness.gkd.beta"] == summary["config"]["gkd.beta"]
-    assert wr.config["harness.dtypes_seen.teacher"] == "bfloat16"
-    assert wr.config["harness.versions.ms-swift"] == summary["versions"]["ms-swift"]
+    from harness.config.flat import flatten
+
+    conf = flatten(wr.config)  # the harness config is logged nested under "harness"
+    assert conf["harness.loss.precision"] == summary["config"]["loss.precision"]
+    assert conf["harness.gkd.beta"] == summary["config"]["gkd.beta"]
+    assert conf["harness.dtypes_seen.teacher"] == "bfloat16"
+    assert conf["harness.versions.ms-swift"] == summary["versions"]["ms-swift"]
     hist = [h for h in wr.scan_history() if "train/loss" in h]  # per-step rows (not the end-of-training one)
     local = metrics(out)
     assert len(hist) == len(local)

@@ -286,7 +286,9 @@ def test_wandb_config_carries_the_candidates_hash(tmp_path, monkeypatch):
     run = wandb.init(dir=str(tmp_path), mode="offline", project="t")
     try:
         assert attach_to_wandb_run(to_dict(cfg))
-        conf = dict(run.config)
+        from harness.config.flat import flatten
+
+        conf = flatten(dict(run.config))  # the harness config is logged nested under "harness"
         assert conf["harness.provenance.loss_sha256"] == loss_source_sha256("candidate", str(GOOD))
         assert conf["harness.loss.name"] == "pr-9" and conf["harness.loss.source"] == str(GOOD)
     finally:

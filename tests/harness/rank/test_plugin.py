@@ -303,7 +303,7 @@ def test_megatron_logs_harness_metrics_under_the_hf_names(tmp_path, rank):
     assert set(records[0]) - {"step"} == {k for k in hf_names if not k.startswith("train/learning")} | {
         "train/learning_rate"}
     assert summary["dtypes_seen"] == {"student": "float32", "teacher": "bfloat16"}
-    assert any(k.startswith("harness.") for k in config)  # the harness config is on this rank's wandb run
+    assert "harness" in config  # the harness config is on this rank's wandb run (nested under "harness")
 
 
 # ----------------------------------------------------------------------------------------------------------
