@@ -82,6 +82,8 @@ class EmbeddedConfig:
     teacher_steps: int = MISSING
     teacher_lr: float = MISSING
     teacher_corpus: int = MISSING
+    student_start: str = MISSING  # random | near_teacher (with teacher: trained; harness.fixtures.distill)
+    student_noise: float = MISSING  # with student_start: near_teacher, relative weight noise on the teacher's copy
 
 
 @dataclass

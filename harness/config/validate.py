@@ -121,6 +121,15 @@ def _embedded(cfg: TrainConfig) -> None:
         _at_least("model.embedded.teacher_corpus", spec.teacher_corpus, 1)
         if not spec.teacher_lr > 0:
             raise ConfigError("model.embedded.teacher_lr", f"must be > 0, got {spec.teacher_lr}")
+    if spec.student_start not in ("random", "near_teacher"):
+        raise ConfigError("model.embedded.student_start", f"must be random or near_teacher, got "
+                                                          f"{spec.student_start!r}")
+    if spec.student_start == "near_teacher":
+        if spec.teacher != "trained":
+            raise ConfigError("model.embedded.student_start", "near_teacher needs model.embedded.teacher=trained")
+        if not spec.student_noise > 0:
+            raise ConfigError("model.embedded.student_noise", f"must be > 0 with student_start=near_teacher, got "
+                                                              f"{spec.student_noise}")
 
 
 def validate_config(cfg: TrainConfig) -> None:
