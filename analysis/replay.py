@@ -22,6 +22,7 @@ from typing import Dict, Iterable, List, Optional
 
 import torch
 
+from harness.contract import CAPTURES_DIR
 from harness.store.captures import CaptureError, load_capture
 from harness.losses import BETA_FORMS, DTYPES_BY_NAME as DTYPES, make_gkd_loss_terms
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
@@ -75,11 +76,13 @@ def synthetic_inputs(seed: int = 0, rows: int = 3, vocab: int = 64, scale: float
 
 
 def find_captures(paths: Iterable[str]) -> List[Path]:
-    """Capture files named directly, or found under folders (``**/*.safetensors``), sorted."""
+    """Capture files named directly, or found under folders (``**/captures/*.safetensors``, or the files of a
+    ``captures/`` folder named directly), sorted; other safetensors files (model checkpoints) are not captures."""
     found: List[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            hits = sorted(p.rglob("*.safetensors"))
+            hits = sorted(p.glob("*.safetensors") if p.name == CAPTURES_DIR else
+                          p.rglob(f"{CAPTURES_DIR}/*.safetensors"))
             if not hits:
                 raise CaptureError(f"{p}: no *.safetensors capture under this folder (runs write captures "
                                    "only when trained with monitor.capture=true)")

@@ -3,6 +3,7 @@ import subprocess
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from harness.store.captures import save_capture
 from analysis.replay import evaluate_variants, main, replay_table, synthetic_inputs
@@ -75,6 +76,22 @@ def test_captures_of_a_sweep_rank_averaged(tmp_path, capsys):
     assert main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "mean over ranks" in out and "step2_rank1.safetensors" in out
+
+
+def test_a_run_folder_replays_its_captures_not_its_checkpoints(tmp_path):
+    """A run that saved checkpoints holds model safetensors under swift/; only captures/ is read."""
+    case = make_case("fp32", "bf16", "topk", True, 12)
+    save_capture(tmp_path / "runA" / "captures" / "step1_rank0.safetensors", case.student, case.teacher,
+                 case.labels, 0.5, 0.9, meta=dict(step=1, rank=0, beta_form="paper"))
+    ckpt = tmp_path / "runA" / "swift" / "checkpoint-1"
+    ckpt.mkdir(parents=True)
+    save_file({"lm_head.weight": torch.zeros(4, 4)}, str(ckpt / "model.safetensors"))
+    for folder in (tmp_path, tmp_path / "runA", tmp_path / "runA" / "captures"):
+        per_capture, _ = replay_table([str(folder)])
+        assert set(per_capture["capture"]) == {"step1_rank0.safetensors"}
+    ref_total, n, _ = reference_gkd(case.student, case.labels, 0.5, 0.9, "paper", **case.ref_kwargs)
+    fp64 = per_capture[per_capture.variant == "fp64"].iloc[0]
+    assert fp64.loss == pytest.approx(ref_total / n, rel=1e-9) and fp64.num_valid == n
 
 
 def test_unreadable_capture_exits_2(tmp_path, capsys):
