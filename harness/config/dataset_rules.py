@@ -11,12 +11,17 @@ then without naming the file or the line: an empty jsonl (``StopIteration``), a 
 * each sampled row has an assistant turn, unless generation is fully on-policy (``gkd.lmbda=1``: the student
   writes every response) - in the ``messages`` / ``conversations`` formats or the ``query``/``response`` style.
 
-A folder, another file type or a hub id is left to ms-swift (hub ids are checked against the cache when offline,
-:mod:`harness.config.validate`).
+A hub dataset id (``owner/name``, with ms-swift's ``HF::`` prefix, ``:subset`` and ``#N`` suffixes) is checked
+where the cache allows: when the hub cannot be reached (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``, or the
+embedded models, whose runs are launched with ``HF_HUB_OFFLINE=1``), it must be in the Hugging Face hub cache or
+the ``datasets`` cache, else ms-swift fails after the models have loaded. As for hub model ids, a dry run only
+names it (it may plan for nodes whose cache this machine does not see). Online, a hub id is left to ms-swift, as
+is a folder or another file type.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any, Optional
@@ -84,10 +89,64 @@ def check_dataset(key: str, value: Optional[str], on_policy: bool) -> None:
         raise ConfigError(key, f"{path} is empty (no rows)")
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+_OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+def hub_dataset_id(value: str) -> Optional[str]:
+    """The hub repo id ``value`` names (``HF::owner/name:subset#500`` -> ``owner/name``), or None when it is a
+    local path or not an ``owner/name`` id."""
+    if value.startswith(("/", "./", "../", "~")) or Path(value).expanduser().exists():
+        return None
+    bare = re.sub(r"#\d+$", "", value)
+    bare = re.sub(r"^(HF|MS)::", "", bare).split(":", 1)[0]
+    return bare if _HUB_ID.fullmatch(bare) and not Path(bare).expanduser().exists() else None
+
+
+def hub_offline(env: Optional[dict] = None) -> bool:
+    env = os.environ if env is None else env
+    return any(str(env.get(k, "")).lower() in ("1", "true", "yes", "on") for k in _OFFLINE_VARS)
+
+
+def _cache_dirs() -> tuple:
+    """(the hub cache, the ``datasets`` cache), as huggingface_hub and datasets resolve them."""
+    from huggingface_hub import constants  # torch-free; a dependency of transformers and datasets
+
+    hub = Path(os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE).expanduser()
+    home = Path(os.environ.get("HF_HOME") or constants.HF_HOME).expanduser()
+    return hub, Path(os.environ.get("HF_DATASETS_CACHE") or home / "datasets").expanduser()
+
+
+def in_dataset_cache(repo_id: str) -> bool:
+    """Whether hub dataset ``repo_id`` has a snapshot in the hub cache or a prepared copy in the datasets cache."""
+    hub, datasets_cache = _cache_dirs()
+    snapshots = hub / f"datasets--{repo_id.replace('/', '--')}" / "snapshots"
+    if snapshots.is_dir() and any(snapshots.iterdir()):
+        return True
+    return (datasets_cache / repo_id.replace("/", "___")).is_dir()
+
+
+def check_hub_dataset(key: str, value: Optional[str], offline: bool) -> None:
+    """Raises :class:`ConfigError` naming ``key`` for a hub dataset id that is not cached while the hub is out of
+    reach (``offline``)."""
+    repo_id = hub_dataset_id(value) if value and offline else None
+    if repo_id and not in_dataset_cache(repo_id):
+        raise ConfigError(key, f"{value!r} is not a local file and hub dataset {repo_id} is not in the Hugging Face "
+                          "cache, and the hub is offline (HF_HUB_OFFLINE, or the embedded models): download it "
+                          "first (huggingface-cli download --repo-type dataset ...) or point the key at a local jsonl")
+
+
 def validate_datasets(cfg) -> None:
     """``run.dataset`` and ``monitor.eval.dataset`` (the held-out split always needs responses to score)."""
+    from harness.config.schema import EMBEDDED
+
+    # the embedded models' runs get HF_HUB_OFFLINE=1; a dry run may plan for other nodes' caches
+    offline = (hub_offline() or cfg.model.student == EMBEDDED) and not cfg.run.dry_run
+    for key, value in (("run.dataset", cfg.run.dataset), ("monitor.eval.dataset", cfg.monitor.eval.dataset)):
+        check_hub_dataset(key, value, offline)
     check_dataset("run.dataset", cfg.run.dataset, on_policy=cfg.gkd.lmbda >= 1.0)
     check_dataset("monitor.eval.dataset", cfg.monitor.eval.dataset, on_policy=False)
 
 
-__all__ = ["validate_datasets", "check_dataset", "row_problem", "SAMPLED_ROWS"]
+__all__ = ["validate_datasets", "check_dataset", "check_hub_dataset", "hub_dataset_id", "in_dataset_cache",
+           "row_problem", "SAMPLED_ROWS"]
