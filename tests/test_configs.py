@@ -35,6 +35,8 @@ TRAIN_GROUPS = ("model", "loss", "gkd", "backend", "rollout", "tracking", "monit
 TINY_EXPERIMENTS = ("smoke", "beta_sweep", "outcome")
 SEED_EXPERIMENTS = ("seed", "seed_hf", "precision_ab")
 DATASET = "org/gkd-prompts"  # a hub-style id: nothing is downloaded at the argument level
+HELD_OUT = "org/gkd-held-out"  # monitor.eval.dataset where a preset with its own dataset turns the evaluation on
+NEEDS_HELD_OUT = ("precision_ab",)
 
 
 @pytest.fixture(autouse=True)
@@ -97,7 +99,8 @@ def test_every_config_composes(rel):
         assert type(launcher).__name__ in ("BasicLauncher", "LocalLauncher", "SlurmLauncher")
     task = task_config(overrides)  # every interpolation resolves, every value has its schema's type
     if task.model.student != EMBEDDED and task.run.dataset is None:
-        task = task_config([*overrides, f"run.dataset={DATASET}"])
+        task = task_config([*overrides, f"run.dataset={DATASET}",
+                            *([f"monitor.eval.dataset={HELD_OUT}"] if task.monitor.eval.every_n_steps else [])])
     if rel.endswith(".example.yaml"):  # placeholder paths of a site that is not this machine
         with pytest.raises(ValueError, match=r"^model\.student: model folder /shared/models/\S+ does not exist"):
             validate_config(task)
@@ -129,6 +132,7 @@ def as_args(argv):
 @pytest.mark.parametrize("name", TINY_EXPERIMENTS + SEED_EXPERIMENTS)
 def test_experiment_points_to_argument_level(name):
     extra = [f"run.dataset={DATASET}"] if name in SEED_EXPERIMENTS else []
+    extra += [f"monitor.eval.dataset={HELD_OUT}"] if name in NEEDS_HELD_OUT else []
     master, points = experiment_points(name, extra)
     names = [p for p, _ in points]
     assert len(set(names)) == len(names), "run names must be unique within a sweep"

@@ -98,7 +98,8 @@ def test_documented_command_runs(cmd, tmp_path):
 
 def test_slurm_dry_run_as_documented():
     proc = subprocess.run([sys.executable, "-m", "launch.slurm", "experiment=precision_ab", "hydra.launcher.nodes=2",
-                           "hydra.launcher.gpus_per_node=8", "run.dataset=x/y", "--max-points", "1"],
+                           "hydra.launcher.gpus_per_node=8", "run.dataset=x/y", "monitor.eval.dataset=x/z",
+                           "--max-points", "1"],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert "--global_batch_size 16" in proc.stdout and "NNODES=2" in proc.stdout
@@ -165,7 +166,8 @@ def test_cluster_doc_dry_run_is_what_the_command_prints():
     shown = doc[doc.index("# SLURM dry run:"):]
     env = dict(os.environ, GKD_OUTPUT_ROOT="/shared/gkd-runs")
     proc = subprocess.run([sys.executable, "-m", "launch.slurm", "experiment=precision_ab", "hydra.launcher.nodes=2",
-                           "hydra.launcher.gpus_per_node=8", "run.dataset=my-org/gkd-prompts", "run.max_steps=200",
+                           "hydra.launcher.gpus_per_node=8", "run.dataset=my-org/gkd-prompts",
+                           "monitor.eval.dataset=my-org/gkd-held-out", "run.max_steps=200",
                            "--max-points", "1", "--wrap"], capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert _flags(shown) == _flags(proc.stdout)

@@ -8,7 +8,8 @@ import pytest
 from launch.slurm import dry_run, main, node_slurm_env, sbatch_script, torchrun_command
 
 SEED_2x8 = ["experiment=precision_ab", "hydra/launcher=submitit_slurm", "hydra.launcher.nodes=2",
-            "hydra.launcher.gpus_per_node=8", "run.dataset=org/gkd-prompts"]
+            "hydra.launcher.gpus_per_node=8", "run.dataset=org/gkd-prompts",
+            "monitor.eval.dataset=org/gkd-held-out"]
 
 
 @pytest.fixture(scope="module")

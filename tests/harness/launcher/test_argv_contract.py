@@ -37,6 +37,8 @@ from launch.sweep import point_name, sweep_points
 REPO = Path(__file__).resolve().parents[3]
 EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "experiment").glob("*.yaml"))
 NEEDS_DATASET = ("seed", "seed_hf", "precision_ab")
+#: presets with the held-out evaluation on and a dataset of their own: they need the held-out split too
+NEEDS_EVAL_DATASET = ("precision_ab",)
 GPUS_PER_NODE = 8
 #: argvs that must be refused: proof that the check bites (an unknown flag, a value outside a Literal's choices,
 #: a bool that is not one, an abbreviation of a real flag)
@@ -51,7 +53,8 @@ NEGATIVE = {
 def preset_overrides(experiment: str | None) -> list[str]:
     if experiment is None:
         return []
-    return [f"experiment={experiment}", *(["run.dataset=x/y"] if experiment in NEEDS_DATASET else [])]
+    return [f"experiment={experiment}", *(["run.dataset=x/y"] if experiment in NEEDS_DATASET else []),
+            *(["monitor.eval.dataset=x/z"] if experiment in NEEDS_EVAL_DATASET else [])]
 
 
 def contract_argvs(tmp: Path) -> dict[str, list[str]]:

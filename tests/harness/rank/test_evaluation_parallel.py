@@ -125,3 +125,30 @@ def test_the_cross_shard_tie_is_resolved_to_the_first_maximum():
         row = inp["student"][b, s]
         assert row[3] == row[40] == row.max() and int(row.argmax()) == 3
     assert int(inp["teacher"][0, 5].argmax()) == 3 and int(inp["teacher"][1, 2].argmax()) == 40
+
+
+# ---------------------------------------------------------------------------------- experiment=precision_ab's argv
+def test_precision_ab_requires_its_held_out_split_before_anything_starts(capsys):
+    """The held-out evaluation is on in experiment=precision_ab (patched_not_worse is required there): without
+    monitor.eval.dataset the SLURM dry run (gkd-train's own validation) is one line naming it, exit 2."""
+    from launch.slurm import main
+
+    rc = main(["experiment=precision_ab", "run.dataset=x/y"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "monitor.eval.dataset" in err, err
+
+
+def test_precision_ab_eval_flags_reach_megatron_rlhf(tmp_path):
+    """With it, every node's ``megatron rlhf`` argv carries ms-swift's own evaluation flags (``--val_dataset``,
+    ``--eval_steps``); tests/harness/launcher/test_argv_contract.py parses these argvs with ms-swift's
+    ``MegatronRLHFArguments`` for every preset point on 1 and 2 nodes."""
+    from harness.launcher.compose import point_config
+    from launch.slurm import node_plan
+
+    cfg, run_dir = point_config(["experiment=precision_ab", "run.dataset=x/y", "monitor.eval.dataset=x/z"],
+                                run_dir=tmp_path / "run")
+    for node, nodes in ((0, 1), (0, 2), (1, 2)):
+        argv = node_plan(cfg, run_dir, node, nodes, 8).argv
+        assert argv[:2] == ["megatron", "rlhf"]
+        assert argv[argv.index("--val_dataset") + 1] == "x/z"
+        assert argv[argv.index("--eval_steps") + 1] == str(cfg.monitor.eval.every_n_steps) == "50"
