@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -141,3 +142,23 @@ def test_a_megatron_dry_run_without_transformer_engine_says_the_flags_are_unchec
     assert "--attn_impl sdpa" in plan.replace("\\\n", " ")
     assert "Megatron argument classes need Transformer Engine" in caplog.text
     assert sorted(os.listdir(table_cache)) == [table_path(False).name]
+
+
+def test_flags_and_paths_never_reach_folder_or_run_names(tmp_path, monkeypatch):
+    """Issue 24: a path in run.extra_args or backend.deepspeed put ``/`` into the run name, so Hydra nested
+    folders; both are left out of names (configs/hydra/default.yaml, override_dirname.exclude_keys)."""
+    monkeypatch.setenv("GKD_OUTPUT_ROOT", str(tmp_path / "out"))
+    cfg, run_dir = point_config(["run.extra_args=[--attn_impl,/x/y]", "backend.deepspeed=/etc/ds/zero3.json"])
+    assert Path(run_dir).resolve() == (tmp_path / "out" / "runs" / "default").resolve()
+    plan = dry_run(cfg, run_dir).replace("\\\n", " ").split()
+    assert plan[plan.index("--run_name") + 1] == "default"
+    assert plan[plan.index("--deepspeed") + 1] == "/etc/ds/zero3.json" and "/x/y" in plan
+    cfg, run_dir = point_config(["gkd.beta=0.9", "run.extra_args=[--attn_impl,/x/y]"])
+    assert run_dir.name == "gkd.beta=0.9" and run_dir.parent.name == "default"
+
+
+def test_the_help_documents_extra_args():
+    """Issue 24: run.extra_args was in no doc and no --help."""
+    proc = subprocess.run([entry_point("gkd-train"), "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "run.extra_args=[--tuner_type,lora,--lora_rank,8]" in proc.stdout
+    assert "refused naming their config key" in proc.stdout
