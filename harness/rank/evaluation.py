@@ -7,9 +7,10 @@ The harness adds what that loop lacks:
 - :class:`EvalTap` sits between the dtype boundary and the loss, so it sees the logits **as they reach the loss**.
   On a loss call without a graph (the evaluation loop) it adds the FP64 sums of :func:`eval_sums` and answers with
   the run's bare loss (the instrument's training counters are left alone); in training it passes the call on.
-- :func:`finish` turns the sums into the ``eval/*`` metrics (all-reduced over the data-parallel ranks first) and
-  resets them; the HF hook (:func:`install_hf_hooks`) adds them to the loop's metrics, so they are logged with
-  ``eval_loss`` at the same step and reach ``metrics.jsonl`` and wandb through the harness callback.
+- :meth:`EvalTap.finish` turns the sums into the ``eval/*`` metrics (all-reduced over the ranks first, each TP
+  group counted once) and resets them; the HF hook (:func:`install_hf_hooks`) adds them to the loop's metrics, so
+  they are logged with ``eval_loss`` at the same step and reach ``metrics.jsonl`` and wandb through the harness
+  callback. On Megatron the harness callback's ``on_eval_begin`` / ``on_eval_end`` reset and finish them.
 - The harness callback asks for one more evaluation at the last step (``harness.rank.callbacks``).
 
 All metrics are token-weighted means over the active positions of the split: the generalized JSD at the run's
@@ -213,7 +214,6 @@ class EvalTap:
     def __init__(self, inner: Callable, bare: Callable, beta_form: str):
         self.inner, self.bare, self.beta_form = inner, bare, beta_form
         self.sums: Optional[torch.Tensor] = None
-        self.vocab: VocabShards = LOCAL
 
     @staticmethod
     def evaluating(student_logits: torch.Tensor) -> bool:
@@ -224,10 +224,9 @@ class EvalTap:
             return self.inner(student_logits, teacher_output, labels, beta, temperature, *args, **kwargs)
         from harness.rank.instrument import _loss_kwargs
 
-        self.vocab = tensor_parallel()
         gather = _loss_kwargs(args, kwargs).get("gather_fn")
         add = eval_sums(student_logits, teacher_output, labels, float(beta), float(temperature), self.beta_form,
-                        self.vocab, gather)
+                        tensor_parallel(), gather)
         self.sums = add if self.sums is None else self.sums + add.to(self.sums.device)
         return self.bare(student_logits, teacher_output, labels, beta, temperature, *args, **kwargs)
 
