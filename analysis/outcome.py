@@ -176,11 +176,13 @@ def outcome_sentence(row: Optional[pd.Series], original: str = "the original") -
 
 
 def ratio_decimals(width: float) -> int:
-    """Decimals that show an interval of ``width`` on a ratio near 1: 2 for a width of 0.06 (``0.93×, 0.90–0.96``),
-    5 for 8e-5 (``1.00004×, 1.00000–1.00008``); at most 9."""
+    """Decimals that show an interval of ``width`` on a ratio near 1: the last digit is at most half the width, so
+    the bounds differ from the mean in print and a bound just above 1 does not round to it: 2 for a width of 0.06
+    (``0.93×, 0.90–0.96``), 3 for 0.0114 (``0.999×, 0.993–1.004``, not ``1.00×, 0.99–1.00``), 5 for 8e-5
+    (``1.00004×, 1.00000–1.00008``); at least 2, at most 9."""
     if not width > 0 or math.isnan(width):
         return 2
-    return int(min(9, max(2, math.ceil(-math.log10(width)))))
+    return int(min(9, max(2, math.ceil(-math.log10(width / 2)))))
 
 
 def patched_not_worse(sweep, original_precision: str, patched_precisions: Iterable[str], margin: float) -> dict:

@@ -125,7 +125,7 @@ def test_report_section_states_the_effect_and_plots_the_seed_band(tmp_path):
     assert band.loc[("native/paper", STEPS), "n"] == 3
     assert (band.loc[("native/paper", STEPS), "low"], band.loc[("native/paper", STEPS), "high"]) == (min(xs), max(xs))
     assert band.loc[("native/paper", 5), "mean"] == pytest.approx(2 * sum(xs) / 3, rel=1e-12)
-    assert [ratio_decimals(w) for w in (0.06, 8e-5, 0.5, 1e-12)] == [2, 5, 2, 9]
+    assert [ratio_decimals(w) for w in (0.06, 8e-5, 0.5, 1e-12, 0.0114, 0.0013)] == [2, 5, 2, 9, 3, 4]
     doc = Document("t")
     report_section(sweep, doc, tmp_path, "native", ["fp32"])
     assert line in doc.to_markdown() and (tmp_path / "eval_jsd_bands.png").stat().st_size > 0

@@ -140,7 +140,7 @@ def test_gkd_analyze_reports_patched_not_worse_with_the_first_screen_sentence(ou
     mean = sum(rels) / 2
     sd = math.sqrt(sum((r - mean) ** 2 for r in rels))  # n - 1 = 1
     lo, hi = mean - T1 * sd / math.sqrt(2), mean + T1 * sd / math.sqrt(2)
-    decimals = int(min(9, max(2, math.ceil(-math.log10(hi - lo)))))
+    decimals = int(min(9, max(2, math.ceil(-math.log10((hi - lo) / 2)))))  # last digit <= half the width
     tail = "; no difference resolved" if lo <= 0 <= hi else ""
     sentence = (f"fp32/paper ends at {1 + mean:.{decimals}f}× the original's held-out JSD (95% t interval "
                 f"{1 + lo:.{decimals}f}–{1 + hi:.{decimals}f}, 2 seeds{tail}).")
