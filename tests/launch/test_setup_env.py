@@ -99,3 +99,11 @@ def test_a_broken_torch_is_reinstalled_on_the_rerun():
     assert tc.install(pip=pip, probe=lambda: (None, "OSError: libtorch_cpu.so"), installed=lambda: True) == 0
     assert pip.calls[0] == [f"torch=={tc.PIN}+cpu", "--force-reinstall", "--no-deps"]
     assert pip.calls[1] == [f"torch=={tc.PIN}+cpu"]
+
+
+def test_setup_env_builds_the_table_of_ms_swifts_flags():
+    """run.extra_args is checked against it in milliseconds (issue 24; before, each check imported
+    swift.arguments, 20 to 40 s); Megatron's only where Transformer Engine is there, a failure is one line."""
+    script = (ROOT / "launch" / "setup_env.sh").read_text()
+    assert "python -W ignore -m harness.launcher.extra_args >/dev/null 2>&1" in script
+    assert "find_spec('transformer_engine')" in script and "-m harness.launcher.extra_args --megatron" in script
