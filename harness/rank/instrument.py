@@ -259,8 +259,19 @@ def build_metrics(param_grad: bool = False, where: Optional[MetricDevice] = None
 #: The extra arguments of ms-swift's ``gkd_loss`` after ``temperature``, in order.
 _LOSS_EXTRA_ARGS = ("gather_fn", "log_softmax_fn", "kl_div_fn", "chunk_size")
 
-#: Elements of one row chunk of a full-vocabulary spot check (2^23: 64 MiB as an FP64 ``[rows, V]`` tensor).
-SPOT_CHUNK_ELEMENTS = 1 << 23
+#: Elements of one row chunk of a full-vocabulary spot check, per device type. On a CPU 2^20 (4 rows at
+#: V = 248,320; 8 MiB per FP64 ``[rows, V]`` tensor, so the FP64 evaluation's temporaries are reused by the
+#: allocator instead of being page-faulted afresh: measured 1.7x a loss call at V = 248,320, against 2.1x at
+#: 2^23; docs/performance.md). On CUDA 2^23 (64 MiB as FP64): few kernel launches, a few per cent of the loss's
+#: own ``[N, V]`` tensors.
+SPOT_CHUNK_ELEMENTS = {"cpu": 1 << 20, "cuda": 1 << 23}
+_SPOT_CHUNK_ELEMENTS_OTHER = 1 << 22
+
+
+def _chunk_rows(vocab: int, device) -> int:
+    """Rows per spot-check chunk: :data:`SPOT_CHUNK_ELEMENTS` of the device type ÷ the row width (at least 1)."""
+    budget = SPOT_CHUNK_ELEMENTS.get(torch.device(device).type, _SPOT_CHUNK_ELEMENTS_OTHER)
+    return max(1, budget // max(1, vocab))
 
 
 def _loss_kwargs(args: tuple, kwargs: dict) -> dict:
@@ -296,7 +307,8 @@ def _spot_pieces(student_logits, teacher_output, labels, max_tokens: int, extra:
     Top-k: one piece of the student gathered at the teacher's ids (``[1, n, K]``, through the call's own
     ``gather_fn``, so TP shards gather as in the run), the teacher's ids replaced by ``0 … K−1`` and the default
     gather: the loss and its gradient on the gathered values are the run's (the gradient is 0 elsewhere).
-    Full vocabulary: row chunks of at most :data:`SPOT_CHUNK_ELEMENTS` elements with the call's own primitives.
+    Full vocabulary: row chunks of at most :data:`SPOT_CHUNK_ELEMENTS` elements (per device type) with the call's
+    own primitives.
     """
     s_rows, s_ids, t_ids = _active_rows(student_logits, teacher_output, labels, max_tokens)
     n, vocab = int(s_ids.shape[0]), s_rows.shape[-1]
@@ -309,7 +321,7 @@ def _spot_pieces(student_logits, teacher_output, labels, max_tokens: int, extra:
         if gather is default_gather:  # straight from the rows: no [rows, V] copy
             s_k = s_rows[s_ids[:, None], ids]
         else:  # the call's own (TP-aware) gather, on row chunks
-            step = max(1, SPOT_CHUNK_ELEMENTS // max(1, vocab))
+            step = _chunk_rows(vocab, s_rows.device)
             s_k = torch.cat([gather(s_rows[s_ids[i:i + step]], ids[i:i + step]) for i in range(0, n, step)]) \
                 if n else s_rows.new_zeros((0, k))
         lab = torch.zeros((1, n), dtype=torch.long, device=dev)
@@ -318,7 +330,7 @@ def _spot_pieces(student_logits, teacher_output, labels, max_tokens: int, extra:
         yield s_k.detach()[None], teacher, lab, {**extra, "gather_fn": default_gather}
         return
     t_rows = teacher_output.full_logits.reshape(-1, teacher_output.full_logits.shape[-1])
-    step = max(1, SPOT_CHUNK_ELEMENTS // max(1, vocab))
+    step = _chunk_rows(vocab, s_rows.device)
     for i in range(0, n, step):
         s_c, t_c = s_rows[s_ids[i:i + step]], t_rows[t_ids[i:i + step]].detach()
         lab = torch.zeros((1, s_c.shape[0]), dtype=torch.long, device=dev)
@@ -351,6 +363,14 @@ def spot_check(run_terms: Callable, ref_terms: Callable, student_logits, teacher
 
     Sized to what the loss saw (see :func:`_spot_pieces`): top-k works on the gathered ``[n, K]`` values; full
     vocabulary runs row chunks, one chunk's tensors alive at a time; the norms and totals are accumulated.
+
+    Two loss evaluations per piece, whatever the student's dtype: the run's variant on the student's values, and
+    the FP64 variant on the same values as an FP64 leaf (its gradient ``exact``, unrounded). The reference
+    gradient ``g64`` is ``exact`` rounded once to the student's dtype: for FP32 and BF16 students bit-identical to
+    the FP64 variant's gradient on a student-dtype leaf (the FP64 loss computes in FP64 and rounds once into the
+    leaf's dtype), which earlier versions computed in a third evaluation; for FP16 students the FP64 variant
+    stores its gradient times a power of two per row, so on subnormal entries the single rounding can differ from
+    it by one FP16 ulp (``2^-24``). ``exact`` also gives the dtype floor (rounding ``exact → g64``).
     """
     extra = _loss_kwargs(args, kwargs)
     n, run_sum, ref_sum, dn2, gn2, round2, exact2 = 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
@@ -359,20 +379,23 @@ def spot_check(run_terms: Callable, ref_terms: Callable, student_logits, teacher
         if s.shape[1] == 0:
             continue
         n += s.shape[1]
-        x = s.detach().clone().requires_grad_(True)
-        run_total, grad = _total_and_grad(run_terms, x, teacher, lab, beta, temperature, kw)
-        ref_total, grad64 = _total_and_grad(ref_terms, x, teacher, lab, beta, temperature, kw)
+        s = s.detach()  # a fresh gather / row copy: the run's leaf needs no clone of it
+        run_total, grad = _total_and_grad(run_terms, s.requires_grad_(True), teacher, lab, beta, temperature, kw)
+        s = s.detach()
+        x64 = s.to(torch.float64)
+        ref_total, exact = _total_and_grad(ref_terms, (x64.detach() if x64 is s else x64).requires_grad_(True),
+                                           teacher, lab, beta, temperature, kw)
+        del x64
         run_sum, ref_sum = run_sum + run_total, ref_sum + ref_total
-        gn2 += _sq(grad64)
-        diff = grad64.to(torch.float64)
-        dn2 += _sq(diff.sub_(grad))
-        del diff, grad
-        if low:  # the FP64 gradient on an FP64 leaf (grad64 is in the student's dtype)
-            x64 = s.detach().to(torch.float64).requires_grad_(True)
-            _, exact = _total_and_grad(ref_terms, x64, teacher, lab, beta, temperature, kw)
+        exact = exact.detach()
+        g64 = exact.to(s.dtype).to(torch.float64)  # the FP64 gradient as the student's dtype holds it
+        gn2 += _sq(g64)
+        if low:  # what the student's dtype cannot represent: the floor of the gradient comparison
             exact2 += _sq(exact)
-            round2 += _sq(exact.to(s.dtype).to(torch.float64).sub_(exact))
-            del x64, exact
+            round2 += _sq(exact.sub_(g64))  # exact is not needed after this
+        del exact
+        dn2 += _sq(g64.sub_(grad))
+        del g64, grad
     if n == 0:
         return None
     loss, ref = run_sum / n, ref_sum / n

@@ -118,7 +118,7 @@ def test_spot_check_in_row_chunks_equals_one_piece(mode, monkeypatch):
         teacher = teacher.to_topk(8)
     args = (make_gkd_loss_terms("fp32", "paper"), make_gkd_loss_terms("fp64", "paper"), s, teacher, labels, BETA, T)
     whole = spot_check(*args, max_tokens=9)
-    monkeypatch.setattr(instrument, "SPOT_CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(instrument, "SPOT_CHUNK_ELEMENTS", {"cpu": 1})
     chunked = spot_check(*args, max_tokens=9)
     assert chunked["spot/loss_fp64"] == pytest.approx(whole["spot/loss_fp64"], rel=1e-12)
     for k in ("spot/loss", "spot/grad_rel_l2"):  # fp32 totals summed in another grouping
@@ -132,6 +132,77 @@ def test_spot_check_in_row_chunks_equals_one_piece(mode, monkeypatch):
         ref = reference_jsd(s_k, teacher.topk_logprobs[rows][keep], BETA, "paper", T).mean()
     assert whole["spot/loss_fp64"] == pytest.approx(float(ref), rel=1e-10)
     assert whole["spot/grad_rel_l2"] <= 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_spot_check_evaluates_each_variant_once_the_fp64_one_on_an_fp64_leaf(dtype):
+    """Issue 22: a spot check evaluates the run's variant once (on the student's values, in its dtype) and the
+    FP64 variant once (on the same values as an FP64 leaf), whatever the student's dtype; a BF16/FP16 student took
+    a third evaluation before (the FP64 variant on a student-dtype leaf, besides the FP64 leaf for the dtype
+    floor). The reference gradient is the FP64 gradient rounded once to the student's dtype: the comparison equals
+    the one computed here from the bare loss's gradient and the independent FP64 reference's."""
+    s, t, labels = mixed_inputs(4, b=2, s=9, v=64, noise=0.1)
+    s = s.to(dtype)
+    teacher = TeacherOutput(full_logits=t, labels=labels)
+    seen = {"run": [], "ref": []}
+
+    def counted(name, terms_fn):
+        def terms(x, *args, **kwargs):
+            seen[name].append(x.dtype)
+            return terms_fn(x, *args, **kwargs)
+
+        return terms
+
+    vals = spot_check(counted("run", make_gkd_loss_terms("fp32", "paper")),
+                      counted("ref", make_gkd_loss_terms("fp64", "paper")), s, teacher, labels, BETA, T, max_tokens=10)
+    assert seen == {"run": [dtype], "ref": [torch.float64]}  # one row chunk at V = 64
+
+    rows = labels != -100
+    s_c, t_c = s[rows][:10][None], t[rows][:10][None]
+    lab = torch.zeros(1, 10, dtype=torch.long)
+    x = s_c.clone().requires_grad_(True)
+    total, _ = make_gkd_loss("fp32", "paper")(x, TeacherOutput(full_logits=t_c, labels=lab), lab, BETA, T)
+    (g_run, ) = torch.autograd.grad(total, x)
+    ref_total, n, g_ref = reference_gkd(s_c, lab, BETA, T, teacher_full=t_c)
+    g64 = (g_ref * n).to(dtype).double()  # d total / d logits, as the student's dtype holds it
+    expect = float((g_run.double() - g64).norm() / g64.norm())
+    assert vals["spot/loss_fp64"] == pytest.approx(ref_total / n, rel=1e-12)
+    assert vals["spot/grad_rel_l2"] == pytest.approx(expect, rel=1e-3)
+
+
+def test_spot_check_extra_memory_is_at_most_the_loss_calls_own(monkeypatch):
+    """Issue 22: the spot check's peak of live torch allocations (the profiler's memory timeline, inputs excluded)
+    stays at or below the loss call's own forward+backward, and within a few FP64 row chunks, at a shape where the
+    checked rows are a large share of the call (256 of 448 active positions, V = 32,768, BF16 student: the loss
+    call's smallest peak). Before, the check ran its 256 rows in one chunk of 2^23 elements plus a third, FP64-leaf
+    evaluation: 388 MiB against the loss call's 92 MiB."""
+    import harness.rank.instrument as instrument
+    from bench.measure import allocator_peak_mib
+
+    monkeypatch.setattr(instrument, "SPOT_CHUNK_ELEMENTS", {"cpu": 1 << 20})  # the CPU default, pinned
+    g = torch.Generator().manual_seed(0)
+    v, s_len = 32768, 512
+    s = (torch.randn(1, s_len, v, generator=g) * 2).bfloat16()
+    t = (s.float() + 0.05 * torch.randn(1, s_len, v, generator=g)).bfloat16()
+    labels = torch.ones(1, s_len, dtype=torch.long)
+    labels[0, :64] = -100
+    teacher = TeacherOutput(full_logits=t, labels=labels)
+    run, ref, loss = make_gkd_loss_terms("fp32", "paper"), make_gkd_loss_terms("fp64", "paper"), make_gkd_loss("fp32")
+
+    def loss_call():
+        x = s.detach().requires_grad_(True)
+        total, n = loss(x, teacher, labels, BETA, T)
+        (total / n).backward()
+
+    def check():
+        return spot_check(run, ref, s, teacher, labels, BETA, T, max_tokens=256)
+
+    loss_call(), check()  # lazy library state is not counted
+    loss_mib, check_mib = allocator_peak_mib(loss_call), allocator_peak_mib(check)
+    if loss_mib is None or check_mib is None:
+        pytest.skip("the torch profiler's memory timeline is unavailable in this build")
+    assert check_mib <= loss_mib, (check_mib, loss_mib)
+    assert check_mib <= 8 * 8 * (1 << 20) / 2**20, check_mib  # 8 FP64 chunks of 2^20 elements (64 MiB)
 
 
 def test_spot_check_takes_the_calls_arguments_by_position_or_name():
