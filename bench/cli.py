@@ -112,6 +112,8 @@ def _reps(name: str, quick: bool, device: str) -> tuple[int, int]:
         return (1, 2) if quick else ((1, 2) if device == "cpu" else (3, 10))
     if group == "spot_topk":
         return (1, 3) if quick else (3, 15)
+    if group in SPOT_WIDE:  # the seed's shape: a loss call of seconds on a CPU (full vocabulary and top-k alike)
+        return (1, 2) if quick else ((1, 2) if device == "cpu" else (3, 10))
     if group == "analysis":
         return (0, 1) if quick else (1, 3)
     if name == "instr/topk":

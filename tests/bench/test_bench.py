@@ -107,6 +107,43 @@ def _capped_topk(sizes):
                                          labels=lab), lab
 
 
+@pytest.mark.slow
+def test_bench_quick_spot_rows_at_the_seed_shape(tmp_path):
+    """Issue 22: the seed-shape spot-check groups (``spot_wide``: full vocabulary; ``spot_topk_wide``: top-k with a
+    full-vocabulary student; quick: V = 8,192, S = 32, 28 active, 8 checked) give the check's time and peak memory
+    against the loss call in one run, their goals are judged, and the values agree with an independent FP64
+    reference computed here."""
+    from swift.rlhf_trainers.gkd_loss import TeacherOutput
+
+    from bench.spot_cases import TOPK, wide_inputs
+
+    js = tmp_path / "bench.json"
+    rc = bench.main(["--quick", "--only", "spot_wide", "spot_topk_wide", "--json", str(js), "--work-dir",
+                     str(tmp_path / "work")])
+    assert rc == 0
+    res = json.loads(js.read_text())
+    rows = {r["name"]: r for r in res["rows"]}
+    assert set(rows) == {f"{g}/{v}" for g in ("spot_wide", "spot_topk_wide") for v in ("loss", "check")}
+    goals = {(g["name"], g["metric"]): g["status"] for g in res["goals"]}
+    n_spot = Sizes.quick().spot_max_tokens
+    for group in ("spot_wide", "spot_topk_wide"):
+        check = rows[f"{group}/check"]
+        assert not check["errors"], check["errors"]
+        assert check["time_ratio"] > 0 and check["mem_ratio"] is not None and rows[f"{group}/loss"]["peak_mib"] > 0
+        assert goals[(f"{group}/check", "time_ratio")] in ("met", "NOT met")
+        assert goals[(f"{group}/check", "mem_ratio")] in ("met", "NOT met")
+        student, to, labels = wide_inputs(group == "spot_topk_wide", "cpu", vocab=Sizes.quick().full_v, seq=32,
+                                          active=28)
+        assert to.is_topk_mode == (group == "spot_topk_wide") and (not to.is_topk_mode or
+                                                                  to.topk_indices.shape[-1] == TOPK)
+        assert rows[f"{group}/loss"]["loss"] == pytest.approx(_fp64_reference(student, to, labels), rel=1e-4, abs=2e-6)
+        capped = labels.clone()
+        capped[0, n_spot:] = -100
+        to_c = TeacherOutput(full_logits=to.full_logits, topk_logprobs=to.topk_logprobs, topk_indices=to.topk_indices,
+                             labels=capped)
+        assert check["loss"] == pytest.approx(_fp64_reference(student, to_c, capped), rel=1e-4, abs=2e-6)
+
+
 def test_scaling_exponent_and_table():
     """The fitted exponent recovers a known power law; a not-run point is shown as such and left out of the fit."""
     from bench.scaling import exponent, format_scaling
