@@ -127,6 +127,45 @@ def test_the_cross_shard_tie_is_resolved_to_the_first_maximum():
     assert int(inp["teacher"][0, 5].argmax()) == 3 and int(inp["teacher"][1, 2].argmax()) == 40
 
 
+# ------------------------------------------------------------------- the harness's Megatron callback, end to end
+CALLBACK_WORKER = Path(__file__).with_name("eval_megatron_callback_worker.py")
+
+
+def test_megatron_callback_records_the_tp_reduced_evaluation(tmp_path):
+    """One evaluation through the plugin as installed and the harness's real Megatron callback (``on_eval_begin``,
+    the dtype boundary and EvalTap on TP=2 shards, ``on_eval_end``'s collective, ``on_log``) on 2 gloo ranks: the last
+    rank's ``metrics.jsonl`` holds one record at the iteration, equal to the FP64 full-vocabulary reference. Before,
+    these hooks had never run."""
+    import json
+
+    from harness.contract import METRICS_FILE, SETTINGS_ENV
+    from tests.harness.rank.test_plugin import settings
+
+    inputs = _inputs()
+    case = dict(beta=0.5, beta_form="paper", temperature=0.9)
+    torch.save({**inputs, "beta": case["beta"], "temperature": case["temperature"], "iteration": 4},
+               tmp_path / "in.pt")
+    path = tmp_path / "settings.json"
+    (tmp_path / "run").mkdir()  # gkd-train makes the run folder before ms-swift starts
+    settings(tmp_path / "run", overrides=["monitor.eval.every_n_steps=2", "gkd.beta=0.5", "gkd.temperature=0.9"]
+             ).write(path)
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", WANDB_MODE="disabled",
+               PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+               **{SETTINGS_ENV: str(path)})
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(CALLBACK_WORKER), str(tmp_path / "in.pt")]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+    rows = [json.loads(x) for x in (tmp_path / "run" / METRICS_FILE).read_text().splitlines() if x.strip()]
+    assert len(rows) == 1 and rows[0]["step"] == 4, rows
+    ref = _reference(inputs, case)
+    got = rows[0]
+    assert got[EVAL_TOKENS] == ref[EVAL_TOKENS]
+    for key in (EVAL_JSD, EVAL_FORWARD_KL, EVAL_REVERSE_KL):
+        assert got[key] == pytest.approx(ref[key], rel=1e-12, abs=1e-15), key
+    assert got[EVAL_TOP1_AGREEMENT] == ref[EVAL_TOP1_AGREEMENT]
+
+
 # ---------------------------------------------------------------------------------- experiment=precision_ab's argv
 def test_precision_ab_requires_its_held_out_split_before_anything_starts(capsys):
     """The held-out evaluation is on in experiment=precision_ab (patched_not_worse is required there): without
