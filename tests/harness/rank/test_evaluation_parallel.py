@@ -7,8 +7,12 @@ an FP64 full-vocabulary recomputation from the unsharded tensors.
 - TP=2 with a top-k teacher (``vocab_parallel_topk``): before, nothing was recorded.
 - TP=1 with 2 data-parallel ranks, each evaluating half of the rows: the sums are all-reduced once.
 
-The argv half (``--val_dataset`` / ``--eval_steps`` on ``megatron rlhf``, parsed by ms-swift's
-``MegatronRLHFArguments``) is ``test_precision_ab_eval_argv_is_accepted_by_megatron_rlhf_arguments`` below.
+- The harness's real Megatron callback around one evaluation at TP=2 (``eval_megatron_callback_worker.py``): the run
+  folder's record.
+
+The argv half: experiment=precision_ab turns the evaluation on and needs its held-out split (below); its
+``megatron rlhf`` argv with ``--val_dataset`` / ``--eval_steps`` is parsed by ms-swift's ``MegatronRLHFArguments``
+in tests/harness/launcher/test_argv_contract.py (every preset point, 1 and 2 nodes).
 """
 from __future__ import annotations
 
