@@ -18,6 +18,7 @@ What it prints is produced by the real parts:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import sys
@@ -164,7 +165,9 @@ def dry_run(overrides: Sequence[str], max_points: int | None = None, base_env: d
     for job in shown:
         name = point_name(job, master)
         cfg, run_dir = point_config(job, run_dir=sweep_dir / name, multirun=True)
-        validate_config(cfg)  # the same rules gkd-train applies first: a bad point fails here, in one line
+        # the rules gkd-train applies first, as in its own dry run (what the nodes' caches hold is not checked
+        # from here): a bad point fails in one line, naming the key
+        validate_config(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dry_run=True)))
         out.append(f"# ---- point {name or '(no overrides)'}  (run folder {run_dir}) ----")
         for node in range(nodes):
             plan = node_plan(cfg, run_dir, node, nodes, gpus, base_env)
