@@ -39,7 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.launcher.progress import ProgressDisplay, Snapshot, render
 from harness.store.run_folder import tail_step
-from harness.launcher.cli import PointFailed
+from harness.launcher.cli import EXIT_CONFIG, PointFailed
 from harness.contract import METRICS_FILE, SUMMARY_FILE, SWEEP_MANIFEST_FILE
 
 STATUS_FILE = "job_return.json"
@@ -262,7 +262,8 @@ class SweepStatusCallback(Callback):
         return [ln for ln in lines if ln[:20] >= since]
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        """The summary table; the sweep exits 1 when any point failed or was refused (each was one line already)."""
+        """The summary table; the sweep exits 2 when any point had an invalid config (as a single ``gkd-train`` does),
+        otherwise 1 when any point failed or was refused (each was one line already)."""
         self._report()
         if (config.get("run") or {}).get("dry_run", False) and self._sweep_dir is not None:
             from harness.launcher.leftovers import remove_dry_sweep_folder  # a dry run leaves no folder
@@ -271,7 +272,13 @@ class SweepStatusCallback(Callback):
         refused = self.refusals()
         if refused:
             self._print(f"[sweep {self._group}] {len(refused)} points refused (see {self._sweep_dir / REFUSED_LOG})")
-        if refused or any(p.status in ("failed", "incomplete") for p in self.statuses()):
+        points = self.statuses()
+        invalid = [p for p in points if p.status == "failed" and str(p.error or "").startswith("ConfigError")]
+        if invalid:  # gkd-train's exit-code contract holds for a sweep too: a config error is 2, not "failed"
+            self._print(f"[sweep {self._group}] {len(invalid)} of {len(points)} points have an invalid config "
+                        f"(first: {invalid[0].error.split(': ', 1)[-1]})")
+            sys.exit(EXIT_CONFIG)
+        if refused or any(p.status in ("failed", "incomplete") for p in points):
             sys.exit(1)
 
     # -- progress and final report

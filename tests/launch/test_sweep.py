@@ -189,3 +189,17 @@ def test_submitit_slurm_writes_the_manifest_before_it_submits(app):
     assert manifest["points"] == ["gkd.beta=0.1", "gkd.beta=0.5"] and manifest["group"] == "unit"
     assert manifest["launcher"].endswith("SlurmLauncher")
     assert not [d for d in sweep.iterdir() if d.name.startswith("gkd.beta=")]  # no point started
+
+
+def test_a_sweep_of_invalid_points_exits_2_like_a_single_run(tmp_path):
+    """Before: ``gkd-train -m gkd.beta=1.5,2`` printed one line per point and exited 1 ("the run failed"), breaking
+    the exit-code contract (2 = config error) that a single ``gkd-train gkd.beta=1.5`` keeps. Nothing loads."""
+    from tests.conftest import entry_point
+
+    env = {**os.environ, "GKD_OUTPUT_ROOT": str(tmp_path / "out")}
+    proc = subprocess.run([entry_point("gkd-train"), "-m", "gkd.beta=1.5,0.5", "run.max_steps=1", "run.dry_run=true",
+                           "hydra.callbacks.sweep_status.progress_interval_s=0"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "1 of 2 points have an invalid config (first: gkd.beta: must lie in [0, 1], got 1.5)" in out, out
