@@ -1,7 +1,7 @@
 """Shared fixtures.
 
-* ``embedded_cache`` (session): a private cache root for ``harness.fixtures.embedded`` (``$GKD_HARNESS_CACHE``), so the
-  tiny models are built once per test session and never touch the user's cache.
+* ``embedded_cache`` (session, automatic): a private cache root (``$GKD_HARNESS_CACHE``), so the tiny models are built
+  once per test session and no test touches the user's cache.
 * ``e2e_root`` (session): a folder for end-to-end run folders.
 * ``_output_root_under_tmp`` (session, automatic): ``$GKD_OUTPUT_ROOT`` under a temporary folder when unset.
 """
@@ -25,10 +25,21 @@ def _output_root_under_tmp(tmp_path_factory):
         os.environ.pop("GKD_OUTPUT_ROOT", None)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def embedded_cache(tmp_path_factory):
+    """The harness's cache folder (``$GKD_HARNESS_CACHE``: embedded models, ms-swift's flag table) under a temporary
+    folder for the whole session, so no test writes into the user's ``~/.cache/gkd-harness`` (before: every
+    training or dry run of a test that did not ask for this fixture built its models or the flag table there).
+    The flag tables already built there (``setup_env.sh`` builds them) are copied in, only read."""
+    import shutil
+    from pathlib import Path
+
+    from harness.config.swift_flags import cache_dir
+
     path = tmp_path_factory.mktemp("gkd_cache")
     old = os.environ.get("GKD_HARNESS_CACHE")
+    for table in cache_dir().glob("*-flags-*.json") if cache_dir().is_dir() else ():
+        shutil.copy2(table, path / table.name)
     os.environ["GKD_HARNESS_CACHE"] = str(path)
     yield path
     if old is None:
