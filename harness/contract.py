@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
@@ -42,6 +43,19 @@ ROLE_BY_PRECISION = {"native": ORIGINAL, "fp32": PATCHED, "fp64": REFERENCE, "ca
 def role_of(precision: Optional[str]) -> str:
     """``original`` | ``patched`` | ``reference`` (``unknown`` for anything else)."""
     return ROLE_BY_PRECISION.get(precision or "", "unknown")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The harness's cache folder (embedded models, ms-swift's flag table)
+# ---------------------------------------------------------------------------------------------------------------
+#: The variable that moves the cache folder (default ``~/.cache/gkd-harness``).
+CACHE_ENV = "GKD_HARNESS_CACHE"
+
+
+def cache_dir(env: Optional[Mapping[str, str]] = None) -> Path:
+    """``$GKD_HARNESS_CACHE`` (from ``env``, default ``os.environ``), else ``~/.cache/gkd-harness``."""
+    env = os.environ if env is None else env
+    return Path(env[CACHE_ENV]).expanduser() if env.get(CACHE_ENV) else Path.home() / ".cache" / "gkd-harness"
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -24,9 +24,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-#: the variable that moves the harness's cache folder (default ``~/.cache/gkd-harness``; the embedded models'
-#: cache, ``harness.fixtures.embedded``, lives there too)
-CACHE_ENV = "GKD_HARNESS_CACHE"
+from harness.contract import CACHE_ENV, cache_dir
+
 #: the table's format; a change makes every cached table stale
 TABLE_FORMAT = 1
 #: per backend, the distributions whose argument dataclasses make up its flags (a cached table is per version)
@@ -40,12 +39,6 @@ def backend_name(megatron: bool) -> str:
     return "megatron" if megatron else "swift"
 
 
-def cache_dir(env: Optional[Mapping[str, str]] = None) -> Path:
-    """``$GKD_HARNESS_CACHE``, else ``~/.cache/gkd-harness`` (as ``harness.fixtures.embedded.cache_root``)."""
-    env = os.environ if env is None else env
-    if env.get(CACHE_ENV):
-        return Path(env[CACHE_ENV]).expanduser()
-    return Path.home() / ".cache" / "gkd-harness"
 
 
 def _version(dist: str) -> str:
