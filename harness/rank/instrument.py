@@ -368,9 +368,11 @@ def spot_check(run_terms: Callable, ref_terms: Callable, student_logits, teacher
     the FP64 variant on the same values as an FP64 leaf (its gradient ``exact``, unrounded). The reference
     gradient ``g64`` is ``exact`` rounded once to the student's dtype: for FP32 and BF16 students bit-identical to
     the FP64 variant's gradient on a student-dtype leaf (the FP64 loss computes in FP64 and rounds once into the
-    leaf's dtype), which earlier versions computed in a third evaluation; for FP16 students the FP64 variant
-    stores its gradient times a power of two per row, so on subnormal entries the single rounding can differ from
-    it by one FP16 ulp (``2^-24``). ``exact`` also gives the dtype floor (rounding ``exact → g64``).
+    leaf's dtype), which earlier versions computed in a third evaluation. For FP16 students the loss stores its
+    gradient times a power of two per row, so on subnormal entries that storage rounds twice; ``g64`` rounds once
+    and no longer shares that storage with the run's gradient (which would hide an error in it): where many entries
+    are subnormal, ``grad_rel_l2`` now shows those ulps (e.g. 3e-3 at T = 2, β = 0.05, against a dtype floor of
+    0.05). ``exact`` also gives the dtype floor (rounding ``exact → g64``).
     """
     extra = _loss_kwargs(args, kwargs)
     n, run_sum, ref_sum, dn2, gn2, round2, exact2 = 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
