@@ -19,7 +19,6 @@ part in the collectives, as every TP rank runs the same loss call.
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -27,22 +26,9 @@ import torch
 import torch.distributed as dist
 
 from swift.rlhf_trainers.gkd_loss import TeacherOutput, default_gather
+from harness.rank.parallel_state import tensor_parallel_group
 from harness.store.capture_writer import CaptureWriter
 from harness.store.captures import STUDENT_FULL, TEACHER_FULL, capture_metadata, capture_tensors
-
-
-def tensor_parallel_group() -> Tuple[Any, int, int]:
-    """``(TP group, TP rank, TP size)`` under Megatron with TP > 1, else ``(None, 0, 1)``."""
-    mpu = sys.modules.get("megatron.core.parallel_state")
-    try:
-        if mpu is None or not mpu.model_parallel_is_initialized():
-            return None, 0, 1
-    except Exception:  # noqa: BLE001 - no Megatron state
-        return None, 0, 1
-    size = int(mpu.get_tensor_model_parallel_world_size())
-    if size == 1:
-        return None, 0, 1
-    return mpu.get_tensor_model_parallel_group(), int(mpu.get_tensor_model_parallel_rank()), size
 
 
 def gather_vocab_shards(x: torch.Tensor, group, tp_rank: int, tp_size: int) -> Optional[torch.Tensor]:

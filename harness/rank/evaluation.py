@@ -36,6 +36,7 @@ from typing import Callable, Dict, Optional
 import torch
 
 from harness.contract import (EVAL_FORWARD_KL, EVAL_JSD, EVAL_REVERSE_KL, EVAL_TOKENS, EVAL_TOP1_AGREEMENT)
+from harness.rank.parallel_state import tensor_parallel_group
 
 F64 = torch.float64
 #: The order of the sums in :func:`eval_sums`'s vector.
@@ -80,12 +81,8 @@ LOCAL = VocabShards()
 
 def tensor_parallel() -> VocabShards:
     """The :class:`VocabShards` of this process's Megatron TP group (TP > 1), else the local one."""
-    from harness.rank.instrument import _megatron_state
-
-    mpu = _megatron_state()
-    if mpu is None or int(mpu.get_tensor_model_parallel_world_size()) == 1:
-        return LOCAL
-    return VocabShards(mpu.get_tensor_model_parallel_group(), int(mpu.get_tensor_model_parallel_rank()))
+    group, rank, size = tensor_parallel_group()
+    return LOCAL if size == 1 else VocabShards(group, rank)
 
 
 def _kl_rows(p_log: torch.Tensor, q_log: torch.Tensor, vocab: VocabShards) -> torch.Tensor:
@@ -222,9 +219,9 @@ class EvalTap:
     def __call__(self, student_logits, teacher_output, labels, beta, temperature, *args, **kwargs):
         if not self.evaluating(student_logits):
             return self.inner(student_logits, teacher_output, labels, beta, temperature, *args, **kwargs)
-        from harness.rank.instrument import _loss_kwargs
+        from harness.rank.instrument import loss_kwargs
 
-        gather = _loss_kwargs(args, kwargs).get("gather_fn")
+        gather = loss_kwargs(args, kwargs).get("gather_fn")
         add = eval_sums(student_logits, teacher_output, labels, float(beta), float(temperature), self.beta_form,
                         tensor_parallel(), gather)
         self.sums = add if self.sums is None else self.sums + add.to(self.sums.device)

@@ -33,7 +33,6 @@ when the module is imported or the metrics are built.
 from __future__ import annotations
 
 import math
-import sys
 from typing import Callable, Dict, Iterable, Optional
 
 import torch
@@ -42,46 +41,14 @@ from swift.metrics.utils import Metric
 from swift.rlhf_trainers.gkd_loss import TeacherOutput, default_gather
 from harness.contract import JSD_LOSS, LOSS_CALLS_TOTAL, MIN_TOKEN_JSD, NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, NEG_TOKEN_FRAC, NONFINITE_CALLS_TOTAL, SFT_LOSS, SPOT_GRAD_REL_L2, SPOT_GRAD_REL_L2_DTYPE_FLOOR, SPOT_LOSS, SPOT_LOSS_ABS_ERR, SPOT_LOSS_FP64, SPOT_LOSS_REL_ERR, SPOT_PARAM_GRAD_REL_L2, SPOT_SIGN_MISMATCH
 from harness.loss.tolerances import LOW_PRECISION_GRAD_FACTOR
+from harness.rank.parallel_state import context_parallel_group, loss_replicas
+from harness.store.captures import capture_rows
 
 #: Contract metric names produced by the instrument (all but ``spot/param_grad_rel_l2`` always registered).
 
 
 class NonFiniteError(RuntimeError):
     """A non-finite GKD loss or grad_norm with ``monitor.fail_on_nonfinite`` on (the message names the step)."""
-
-
-def _megatron_state():
-    """``megatron.core.parallel_state`` when Megatron's model parallelism is initialised in this process, else None."""
-    mpu = sys.modules.get("megatron.core.parallel_state")
-    try:
-        if mpu is not None and mpu.model_parallel_is_initialized():
-            return mpu
-    except Exception:  # noqa: BLE001 - no Megatron state
-        pass
-    return None
-
-
-def _cp_group():
-    """``(context-parallel group, its size)`` under Megatron with CP > 1, else ``(None, 1)``."""
-    mpu = _megatron_state()
-    if mpu is None:
-        return None, 1
-    size = int(mpu.get_context_parallel_world_size())
-    return (mpu.get_context_parallel_group(), size) if size > 1 else (None, 1)
-
-
-def _loss_replicas() -> int:
-    """How many ranks record the *same* loss call: TP size × CP size under Megatron, else 1.
-
-    Under Megatron every TP rank of the last pipeline stage runs the loss on the same positions (the
-    vocab-parallel primitives reduce over TP), the CP ranks of a group record the CP-reduced statistics of one
-    call (:meth:`LossInstrument._record`), and other stages run none, so a world-wide SUM counts each call
-    TP × CP times. Dividing by it keeps the world-wide collective (every rank takes part, whatever its stage).
-    """
-    mpu = _megatron_state()
-    if mpu is None:
-        return 1
-    return int(mpu.get_tensor_model_parallel_world_size()) * int(mpu.get_context_parallel_world_size())
 
 
 class MetricDevice:
@@ -146,7 +113,7 @@ class SumMetric(_HarnessMetric):
 
     def _window(self):
         value, count = _all_reduce([self.value, self.count], dist.ReduceOp.SUM, self.where)
-        replicas = _loss_replicas()
+        replicas = loss_replicas()
         return value / replicas, count / replicas
 
     def compute(self):
@@ -274,7 +241,7 @@ def _chunk_rows(vocab: int, device) -> int:
     return max(1, budget // max(1, vocab))
 
 
-def _loss_kwargs(args: tuple, kwargs: dict) -> dict:
+def loss_kwargs(args: tuple, kwargs: dict) -> dict:
     """The call's extra ``gkd_loss`` arguments (positional or keyword) by name."""
     if len(args) > len(_LOSS_EXTRA_ARGS):
         raise TypeError(f"gkd_loss takes at most {len(_LOSS_EXTRA_ARGS)} arguments after temperature")
@@ -282,23 +249,14 @@ def _loss_kwargs(args: tuple, kwargs: dict) -> dict:
 
 
 def _active_rows(student_logits: torch.Tensor, teacher_output: TeacherOutput, labels: torch.Tensor, max_tokens: int):
-    """Row indices of the call's active positions as ``extract_active`` pairs them, capped at ``max_tokens``.
+    """Row indices of the call's active positions as ``extract_active`` pairs them, capped at ``max_tokens``: the
+    rows a capture of the call holds (``harness.store.captures.capture_rows``), so replay and spot check agree.
 
     Returns ``(student rows [R, V] (a view where possible), student row ids [n], teacher row ids [n])``; nothing
     of size ``[n, V]`` is copied here.
     """
-    vocab = student_logits.shape[-1]
-    s_rows = student_logits.detach().reshape(-1, vocab)
-    s_mask = (labels != -100).reshape(-1)
-    t_labels = teacher_output.labels
-    t_mask = s_mask if t_labels is None else (t_labels != -100).reshape(-1)
-    s_ids, t_ids = s_mask.nonzero().squeeze(-1), t_mask.nonzero().squeeze(-1)
-    if teacher_output.is_topk_mode:  # upstream drops positions whose top-k log-probs are all -inf
-        lp = teacher_output.topk_logprobs.reshape(-1, teacher_output.topk_logprobs.shape[-1])
-        keep = ~torch.isinf(lp[t_ids]).all(-1)
-        s_ids, t_ids = s_ids[keep], t_ids[keep]
-    n = min(int(s_ids.shape[0]), int(max_tokens))
-    return s_rows, s_ids[:n], t_ids[:n]
+    s_ids, t_ids, _ = capture_rows(teacher_output, labels, max_tokens)
+    return student_logits.detach().reshape(-1, student_logits.shape[-1]), s_ids, t_ids
 
 
 def _spot_pieces(student_logits, teacher_output, labels, max_tokens: int, extra: dict):
@@ -374,7 +332,7 @@ def spot_check(run_terms: Callable, ref_terms: Callable, student_logits, teacher
     are subnormal, ``grad_rel_l2`` now shows those ulps (e.g. 3e-3 at T = 2, β = 0.05, against a dtype floor of
     0.05). ``exact`` also gives the dtype floor (rounding ``exact → g64``).
     """
-    extra = _loss_kwargs(args, kwargs)
+    extra = loss_kwargs(args, kwargs)
     n, run_sum, ref_sum, dn2, gn2, round2, exact2 = 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
     low = student_logits.dtype not in (torch.float32, torch.float64)
     for s, teacher, lab, kw in _spot_pieces(student_logits, teacher_output, labels, max_tokens, extra):
@@ -517,7 +475,7 @@ class LossInstrument:
             per.new_full((), float(per.numel()), dtype=torch.float64),  # a fill, not a host->device copy
             per.min().to(torch.float64) if per.numel() else per.new_full((), math.inf, dtype=torch.float64),
         ])
-        group, cp = _cp_group()
+        group, cp = context_parallel_group()
         if cp > 1:
             shards = [torch.empty_like(stats) for _ in range(cp)]
             dist.all_gather(shards, stats, group=group)
@@ -566,7 +524,7 @@ class LossInstrument:
                     self.metrics[SPOT_PARAM_GRAD_REL_L2].update(rel)
         if self.capture is not None:
             self.capture(self.step, student_logits, teacher_output, labels, beta, temperature,
-                         **_loss_kwargs(args, kwargs))
+                         **loss_kwargs(args, kwargs))
 
     @staticmethod
     def _make_capture(capture_dir: Optional[str], max_tokens: int, meta: Optional[dict], rank: int):

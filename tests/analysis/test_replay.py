@@ -10,6 +10,7 @@ from analysis.replay import evaluate_variants, main, replay_table, synthetic_inp
 from tests.loss_cases import make_case
 from harness.loss.reference import reference_gkd
 from harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT, loss_tol
+from tests.conftest import entry_point
 
 SEED_FP64 = 7.975079402659209e-05  # report 000's FP64 value for its recipe
 
@@ -25,7 +26,7 @@ def _parse(out: str):
 
 def test_cli_seed_recipe_prints_negative_native_and_fp32_within_tolerance():
     # Through the installed console script, as a user runs it.
-    out = subprocess.run(["gkd-replay", "synthetic"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([entry_point("gkd-replay"), "synthetic"], capture_output=True, text=True, check=True).stdout
     rows = _parse(out)
     assert rows["native"][0] < -1e-3  # about -1.9e-3 on this CPU
     assert rows["fp64"][0] == pytest.approx(SEED_FP64, rel=1e-9)

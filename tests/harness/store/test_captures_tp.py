@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from analysis.replay import replay_table
+from tests.conftest import entry_point
 from harness.loss.reference import reference_gkd
 from harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT, loss_tol
 from harness.store.captures import load_capture
@@ -104,7 +105,7 @@ def test_tp2_capture_is_whole_and_replays_to_the_spot_check(tp_run, case):
         assert torch.equal(cap["teacher_output"].full_logits[0], inputs["teacher"][active])
         ref_total, ref_n, _ = reference_gkd(student, labels, BETA, T, "paper", teacher_full=inputs["teacher"])
 
-    proc = subprocess.run(["gkd-replay", str(run_dir)], cwd=REPO_ROOT, env=_env(), capture_output=True, text=True,
+    proc = subprocess.run([entry_point("gkd-replay"), str(run_dir)], cwd=REPO_ROOT, env=_env(), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "step1_rank0.safetensors" in proc.stdout and "rank1" not in proc.stdout
