@@ -189,29 +189,42 @@ def run_cp_instrument_case(case: dict, inp: dict, fns) -> dict:
     return dict(logs=logs, total=local_total, n=local_n, cp_loss=cp_loss, device=str(inst.where.device))
 
 
-def main(in_path: str, out_dir: str) -> None:
+def serve(in_path: str, out_dir: str, layouts) -> None:
+    """The body every 2-rank gloo worker of the suite shares.
+
+    Joins the gloo group (one thread), imports ms-swift's Megatron GKD functions, loads the test's spec
+    (``{"cases": [...], "inputs": ...}``) and, for each ``(layout, parallel sizes, run)`` of ``layouts``, runs
+    ``run(case, spec, fns)`` for the spec's cases of that layout (``layout`` None: every case) under
+    ``initialize_model_parallel(**sizes)``. Saves ``{case name: result}`` as ``OUT_DIR/rank<r>.pt``.
+    """
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
-    rank = dist.get_rank()
     torch.set_num_threads(1)
     from megatron.core import parallel_state as ps
 
     fns = import_megatron_gkd_fns()
     spec = torch.load(in_path, weights_only=True)
     results = {}
-    for layout, sizes, runner in (("tp1", dict(tensor_model_parallel_size=1), run_tp_case),
-                                  ("tp", dict(tensor_model_parallel_size=2), run_tp_case),
-                                  ("cp", dict(context_parallel_size=2), run_cp_case),
-                                  ("cpi", dict(context_parallel_size=2), run_cp_instrument_case)):
-        cases = [c for c in spec["cases"] if c["layout"] == layout]
+    for layout, sizes, run in layouts:
+        cases = [c for c in spec["cases"] if layout is None or c["layout"] == layout]
         if not cases:
             continue
         ps.initialize_model_parallel(**sizes)
         for case in cases:
-            results[case["name"]] = runner(case, spec["inputs"][case["inputs"]], fns)
+            results[case["name"]] = run(case, spec, fns)
         ps.destroy_model_parallel()
-    torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+    torch.save(results, Path(out_dir) / f"rank{dist.get_rank()}.pt")
     dist.barrier()
     dist.destroy_process_group()
+
+
+def main(in_path: str, out_dir: str) -> None:
+    def on_inputs(runner):
+        return lambda case, spec, fns: runner(case, spec["inputs"][case["inputs"]], fns)
+
+    serve(in_path, out_dir, (("tp1", dict(tensor_model_parallel_size=1), on_inputs(run_tp_case)),
+                             ("tp", dict(tensor_model_parallel_size=2), on_inputs(run_tp_case)),
+                             ("cp", dict(context_parallel_size=2), on_inputs(run_cp_case)),
+                             ("cpi", dict(context_parallel_size=2), on_inputs(run_cp_instrument_case))))
 
 
 if __name__ == "__main__":

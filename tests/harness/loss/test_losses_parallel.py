@@ -14,10 +14,6 @@ same full (unsharded) tensors:
 """
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,11 +21,11 @@ import torch
 
 from harness.loss.reference import reference_gkd, reference_jsd
 from harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT, grad_tol, loss_tol
+from tests.two_ranks import run_two_ranks
 
 pytestmark = [pytest.mark.parallel, pytest.mark.timeout(1200)]
 
 WORKER = Path(__file__).with_name("parallel_gkd_worker.py")
-REPO_ROOT = Path(__file__).resolve().parents[3]
 BETAS = (0.0, 0.5, 0.9, 1.0)
 FORMS = ("paper", "continuous")
 
@@ -190,21 +186,8 @@ ALL_CASES = PATCHED_CASES + CP_EMPTY_CASES + NATIVE_CASES + [SEED_FP32] + CP_INS
 @pytest.fixture(scope="module")
 def parallel_results(tmp_path_factory):
     """Run every case on 2 gloo ranks; returns ``(inputs, [results of rank 0, results of rank 1])``."""
-    missing = [m for m in ("megatron", "mcore_bridge") if importlib.util.find_spec(m) is None]
-    if missing:
-        pytest.fail(f"{missing} not installed; the parallel tests need ms-swift's Megatron extras: "
-                    'pip install "megatron-core>=0.16,<0.20" "mcore-bridge>=1.6.3" "torch==<the installed torch>"')
-    work = tmp_path_factory.mktemp("gkd_parallel")
     inputs = {**_make_inputs(), **_make_wide_inputs()}
-    torch.save({"inputs": inputs, "cases": ALL_CASES}, work / "in.pt")
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
-    # One node, a c10d rendezvous on a free port (":0") of 127.0.0.1.
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(WORKER), str(work / "in.pt"), str(work)]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        pytest.fail(f"torchrun worker failed (rc={proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
-    return inputs, [torch.load(work / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    return inputs, run_two_ranks(WORKER, {"inputs": inputs, "cases": ALL_CASES}, tmp_path_factory.mktemp("gkd_parallel"))
 
 
 def _grad_rel_l2(grad: torch.Tensor, ref: torch.Tensor) -> float:

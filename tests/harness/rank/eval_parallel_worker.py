@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import os
 import sys
-from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -70,23 +68,11 @@ def run_case(case: dict, inp: dict, fns, layout: str) -> dict:
 
 
 def main(in_path: str, out_dir: str) -> None:
-    dist.init_process_group("gloo", timeout=timedelta(seconds=300))
-    torch.set_num_threads(1)
-    from megatron.core import parallel_state as ps
+    from tests.harness.loss.parallel_gkd_worker import serve
 
-    from tests.harness.loss.parallel_gkd_worker import import_megatron_gkd_fns
-
-    fns = import_megatron_gkd_fns()
-    spec = torch.load(in_path, weights_only=True)
-    results = {}
-    for layout, tp in (("tp", 2), ("dp", 1)):
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp)
-        for case in (c for c in spec["cases"] if c["layout"] == layout):
-            results[case["name"]] = run_case(case, spec["inputs"], fns, layout)
-        ps.destroy_model_parallel()
-    torch.save(results, Path(out_dir) / f"rank{dist.get_rank()}.pt")
-    dist.barrier()
-    dist.destroy_process_group()
+    serve(in_path, out_dir, [(layout, dict(tensor_model_parallel_size=tp),
+                              lambda case, spec, fns, layout=layout: run_case(case, spec["inputs"], fns, layout))
+                             for layout, tp in (("tp", 2), ("dp", 1))])
 
 
 if __name__ == "__main__":

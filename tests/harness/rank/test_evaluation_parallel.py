@@ -16,7 +16,6 @@ in tests/harness/launcher/test_argv_contract.py (every preset point, 1 and 2 nod
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import torch
 
 from harness.contract import EVAL_FORWARD_KL, EVAL_JSD, EVAL_REVERSE_KL, EVAL_TOKENS, EVAL_TOP1_AGREEMENT
 from harness.loss.reference import reference_jsd
+from tests.two_ranks import run_two_ranks
 
 WORKER = Path(__file__).with_name("eval_parallel_worker.py")
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -62,21 +62,8 @@ def _inputs() -> dict:
 @pytest.fixture(scope="module")
 def parallel_eval(tmp_path_factory):
     """Run every case on 2 gloo ranks; returns ``(inputs, [results of rank 0, results of rank 1])``."""
-    missing = [m for m in ("megatron", "mcore_bridge") if importlib.util.find_spec(m) is None]
-    if missing:
-        pytest.fail(f"{missing} not installed; the parallel tests need ms-swift's Megatron extras: "
-                    'pip install "megatron-core>=0.16,<0.20" "mcore-bridge>=1.6.3" "torch==<the installed torch>"')
-    work = tmp_path_factory.mktemp("eval_parallel")
     inputs = _inputs()
-    torch.save({"inputs": inputs, "cases": CASES}, work / "in.pt")
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(WORKER), str(work / "in.pt"), str(work)]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        pytest.fail(f"torchrun worker failed (rc={proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
-    return inputs, [torch.load(work / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    return inputs, run_two_ranks(WORKER, {"inputs": inputs, "cases": CASES}, tmp_path_factory.mktemp("eval_parallel"))
 
 
 def _reference(inp: dict, case: dict, topk=None) -> dict:

@@ -17,13 +17,11 @@ ends without the trainer's train-end callback.
 from __future__ import annotations
 
 import sys
-from datetime import timedelta
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
-from tests.harness.loss.parallel_gkd_worker import import_megatron_gkd_fns  # the repository root on PYTHONPATH
+from tests.harness.loss.parallel_gkd_worker import serve  # the repository root on PYTHONPATH
 
 
 def run_case(case: dict, inp: dict, fns, out_dir: Path) -> dict:
@@ -57,18 +55,8 @@ def run_case(case: dict, inp: dict, fns, out_dir: Path) -> dict:
 
 
 def main(in_path: str, out_dir: str) -> None:
-    dist.init_process_group("gloo", timeout=timedelta(seconds=300))
-    torch.set_num_threads(1)
-    from megatron.core import parallel_state as ps
-
-    fns = import_megatron_gkd_fns()
-    spec = torch.load(in_path, weights_only=True)
-    ps.initialize_model_parallel(tensor_model_parallel_size=2)
-    results = {case["name"]: run_case(case, spec["inputs"], fns, Path(out_dir)) for case in spec["cases"]}
-    ps.destroy_model_parallel()
-    torch.save(results, Path(out_dir) / f"rank{dist.get_rank()}.pt")
-    dist.barrier()
-    dist.destroy_process_group()
+    serve(in_path, out_dir, [(None, dict(tensor_model_parallel_size=2),
+                              lambda case, spec, fns: run_case(case, spec["inputs"], fns, Path(out_dir)))])
 
 
 if __name__ == "__main__":

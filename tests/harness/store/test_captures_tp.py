@@ -15,10 +15,8 @@ the test process:
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +27,7 @@ from tests.conftest import entry_point
 from harness.loss.reference import reference_gkd
 from harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT, loss_tol
 from harness.store.captures import load_capture
+from tests.two_ranks import run_two_ranks
 
 pytestmark = [pytest.mark.parallel, pytest.mark.timeout(900)]
 
@@ -59,18 +58,9 @@ def _env() -> dict:
 @pytest.fixture(scope="module")
 def tp_run(tmp_path_factory):
     """``(inputs, work folder, [results of rank 0, rank 1])`` of one 2-rank job over every case."""
-    missing = [m for m in ("megatron", "mcore_bridge") if importlib.util.find_spec(m) is None]
-    if missing:
-        pytest.fail(f"{missing} not installed; the TP capture test needs ms-swift's Megatron extras")
     work = tmp_path_factory.mktemp("capture_tp")
     inputs = _inputs()
-    torch.save({"inputs": inputs, "cases": CASES}, work / "in.pt")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(WORKER), str(work / "in.pt"), str(work)]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        pytest.fail(f"torchrun worker failed (rc={proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
-    return inputs, work, [torch.load(work / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    return inputs, work, run_two_ranks(WORKER, {"inputs": inputs, "cases": CASES}, work, timeout=600)
 
 
 def _spot(logs: dict, key: str) -> float:
