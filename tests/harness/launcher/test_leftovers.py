@@ -44,8 +44,9 @@ def test_a_folder_with_content_is_never_removed(tmp_path):
     assert _left(tmp_path) == ["out"]  # the empty parents went too, the output root stayed
 
 
-def test_a_failed_sweep_point_keeps_its_folder_and_the_sweep_exits_1(tmp_path):
-    """Tidying up never hides a failure: the point's job_return.json records it, and the sweep exits 1."""
+def test_a_failed_sweep_point_keeps_its_folder_and_the_sweep_exits_2(tmp_path):
+    """Tidying up never hides a failure: the point's job_return.json records it, and the sweep exits 2 (an invalid
+    config, as a single run; tests/launch/test_sweep.py covers the exit code)."""
     p = _gkd_train(tmp_path, "-m", "experiment=smoke", "gkd.beta=2")
-    assert p.returncode == 1, p.stderr[-2000:]
+    assert p.returncode == 2, p.stderr[-2000:]
     assert len(list((tmp_path / "out").rglob("job_return.json"))) == 3
