@@ -39,8 +39,6 @@ def backend_name(megatron: bool) -> str:
     return "megatron" if megatron else "swift"
 
 
-
-
 def _version(dist: str) -> str:
     try:
         return md.version(dist)

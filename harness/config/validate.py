@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -21,7 +20,7 @@ from harness.config.schema import (
     MegatronBackendConfig, TrainConfig, to_dict,
 )
 from harness.config.rollout_rules import validate_rollout
-from harness.config.dataset_rules import validate_datasets
+from harness.config.dataset_rules import hub_offline, validate_datasets
 from harness.config.extra_args_rules import validate_extra_args
 from harness.config.name_rules import validate_names
 from harness.config.candidate_rules import validate_candidate
@@ -43,11 +42,6 @@ def _in_hub_cache(repo_id: str) -> bool:
         return True
     hit = try_to_load_from_cache(repo_id, "config.json")
     return isinstance(hit, str)
-
-
-def _offline() -> bool:
-    return any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on") for k in ("HF_HUB_OFFLINE",
-                                                                                      "TRANSFORMERS_OFFLINE"))
 
 
 def local_vocab_size(path: str) -> Optional[int]:
@@ -81,7 +75,7 @@ def _check_model(cfg: TrainConfig, side: str, dry_run: bool) -> None:
             raise ConfigError(key, f"model folder {value} does not exist")
         if not (path / "config.json").is_file():
             raise ConfigError(key, f"{value} has no config.json (not a model folder)")
-    elif _offline() and not dry_run and not _in_hub_cache(value):
+    elif hub_offline() and not dry_run and not _in_hub_cache(value):
         raise ConfigError(key, f"{value!r} is not a local folder and not in the Hugging Face cache, and "
                           "HF_HUB_OFFLINE is set: point the key at a local copy (configs/local/default.yaml)")
 

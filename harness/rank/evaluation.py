@@ -161,10 +161,6 @@ def active_rows(student_logits: torch.Tensor, teacher_logits: torch.Tensor, labe
     return s, t
 
 
-def _gather_default(logits: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    return torch.gather(logits, -1, indices)
-
-
 def eval_sums(student_logits, teacher_output, labels, beta: float, temperature: float, beta_form: str,
               vocab: VocabShards = LOCAL, gather_fn: Optional[Callable] = None) -> torch.Tensor:
     """FP64 ``[5]`` sums over one loss call's active positions, in :data:`SUM_FIELDS` order (the last is the
@@ -184,7 +180,9 @@ def eval_sums(student_logits, teacher_output, labels, beta: float, temperature: 
     if s.shape[0] == 0:
         return torch.zeros(len(SUM_FIELDS), dtype=F64, device=student_logits.device)
     if topk:
-        s_k = (gather_fn or _gather_default)(s.detach(), t_ids)
+        from swift.rlhf_trainers.gkd_loss import default_gather  # the loss's own default
+
+        s_k = (gather_fn or default_gather)(s.detach(), t_ids)
         d = topk_divergences(s, s_k, t_lp, t_ids, beta, beta_form, temperature, vocab)
     else:
         d = divergences(s, t, beta, beta_form, temperature, vocab)

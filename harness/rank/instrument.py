@@ -42,7 +42,7 @@ from swift.rlhf_trainers.gkd_loss import TeacherOutput, default_gather
 from harness.contract import JSD_LOSS, LOSS_CALLS_TOTAL, MIN_TOKEN_JSD, NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, NEG_TOKEN_FRAC, NONFINITE_CALLS_TOTAL, SFT_LOSS, SPOT_GRAD_REL_L2, SPOT_GRAD_REL_L2_DTYPE_FLOOR, SPOT_LOSS, SPOT_LOSS_ABS_ERR, SPOT_LOSS_FP64, SPOT_LOSS_REL_ERR, SPOT_PARAM_GRAD_REL_L2, SPOT_SIGN_MISMATCH
 from harness.loss.tolerances import LOW_PRECISION_GRAD_FACTOR
 from harness.rank.parallel_state import context_parallel_group, loss_replicas
-from harness.store.captures import capture_rows
+from harness.store.captures import capture_rows, gather_rows
 
 #: Contract metric names produced by the instrument (all but ``spot/param_grad_rel_l2`` always registered).
 
@@ -275,13 +275,9 @@ def _spot_pieces(student_logits, teacher_output, labels, max_tokens: int, extra:
         k = teacher_output.topk_indices.shape[-1]
         ids = teacher_output.topk_indices.reshape(-1, k)[t_ids]
         vals = teacher_output.topk_logprobs.reshape(-1, k)[t_ids].detach()
-        gather = extra.get("gather_fn", default_gather)
-        if gather is default_gather:  # straight from the rows: no [rows, V] copy
-            s_k = s_rows[s_ids[:, None], ids]
-        else:  # the call's own (TP-aware) gather, on row chunks
-            step = _chunk_rows(vocab, s_rows.device)
-            s_k = torch.cat([gather(s_rows[s_ids[i:i + step]], ids[i:i + step]) for i in range(0, n, step)]) \
-                if n else s_rows.new_zeros((0, k))
+        # the call's own (TP-aware) gather on row chunks; straight from the rows for the default one
+        s_k = gather_rows(s_rows, s_ids, ids, extra.get("gather_fn", default_gather),
+                          _chunk_rows(vocab, s_rows.device))
         lab = torch.zeros((1, n), dtype=torch.long, device=dev)
         local = torch.arange(k, device=ids.device).expand(n, k)
         teacher = TeacherOutput(topk_logprobs=vals[None], topk_indices=local[None], labels=lab)
@@ -431,9 +427,8 @@ class LossInstrument:
                  capture_max_tokens: int = 256):
         self.terms_fn, self.ref_terms_fn, self.metrics = terms_fn, ref_terms_fn, metrics
         self.spot_every, self.spot_max_tokens = int(spot_every or 0), int(spot_max_tokens)
-        self.param_grad, self.capture_dir = bool(param_grad), capture_dir
+        self.param_grad, self.rank = bool(param_grad), rank
         self.capture = self._make_capture(capture_dir, capture_max_tokens, meta, rank)
-        self.meta, self.rank = dict(meta or {}), rank
         self.fail_on_nonfinite = bool(fail_on_nonfinite)
         self.where: MetricDevice = getattr(metrics.get(LOSS_CALLS_TOTAL), "where", None) or MetricDevice()
         self.step = 1  # optimizer step being computed (1-based); the callback keeps it current

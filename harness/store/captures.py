@@ -102,7 +102,7 @@ def capture_tensors(student_logits: torch.Tensor, teacher_output: TeacherOutput,
     if teacher_output.is_topk_mode:
         k = teacher_output.topk_indices.shape[-1]
         ids = teacher_output.topk_indices.detach().reshape(-1, k)[t_ids]
-        tensors = {STUDENT_TOPK: _gather_rows(flat, s_ids, ids, gather_fn),
+        tensors = {STUDENT_TOPK: gather_rows(flat, s_ids, ids, gather_fn),
                    TEACHER_TOPK_LOGPROBS: teacher_output.topk_logprobs.detach().reshape(-1, k)[t_ids],
                    TEACHER_TOPK_INDICES: ids, LABELS: lab}
         meta = {"format": TOPK_GATHERED, "student_vocab": str(int(vocab_size or vocab))}
@@ -120,15 +120,18 @@ def capture_tensors(student_logits: torch.Tensor, teacher_output: TeacherOutput,
 GATHER_CHUNK_ELEMENTS = 1 << 23
 
 
-def _gather_rows(flat: torch.Tensor, s_ids: torch.Tensor, ids: torch.Tensor, gather_fn: Callable) -> torch.Tensor:
-    """``flat[s_ids]`` gathered at ``ids`` ``[n, K]`` without an ``[n, V]`` copy: indexed directly for the default
-    gather; for another (e.g. vocab-parallel) ``gather_fn`` on row chunks of at most ``GATHER_CHUNK_ELEMENTS``."""
+def gather_rows(flat: torch.Tensor, s_ids: torch.Tensor, ids: torch.Tensor, gather_fn: Callable,
+                rows_per_chunk: Optional[int] = None) -> torch.Tensor:
+    """``flat[s_ids]`` ``[n, V]`` gathered at ``ids`` ``[n, K]`` -> ``[n, K]``, without an ``[n, V]`` copy: indexed
+    directly for the default gather; for another (e.g. vocab-parallel) ``gather_fn`` on row chunks of
+    ``rows_per_chunk`` rows (default: :data:`GATHER_CHUNK_ELEMENTS` elements). A vocab-parallel gather is a
+    collective, so it is called even for ``n = 0``. Used by captures and by the FP64 spot check."""
     n, k = ids.shape
     if gather_fn is default_gather:
         return flat[s_ids[:, None], ids]
-    step = max(1, GATHER_CHUNK_ELEMENTS // max(1, flat.shape[-1]))
+    step = rows_per_chunk or max(1, GATHER_CHUNK_ELEMENTS // max(1, flat.shape[-1]))
     if n == 0:
-        return gather_fn(flat[s_ids], ids).detach()  # a collective for a vocab-parallel gather: call it anyway
+        return gather_fn(flat[s_ids], ids).detach()
     return torch.cat([gather_fn(flat[s_ids[i:i + step]], ids[i:i + step]).detach() for i in range(0, n, step)])
 
 
