@@ -37,6 +37,7 @@ import torch
 
 from harness.contract import (EVAL_FORWARD_KL, EVAL_JSD, EVAL_REVERSE_KL, EVAL_TOKENS, EVAL_TOP1_AGREEMENT)
 from harness.rank.parallel_state import tensor_parallel_group
+from harness.store.captures import capture_rows
 
 F64 = torch.float64
 #: The order of the sums in :func:`eval_sums`'s vector.
@@ -133,23 +134,17 @@ def topk_divergences(s_logits: torch.Tensor, s_topk: torch.Tensor, t_topk_logpro
             "top1": top1}
 
 
-def _masks(labels: torch.Tensor, teacher_labels: Optional[torch.Tensor]):
-    s_mask = labels != -100
-    t_mask = s_mask if teacher_labels is None else teacher_labels != -100
-    if int(s_mask.sum()) != int(t_mask.sum()):
-        raise ValueError(f"eval: {int(s_mask.sum())} active student positions but {int(t_mask.sum())} teacher "
-                         "positions")
-    return s_mask, t_mask
-
-
-def active_rows(student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor,
-                teacher_labels: Optional[torch.Tensor], sharded: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """The active positions as the loss selects them: student ``[B, S, V]`` rows where ``labels != -100`` and
-    teacher ``[B, S', V']`` rows where its own labels are; vocabularies aligned as upstream does (the shorter side
-    takes the other side's logits for the extra ids). Returns ``([N, V*], [N, V*])``. With ``sharded`` (TP > 1)
-    the rows are vocabulary shards, which cannot be aligned: their widths must agree."""
-    s_mask, t_mask = _masks(labels, teacher_labels)
-    s, t = student_logits[s_mask], teacher_logits[t_mask]
+def active_rows(student_logits: torch.Tensor, teacher_output, labels: torch.Tensor,
+                sharded: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The active positions as the loss pairs them (``harness.store.captures.capture_rows``, as the spot check and
+    captures do): student ``[B, S, V]`` rows where ``labels != -100``, teacher ``full_logits`` ``[B, S', V']`` rows
+    where its own labels are; vocabularies aligned as upstream does (the shorter side takes the other side's logits
+    for the extra ids). Returns ``([N, V*], [N, V*])``. With ``sharded`` (TP > 1) the rows are vocabulary shards,
+    which cannot be aligned: their widths must agree."""
+    s_ids, t_ids, _ = capture_rows(teacher_output, labels, None)
+    t_full = teacher_output.full_logits
+    s = student_logits.reshape(-1, student_logits.shape[-1])[s_ids]
+    t = t_full.reshape(-1, t_full.shape[-1])[t_ids]
     vs, vt = s.shape[-1], t.shape[-1]
     if vs != vt and sharded:
         raise ValueError(f"eval: student and teacher vocabulary shards differ under tensor parallelism ({vs} vs "
@@ -168,15 +163,14 @@ def eval_sums(student_logits, teacher_output, labels, beta: float, temperature: 
     ``topk_indices`` (the student is then gathered at the ids with ``gather_fn``, the call's own: TP-aware under
     Megatron); and the shifted ``labels``. Under TP (``vocab``) the logits are this rank's vocabulary shard."""
     topk = getattr(teacher_output, "full_logits", None) is None
-    if topk:
-        s_mask, t_mask = _masks(labels, getattr(teacher_output, "labels", None))
-        s = student_logits[s_mask]
-        t_lp, t_ids = teacher_output.topk_logprobs[t_mask], teacher_output.topk_indices[t_mask]
-        keep = ~torch.isinf(t_lp).all(-1)  # upstream drops positions with no covered id
-        s, t_lp, t_ids = s[keep], t_lp[keep], t_ids[keep]
+    if topk:  # the pairing drops positions with no covered id, as upstream does
+        s_ids, t_rows, _ = capture_rows(teacher_output, labels, None)
+        k = teacher_output.topk_indices.shape[-1]
+        s = student_logits.reshape(-1, student_logits.shape[-1])[s_ids]
+        t_lp = teacher_output.topk_logprobs.reshape(-1, k)[t_rows]
+        t_ids = teacher_output.topk_indices.reshape(-1, k)[t_rows]
     else:
-        s, t = active_rows(student_logits, teacher_output.full_logits, labels, getattr(teacher_output, "labels", None),
-                           sharded=vocab.group is not None)
+        s, t = active_rows(student_logits, teacher_output, labels, sharded=vocab.group is not None)
     if s.shape[0] == 0:
         return torch.zeros(len(SUM_FIELDS), dtype=F64, device=student_logits.device)
     if topk:
