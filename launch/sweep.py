@@ -9,11 +9,16 @@ same with every launcher (basic, submitit_local, submitit_slurm) because it only
   Before the first point starts it writes the sweep's manifest, ``<sweep folder>/sweep_manifest.json`` (the
   planned point names, the group, the launcher; names of an earlier manifest in the same folder are kept), so
   ``gkd-analyze`` can name every planned point that has no run folder (a cancelled SLURM array task).
-- ``on_job_end`` (the process that ran the point; a submitit worker for submitit launchers): writes Hydra's
-  own verdict for the point to ``<run folder>/.hydra/job_return.json``, so a point that failed before it wrote
-  ``summary.json`` (e.g. a config error) still reports ``failed`` with its error. A point that was *refused*
-  (its folder is busy, or holds a run of another config) does not own that folder: nothing is written there;
-  the refusal goes to the sweep's console and to ``<sweep folder>/refused_points.log``.
+- ``on_job_start`` / ``on_job_end`` (the process that runs the point; a submitit worker for submitit launchers):
+  writes Hydra's own verdict for the point to ``<run folder>/.hydra/job_return.json`` when the point *owns* that
+  folder, so a point that failed before it wrote ``summary.json`` (e.g. a config error in a fresh folder) still
+  reports ``failed`` with its error. A point owns its folder when the folder held no other attempt's run when the
+  point started (:func:`holds_a_run`), or when the point itself started a run there (its ``summary.json``
+  changed). A point that was *refused* (its folder is busy, or holds a run of another config), or *invalid*
+  (validation refused its config) while its folder holds another attempt's run, owns nothing there: nothing is
+  written into that folder; the refusal goes to the sweep's console and to ``<sweep folder>/refused_points.log``
+  (the final table shows the point as ``refused``). A point skipped because the same config completed there
+  earlier leaves the earlier verdict as it is.
 - ``on_multirun_end``, or at interpreter exit when Hydra re-raises a failed point after the whole batch ran:
   prints one line per point (status, steps, error), read back from the run folders.
 
@@ -70,7 +75,8 @@ class PointStatus:
     Attributes:
         name: the point's run name (Hydra override_dirname; also its folder name).
         run_dir: the point's run folder.
-        status: ``completed`` | ``failed`` | ``running`` | ``missing``.
+        status: ``completed`` | ``failed`` | ``running`` | ``missing`` | ``refused`` (in this multirun; see
+            :meth:`SweepStatusCallback.statuses`).
         step: last logged global step (``metrics.jsonl``), or None.
         max_steps: ``run.max_steps`` from ``summary.json``'s config, or None.
         error: first line of the error for failed points.
@@ -116,6 +122,29 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
+def holds_a_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds anything of an earlier attempt besides Hydra's verdict (``.hydra/job_return.json``)
+    and empty files (the log file Hydra opens for every job): a ``summary.json``, metrics, a config, a subfolder."""
+    try:
+        entries = list(Path(run_dir).iterdir())
+    except OSError:
+        return False
+    for p in entries:
+        if p.name == ".hydra" and p.is_dir():
+            if any(q.name != STATUS_FILE for q in p.iterdir()):
+                return True
+        elif p.is_dir() or p.is_symlink() or p.stat().st_size > 0:
+            return True
+    return False
+
+
+def _summary_bytes(run_dir: Path) -> bytes | None:
+    try:
+        return (Path(run_dir) / SUMMARY_FILE).read_bytes()
+    except OSError:
+        return None
+
+
 def read_point(name: str, run_dir: Path) -> PointStatus:
     """Status of one point from its run folder (see the module docstring for the order of trust)."""
     point = PointStatus(name=name, run_dir=run_dir)
@@ -144,7 +173,7 @@ def format_point(point: PointStatus, resumed: bool = False) -> str:
     wall = f"{point.wall_s:.0f}s" if isinstance(point.wall_s, (int, float)) else "-"
     status = point.status + (" (skipped: completed earlier)" if resumed and point.status == "completed" else "")
     line = f"  {status:<38} steps {steps:<9} wall {wall:<7} {point.name or '(no overrides)'}"
-    if point.error and point.status == "failed":
+    if point.error and point.status in ("failed", "refused"):
         line += f"  error: {point.error}"
     return line
 
@@ -168,6 +197,8 @@ class SweepStatusCallback(Callback):
         self._thread: threading.Thread | None = None
         self._started = time.monotonic()
         self._reported = False
+        #: run folder -> (held another attempt's run at on_job_start, its summary.json bytes then)
+        self._at_start: dict[Path, tuple[bool, bytes | None]] = {}
 
     # submitit launchers pickle the Hydra context (callbacks included) into every job: ship settings only
     def __getstate__(self) -> dict:
@@ -181,7 +212,14 @@ class SweepStatusCallback(Callback):
         print(text, file=self.stream or sys.stdout, flush=True)
 
     def statuses(self) -> list[PointStatus]:
-        return [read_point(name, run_dir) for name, run_dir in self._points]
+        """Each point's status read from its folder; a point refused in this multirun is ``refused``, with the
+        refusal as its error (its folder holds another attempt's run, which says nothing about this one)."""
+        refused = self.refused_points()
+        points = [read_point(name, run_dir) for name, run_dir in self._points]
+        for p in points:
+            if p.name in refused:
+                p.status, p.error = "refused", refused[p.name]
+        return points
 
     # -- Hydra hooks
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -218,12 +256,31 @@ class SweepStatusCallback(Callback):
             self._thread = threading.Thread(target=self._progress_loop, name="sweep-progress", daemon=True)
             self._thread.start()
 
-    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
-        """Record Hydra's verdict for this point next to its ``.hydra/`` folder (any process), replacing an
-        earlier attempt's; a refused point's folder is not its own: the refusal is printed and logged in the
-        sweep folder instead (:data:`REFUSED_LOG`)."""
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """What the point's folder held before the point ran (the process that runs the point)."""
         run_dir = Path(str(config.hydra.runtime.output_dir))
+        self._at_start[run_dir] = (holds_a_run(run_dir), _summary_bytes(run_dir))
+
+    def _owns(self, run_dir: Path, ret: Any) -> bool:
+        """Whether this point's attempt owns ``run_dir`` (see the module docstring): the folder held no other
+        attempt's run when the point started, or the point started a run there. A point gkd-train refused with a
+        config error (exit 2) started nothing, whatever the folder's summary.json does meanwhile (a live run of
+        another sweep may be writing it)."""
+        held, summary = self._at_start.pop(run_dir, (False, None))
+        if not held:
+            return True
+        if isinstance(ret, PointFailed) and ret.code == EXIT_CONFIG:
+            return False
+        return _summary_bytes(run_dir) != summary
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        """Record Hydra's verdict for this point in its ``.hydra/`` folder when the point owns the folder,
+        replacing an earlier attempt's; a refused or invalid point whose folder holds another attempt's run owns
+        nothing there: the refusal is printed and logged in the sweep folder instead (:data:`REFUSED_LOG`)."""
+        run_dir = Path(str(config.hydra.runtime.output_dir))
+        self._group = self._group or str((config.get("tracking") or {}).get("wandb", {}).get("group") or "")
         if job_return.status == JobStatus.COMPLETED and not run_dir.exists():
+            self._at_start.pop(run_dir, None)
             return  # the job left nothing and removed its folder (a dry run): no verdict file brings it back
         out = run_dir / ".hydra"
         error, status = None, job_return.status.name
@@ -233,9 +290,14 @@ class SweepStatusCallback(Callback):
             error = f"{type(exc).__name__}: {exc}"
         elif isinstance(ret, PointFailed):  # gkd-train reported its failure in one line
             if ret.refused:
+                self._at_start.pop(run_dir, None)
                 self._refused(run_dir, ret.error)
                 return
             status, error = "FAILED", ret.error
+        if not self._owns(run_dir, ret):
+            if status != "COMPLETED":  # invalid before it started: another attempt's folder, not this point's
+                self._refused(run_dir, error or status)
+            return  # completed without starting a run (skipped): the earlier attempt's verdict stands
         try:
             out.mkdir(parents=True, exist_ok=True)
             (out / STATUS_FILE).write_text(json.dumps({"status": status, "error": error}))
@@ -261,6 +323,14 @@ class SweepStatusCallback(Callback):
         since = getattr(self, "_started_wall", "")
         return [ln for ln in lines if ln[:20] >= since]
 
+    def refused_points(self) -> dict[str, str]:
+        """Point name -> its refusal (the error's last line), from :meth:`refusals`."""
+        out = {}
+        for line in self.refusals():
+            name, _, error = line.split(" ", 1)[-1].removeprefix("refused: ").partition(": ")
+            out[name] = error.strip().splitlines()[-1][:200] if error.strip() else "refused"
+        return out
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         """The summary table; the sweep exits 2 when any point had an invalid config (as a single ``gkd-train`` does),
         otherwise 1 when any point failed or was refused (each was one line already)."""
@@ -273,7 +343,8 @@ class SweepStatusCallback(Callback):
         if refused:
             self._print(f"[sweep {self._group}] {len(refused)} points refused (see {self._sweep_dir / REFUSED_LOG})")
         points = self.statuses()
-        invalid = [p for p in points if p.status == "failed" and str(p.error or "").startswith("ConfigError")]
+        invalid = [p for p in points
+                   if p.status in ("failed", "refused") and str(p.error or "").startswith("ConfigError")]
         if invalid:  # gkd-train's exit-code contract holds for a sweep too: a config error is 2, not "failed"
             self._print(f"[sweep {self._group}] {len(invalid)} of {len(points)} points have an invalid config "
                         f"(first: {invalid[0].error.split(': ', 1)[-1]})")
@@ -315,7 +386,8 @@ class SweepStatusCallback(Callback):
         for p in points:  # nothing runs any more: a point still marked running died without a verdict
             if p.status == "running":
                 p.status = "incomplete"
-        counts = {s: sum(p.status == s for p in points) for s in ("completed", "failed", "incomplete", "missing")}
+        counts = {s: sum(p.status == s for p in points)
+                  for s in ("completed", "failed", "refused", "incomplete", "missing")}
         self._print(
             f"[sweep {self._group}] summary, {len(points)} points: "
             + ", ".join(f"{v} {k}" for k, v in counts.items() if v or k in ("completed", "failed"))

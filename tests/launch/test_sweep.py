@@ -203,3 +203,86 @@ def test_a_sweep_of_invalid_points_exits_2_like_a_single_run(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out
     assert "1 of 2 points have an invalid config (first: gkd.beta: must lie in [0, 1], got 1.5)" in out, out
+
+
+INVALID_APP = APP.replace(  # as harness.launcher.cli does when validation refuses a point (ConfigError, exit 2)
+    '    out = Path(cfg.run.output_dir)\n',
+    '    out = Path(cfg.run.output_dir)\n'
+    '    if cfg.run.get("dataset") == "b":\n'
+    '        from harness.launcher.cli import PointFailed\n'
+    '        return PointFailed(2, "ConfigError: run.dataset: b: row 1 has no assistant turn")\n')
+assert INVALID_APP != APP
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_an_invalid_rerun_writes_nothing_into_the_completed_folders(app):
+    """Issue 29, reproduction 9: rerunning a completed sweep's group with an invalid ``run.dataset`` (not in the
+    folder names, so the points map onto the completed folders): validation refuses every point, and the callback
+    wrote job_return.json FAILED into all the completed folders, so gkd-analyze's verdict flipped to "failed".
+    An invalid point owns no folder that holds another attempt's run: its refusal goes to the console and the
+    sweep's log, and the sweep exits 2 as a single invalid gkd-train does."""
+    (app / "app.py").write_text(INVALID_APP)
+    (app / "configs" / "train.yaml").write_text(TRAIN.replace("fail_beta: -1,", "fail_beta: -1, dataset: a,"))
+    args = ("gkd.beta=0.1,0.5", "hydra.callbacks.sweep_status.progress_interval_s=0")
+    first, out1 = _run(app, *args)
+    assert first.returncode == 0, out1
+    sweep = app / "out" / "multirun" / "unit"
+    names = ["gkd.beta=0.1", "gkd.beta=0.5"]
+    before = {n: _files(sweep / n) for n in names}
+    assert json.loads(before["gkd.beta=0.1"][".hydra/job_return.json"])["status"] == "COMPLETED"
+    second, out2 = _run(app, *args, "run.dataset=b")
+    assert second.returncode == 2, out2
+    assert {n: _files(sweep / n) for n in names} == before  # not a byte changed in either completed folder
+    log = (sweep / "refused_points.log").read_text().splitlines()
+    assert [line.split(" ", 1)[1] for line in log] == [
+        f"refused: {n}: ConfigError: run.dataset: b: row 1 has no assistant turn" for n in names]
+    assert "[sweep unit] refused: gkd.beta=0.1: ConfigError: run.dataset" in out2
+    assert "2 of 2 points have an invalid config (first: run.dataset: b: row 1 has no assistant turn)" in out2
+    table = _summary_lines(out2.split("summary, 2 points")[1])
+    assert [l.split()[0] for l in table] == ["refused", "refused"], out2
+
+
+def test_an_invalid_point_in_a_fresh_folder_still_records_its_failure_there(app):
+    """The folder Hydra made for this attempt alone (nothing of another attempt in it) is the point's own: its
+    job_return.json says FAILED with the error, so gkd-analyze names the config-failed point."""
+    (app / "app.py").write_text(INVALID_APP)
+    (app / "configs" / "train.yaml").write_text(TRAIN.replace("fail_beta: -1,", "fail_beta: -1, dataset: b,"))
+    proc, out = _run(app, "gkd.beta=0.1", "hydra.callbacks.sweep_status.progress_interval_s=0")
+    assert proc.returncode == 2, out
+    verdict = json.loads((app / "out" / "multirun" / "unit" / "gkd.beta=0.1" / ".hydra" / "job_return.json")
+                         .read_text())
+    assert verdict == {"status": "FAILED", "error": "ConfigError: run.dataset: b: row 1 has no assistant turn"}
+
+
+def test_gkd_train_rerun_of_a_completed_smoke_group_with_an_invalid_dataset_leaves_its_folders_alone(tmp_path):
+    """Issue 29, reproduction 9, with the real ``gkd-train``: the smoke group's three completed folders (as a
+    finished ``gkd-train -m experiment=smoke`` leaves them), then the same sweep with a ``run.dataset`` whose row
+    has no assistant turn. Validation refuses each point before any model loads; before the fix every completed
+    folder then got ``job_return.json`` FAILED and the sign-off said "3 failed of 3 runs"."""
+    from tests.conftest import entry_point
+
+    sweep = tmp_path / "out" / "multirun" / "smoke"
+    names = ["loss=continuous", "loss=fp32", "loss=original"]
+    for name in names:
+        (sweep / name / ".hydra").mkdir(parents=True)
+        (sweep / name / "summary.json").write_text(json.dumps({"status": "completed", "error": None,
+                                                               "last_step": 2, "config": {"run.max_steps": 2}}))
+        (sweep / name / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+        (sweep / name / ".hydra" / "job_return.json").write_text('{"status": "COMPLETED", "error": null}')
+        (sweep / name / "cli.log").write_text("")  # Hydra's job log file, which it opens for every job
+    before = {n: _files(sweep / n) for n in names}
+    bad = tmp_path / "no_assistant.jsonl"
+    bad.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    env = {**os.environ, "GKD_OUTPUT_ROOT": str(tmp_path / "out"), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([entry_point("gkd-train"), "-m", "experiment=smoke", f"run.dataset={bad}",
+                           "hydra.callbacks.sweep_status.progress_interval_s=0"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert {n: _files(sweep / n) for n in names} == before, out
+    log = (sweep / "refused_points.log").read_text()
+    assert all(f"refused: {n}: ConfigError: run.dataset: " in log for n in names), log
+    assert "3 of 3 points have an invalid config (first: run.dataset: " in out, out
