@@ -14,11 +14,11 @@ import traceback
 from pathlib import Path
 from typing import Optional
 
-from analysis.records import UnusableInput
+from analysis.sweep.records import UnusableInput
 
 __all__ = ["main"]
 
-EXIT_UNUSABLE = 2  # = analysis.signoff.EXIT_UNUSABLE (not imported here: --help stays fast)
+EXIT_UNUSABLE = 2  # = analysis.signoff.report.EXIT_UNUSABLE (not imported here: --help stays fast)
 
 _DESCRIPTION = """\
 Read the runs of one sweep, check them against the sign-off criteria, and write
@@ -79,9 +79,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _load(args):
-    from analysis.load_offline import load_wandb_offline
-    from analysis.load_runs import load_sweep
-    from analysis.load_wandb import load_wandb_sweep
+    from analysis.sweep.offline import load_wandb_offline
+    from analysis.sweep.runs import load_sweep
+    from analysis.sweep.wandb_api import load_wandb_sweep
 
     if args.source == "local":
         return load_sweep(args.sweep)
@@ -93,10 +93,10 @@ def _load(args):
 
 
 def _run(args) -> int:
-    from analysis.signoff import build_report
-    from analysis.signoff_config import load_criteria
+    from analysis.signoff.report import build_report
+    from analysis.signoff.criteria_file import load_criteria
 
-    from analysis.records import mixed_sweep_problems
+    from analysis.sweep.records import mixed_sweep_problems
 
     cfg = load_criteria(args.criteria)
     sweep = _load(args)
@@ -111,11 +111,11 @@ def _run(args) -> int:
         print(f"FAIL {name}: {why}")
     print(f"verdict: {result['verdict'].upper()} ({len(sweep.runs)} runs) -> {args.report / 'report.md'}")
     if args.wandb:
-        from analysis.wandb_log import log_analysis_run, wandb_target
+        from analysis.signoff.wandb_log import log_analysis_run, wandb_target
 
         where = log_analysis_run(result, wandb_target(sweep), args.report)
         print(f"analysis run logged: {where}")
-    return int(result["exit_code"])  # analysis.signoff.EXIT_PASS or EXIT_FAIL
+    return int(result["exit_code"])  # analysis.signoff.report.EXIT_PASS or EXIT_FAIL
 
 
 def main(argv: Optional[list] = None) -> int:

@@ -68,9 +68,9 @@ def measure_analysis(variant: str, quick: bool, work_dir: str, warmup: int, reps
                 raise RuntimeError(f"gkd-analyze exited {proc.returncode}: {proc.stderr[-2000:]}")
             if i >= warmup:
                 wall.append(dt)
-        from analysis.criteria import load_criteria
+        from analysis.signoff.criteria import load_criteria
         from analysis.load import load_sweep
-        from analysis.signoff import build_report
+        from analysis.signoff.report import build_report
         t0 = time.perf_counter()
         build_report(load_sweep(sweep), Path(work_dir) / "report_inproc", load_criteria())
         out["extra"] = {"in_process_s": time.perf_counter() - t0}

@@ -32,7 +32,7 @@ from harness.config.schema import ConfigError
 from harness.launcher.compose import compose, point_config
 from harness.launcher.plan import format_command
 from harness.launcher.run import make_plan
-from launch.sweep import point_name, sweep_points
+from harness.launcher.sweep_points import point_name, sweep_points
 
 DRY_JOB_ID = "4242"
 DIST_KEYS = ("NPROC_PER_NODE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")

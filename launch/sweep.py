@@ -35,15 +35,15 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, TextIO
+from typing import Any, TextIO
 
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from harness.launcher.progress import ProgressDisplay, Snapshot, render
-from harness.store.run_folder import tail_step
+from harness.launcher.sweep_points import point_name, sweep_points
+from harness.store.metrics_io import tail_step
 from harness.launcher.cli import EXIT_CONFIG, PointFailed
 from harness.contract import METRICS_FILE, SUMMARY_FILE, SWEEP_MANIFEST_FILE
 
@@ -90,29 +90,6 @@ class PointStatus:
     max_steps: int | None = None
     error: str | None = None
     wall_s: float | None = None
-
-
-def sweep_points(config: DictConfig) -> list[list[str]]:
-    """The override lists of every point, in launch order, as Hydra's BasicSweeper expands them.
-
-    Args:
-        config: the multirun config handed to ``on_multirun_start`` (holds ``hydra.sweeper.params`` and
-            ``hydra.overrides.task``).
-    """
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
-    params = config.hydra.sweeper.get("params") or {}
-    lines = [f"{k}={v}" for k, v in params.items()]
-    lines += list(OmegaConf.to_container(config.hydra.overrides.task, resolve=False))
-    overrides = OverridesParser.create().parse_overrides(lines)
-    return [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
-
-
-def point_name(job_overrides: Iterable[str], config: DictConfig) -> str:
-    """Hydra's ``override_dirname`` for one point (same exclusions and separators as the config)."""
-    from harness.launcher.compose import override_dirname
-
-    return override_dirname(job_overrides, config.hydra)
 
 
 def _read_json(path: Path) -> dict | None:

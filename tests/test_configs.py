@@ -4,7 +4,7 @@
   (``harness.launcher.compose``), through ``train.yaml`` when it belongs to one of its groups (``hydra/launcher`` options
   are also instantiated); the job's typed config is validated by ``harness.config.validate`` and turned into the ms-swift
   argv of its launch plan (``harness.launcher.run.make_plan``, dry run). The sign-off criteria file is loaded through its
-  own schema (``analysis.signoff_config``).
+  own schema (``analysis.signoff.criteria_file``).
 * Every experiment is expanded into its sweep points exactly as Hydra's basic sweeper does; every point is
   validated and built to the argument level (names unique, one group per sweep).
 * The tiny experiments run for real through ``gkd-train -m`` and ms-swift (marked slow): ``smoke`` is the
@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from harness.config.schema import EMBEDDED
 from harness.launcher.run import make_plan
 from harness.config.validate import validate_config
-from launch.sweep import point_name, sweep_points
+from harness.launcher.sweep_points import point_name, sweep_points
 from tests.launch.helpers import (compose, harness_env, read_metrics, read_summary, run_gkd_train, tail, task_config,
                                   wandb_offline_run)
 
@@ -87,7 +87,7 @@ def test_every_config_composes(rel):
         cfg = compose(overrides, name)
         assert OmegaConf.to_container(cfg, resolve=True)
         if name == "signoff/default":
-            from analysis.signoff_config import load_criteria
+            from analysis.signoff.criteria_file import load_criteria
 
             assert load_criteria() is not None  # typed through its own schema
         return

@@ -144,7 +144,7 @@ def test_own_models_command_runs_as_documented(tmp_path):
 
 def test_readme_criteria_table_lists_every_criterion():
     """The README's criteria table names exactly the criteria gkd-analyze evaluates and prints, in its order."""
-    from analysis.criteria import CRITERIA
+    from analysis.signoff.criteria import CRITERIA
 
     readme = (REPO / "README.md").read_text()
     table = readme[readme.index("| criterion | passes when |"):].split("\n\n", 1)[0]

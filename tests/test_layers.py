@@ -163,3 +163,77 @@ def test_contract_facts_have_one_home():
            for p in _sources("harness", "launch", "analysis", "bench") if p.name != "contract.py"
            for line, value in _string_literals(p) if value in facts]
     assert not bad, "\n".join(bad)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The upper layers: launch/ and analysis/ stand on harness/ only; the benchmarks on all three; inside analysis/,
+# loading, replay and the certificate stand apart, and the sign-off and the dashboards use them.
+# ---------------------------------------------------------------------------------------------------------------
+#: The top-level packages each upper package may import (besides harness/ and itself).
+UPPER_ALLOWED = {
+    "launch": set(),
+    "analysis": set(),
+    "bench": {"analysis"},
+}
+#: What each analysis subpackage may import from analysis/ (besides itself). ``top`` is a module directly in
+#: analysis/ (cli.py, the notebook facade load.py), which may use them all and which none of them imports.
+ANALYSIS_ALLOWED = {
+    "sweep": set(),
+    "replay": set(),
+    "certify": set(),
+    "signoff": {"sweep", "replay", "certify"},
+    "dashboard": {"sweep", "signoff"},
+    "top": {"sweep", "replay", "certify", "signoff", "dashboard"},
+}
+
+
+def _analysis_layer(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "analysis":
+        return None
+    if len(parts) == 1:
+        return "top"
+    return parts[1] if parts[1] in ANALYSIS_ALLOWED else "top"
+
+
+def upper_layer_violations(root: Path = REPO) -> list[str]:
+    """``file: imported module`` for every import that breaks :data:`UPPER_ALLOWED` or :data:`ANALYSIS_ALLOWED`,
+    and every import of a command module (``cli.py``: entry points are not libraries)."""
+    bad = []
+    for pkg, allowed in UPPER_ALLOWED.items():
+        for p in sorted((root / pkg).rglob("*.py")):
+            rel = p.relative_to(root)
+            own = _module_of(rel)
+            for m in sorted(_imports(p)):
+                top = m.split(".")[0]
+                if top in UPPER_ALLOWED and top != pkg and top not in allowed:
+                    bad.append(f"{rel}: {m}")
+                elif m.split(".")[-1] == "cli" and m != own and top in UPPER_ALLOWED:
+                    bad.append(f"{rel}: {m} (a command module)")
+                elif pkg == "analysis" and top == "analysis":
+                    mine, theirs = _analysis_layer(own), _analysis_layer(m)
+                    if theirs != mine and theirs not in ANALYSIS_ALLOWED[mine]:
+                        bad.append(f"{rel}: {m}")
+    return bad
+
+
+def _module_of(rel: Path) -> str:
+    parts = rel.with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_upper_layers_import_only_downwards():
+    assert not upper_layer_violations(), "\n".join(upper_layer_violations())
+
+
+def test_the_upper_layer_check_fails_on_an_upward_import(tmp_path):
+    import shutil
+
+    for pkg in UPPER_ALLOWED:
+        shutil.copytree(REPO / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    loader = tmp_path / "analysis" / "sweep" / "runs.py"
+    loader.write_text(loader.read_text() + "\n\ndef _late():\n    from launch.sweep import write_manifest\n"
+                      "    from analysis.signoff.criteria import evaluate\n")
+    bad = upper_layer_violations(tmp_path)
+    assert "analysis/sweep/runs.py: launch.sweep" in bad
+    assert "analysis/sweep/runs.py: analysis.signoff.criteria" in bad

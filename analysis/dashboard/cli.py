@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _facts(args):
     from analysis.dashboard.facts import facts_from_folder, facts_from_wandb
-    from analysis.records import UnusableInput
+    from analysis.sweep.records import UnusableInput
 
     if args.source == "wandb":
         if not args.group:
@@ -65,10 +65,10 @@ def main(argv: Optional[list] = None) -> int:
     args = _parser().parse_args(argv)
     if not args.out and not args.push:
         _parser().error("give --out FILE, --push, or both")
-    from analysis.criteria import evaluate, load_criteria
+    from analysis.signoff.criteria import evaluate, load_criteria
     from analysis.dashboard.build import build_report, build_workspace, push, spec_dict
     from analysis.dashboard.panels import keep_available, standard_sections
-    from analysis.records import UnusableInput
+    from analysis.sweep.records import UnusableInput
 
     try:
         criteria = load_criteria(args.criteria)

@@ -92,7 +92,7 @@ def _enabled(criteria: Any, name: str) -> Optional[Any]:
 
 
 def standard_sections(criteria: Any) -> Tuple[Section, ...]:
-    """The standard sections for the sign-off ``criteria`` (``analysis.criteria.load_criteria()``).
+    """The standard sections for the sign-off ``criteria`` (``analysis.signoff.criteria.load_criteria()``).
 
     Tolerance lines come from the criteria that are enabled; a disabled criterion draws no line.
     """

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from analysis.betacurve import (capture_inputs, endpoint_jumps, fp64_beta_curve, generalized_jsd_fp64,
+from analysis.signoff.betacurve import (capture_inputs, endpoint_jumps, fp64_beta_curve, generalized_jsd_fp64,
                                 beta_defect_inputs)
 
 

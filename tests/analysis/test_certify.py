@@ -105,7 +105,7 @@ def _runs(tmp_path, source, name="cand"):
 
 
 def test_signoff_certificate_passes_and_is_cached_per_hash(tmp_path):
-    from analysis.certify.signoff import certificate_rows
+    from analysis.signoff.certificates import certificate_rows
     from harness.loss.candidate import loss_source_sha256
 
     runs = _runs(tmp_path, EXAMPLES / "good_promote_first.py", "pr-1")
@@ -120,7 +120,7 @@ def test_signoff_certificate_passes_and_is_cached_per_hash(tmp_path):
 
 
 def test_signoff_certificate_fails_a_broken_candidate_naming_the_family(tmp_path):
-    from analysis.certify.signoff import certificate_rows
+    from analysis.signoff.certificates import certificate_rows
 
     runs = _runs(tmp_path, EXAMPLES / "broken_cast_back.py")
     status, _, measured, details, _ = certificate_rows(runs, str(tmp_path / "sweep"), quick=True)

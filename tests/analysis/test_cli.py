@@ -34,7 +34,7 @@ def _config_failed_points(sweep: Path) -> tuple:
 
 
 def test_config_failed_points_are_reported_not_a_traceback(sweep_copy, tmp_path):
-    """On main: TypeError traceback in analysis/plots.py, exit 1, a half-written report folder."""
+    """On main: TypeError traceback in analysis/signoff/plots.py, exit 1, a half-written report folder."""
     names = _config_failed_points(sweep_copy)
     report = tmp_path / "report"
     proc = _analyze(sweep_copy, "--report", report)
@@ -52,12 +52,12 @@ def test_config_failed_points_are_reported_not_a_traceback(sweep_copy, tmp_path)
 
 def test_internal_error_is_exit_2_one_line_and_leaves_no_report(synthetic_sweep_dir, tmp_path, monkeypatch, capsys):
     """On main: the exception escaped (exit 1, the FAIL code) and the report folder was left half-written."""
-    import analysis.plots
+    import analysis.signoff.plots
 
     def broken(*a, **k):
         raise RuntimeError("plot exploded")
 
-    monkeypatch.setattr(analysis.plots, "plot_beta_curve", broken)
+    monkeypatch.setattr(analysis.signoff.plots, "plot_beta_curve", broken)
     report = tmp_path / "report"
     assert main([str(synthetic_sweep_dir), "--report", str(report)]) == 2
     err = capsys.readouterr().err
@@ -73,13 +73,13 @@ def test_report_folder_replaced_only_when_complete(synthetic_sweep_dir, tmp_path
     assert main([str(synthetic_sweep_dir), "--report", str(report)]) == 0
     (report / "stale.png").write_bytes(b"old")
     before = (report / "verdict.json").read_text()
-    import analysis.plots
+    import analysis.signoff.plots
 
-    real = analysis.plots.plot_beta_curve
-    monkeypatch.setattr(analysis.plots, "plot_beta_curve", lambda *a, **k: 1 / 0)
+    real = analysis.signoff.plots.plot_beta_curve
+    monkeypatch.setattr(analysis.signoff.plots, "plot_beta_curve", lambda *a, **k: 1 / 0)
     assert main([str(synthetic_sweep_dir), "--report", str(report)]) == 2
     assert (report / "verdict.json").read_text() == before and (report / "stale.png").exists()  # old one intact
-    monkeypatch.setattr(analysis.plots, "plot_beta_curve", real)
+    monkeypatch.setattr(analysis.signoff.plots, "plot_beta_curve", real)
     assert main([str(synthetic_sweep_dir), "--report", str(report)]) == 0
     assert not (report / "stale.png").exists()  # replaced as a whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]

@@ -8,8 +8,8 @@ import typing
 import pytest
 import yaml
 
-from analysis.records import UnusableInput
-from analysis.signoff_config import (CRITERIA_NAMES, SignoffCriteria, criteria_from_dict, default_criteria_text,
+from analysis.sweep.records import UnusableInput
+from analysis.signoff.criteria_file import (CRITERIA_NAMES, SignoffCriteria, criteria_from_dict, default_criteria_text,
                                      load_criteria)
 
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from analysis.criteria import load_criteria
+from analysis.signoff.criteria import load_criteria
 from analysis.dashboard.cli import main as dashboard_main
-from analysis.load_offline import OfflineRun, find_offline_runs
+from analysis.sweep.offline import OfflineRun, find_offline_runs
 from harness.config.flat import flatten
 
 STEPS = 3

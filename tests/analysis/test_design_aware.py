@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from analysis.cli import main
-from analysis.criteria import evaluate
-from analysis.load_runs import load_sweep
-from analysis.signoff_config import load_criteria
+from analysis.signoff.criteria import evaluate
+from analysis.sweep.runs import load_sweep
+from analysis.signoff.criteria_file import load_criteria
 from bench.synthetic import write_run
 from harness.contract import (NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, SPOT_GRAD_REL_L2, SPOT_GRAD_REL_L2_DTYPE_FLOOR,
                               SWEEP_MANIFEST_FILE)

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from analysis.load import CONFIG_COLUMNS, UnusableInput, load_run_folder, load_sweep
-from analysis.load_runs import _read_metrics_fast, _read_metrics_strict
+from analysis.sweep.runs import _read_metrics_fast, _read_metrics_strict
 from bench.synthetic import write_run
 
 
@@ -50,7 +50,7 @@ def test_fast_and_strict_parsers_list_the_same_nonfinite_values(tmp_path):
     assert np.isnan(df.loc[0, "b"]) and np.isinf(df.loc[1, "a"]) and np.isnan(df.loc[1, "b"])
     expected = [(1, "b", "nan"), (2, "a", "inf"), (3, "b", "-inf")]
     assert sorted((s, m, repr(v)) for s, m, v in fast) == expected
-    from analysis.records import RunRecord, tabulate
+    from analysis.sweep.records import RunRecord, tabulate
 
     for history, listed in ((df, fast), (strict, [])):
         sw = tabulate([RunRecord("r", "completed", {}, history, nonfinite=listed)], "t")

@@ -15,9 +15,9 @@ import pytest
 from matplotlib.lines import Line2D
 from PIL import Image
 
-from analysis import plots
-from analysis.betacurve import fp64_beta_curve, beta_defect_inputs, training_beta_curve
-from analysis.compare import negatives_table, spot_table
+from analysis.signoff import plots
+from analysis.signoff.betacurve import fp64_beta_curve, beta_defect_inputs, training_beta_curve
+from analysis.signoff.compare import negatives_table, spot_table
 from analysis.load import load_sweep
 from bench.synthetic import write_run
 
@@ -115,7 +115,7 @@ def test_curves_smoke_shape_difference_panel(smoke_like, tmp_path, figs):
 def test_curves_one_panel_per_beta_no_pairs(synthetic_sweep_dir, tmp_path, figs):
     sweep = load_sweep(synthetic_sweep_dir)
     fp32_only = sweep.runs[sweep.runs["loss.precision"] == "fp32"]
-    from analysis.records import Sweep
+    from analysis.sweep.records import Sweep
 
     sub = Sweep(source=sweep.source, runs=fp32_only.reset_index(drop=True),
                 history=sweep.history[sweep.history["run"].isin(fp32_only["run"])].reset_index(drop=True),

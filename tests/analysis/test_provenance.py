@@ -8,7 +8,7 @@ import subprocess
 from importlib.metadata import distribution, version
 from pathlib import Path
 
-from analysis.load_runs import load_sweep
+from analysis.sweep.runs import load_sweep
 from bench.synthetic import write_run
 from harness.store.provenance import provenance
 from harness.store.run_folder import RunFolder

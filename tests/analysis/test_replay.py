@@ -6,7 +6,8 @@ import torch
 from safetensors.torch import save_file
 
 from harness.store.captures import save_capture
-from analysis.replay import evaluate_variants, main, replay_table, synthetic_inputs
+from analysis.replay.cli import main
+from analysis.replay.variants import evaluate_variants, replay_table, synthetic_inputs
 from tests.loss_cases import make_case
 from harness.loss.reference import reference_gkd
 from harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT, loss_tol

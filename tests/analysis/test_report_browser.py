@@ -15,7 +15,7 @@ import pytest
 from analysis.cli import main
 from tests.analysis.browser import VIEWPORT, find_chromium, measure
 
-GREEN, RED = "rgb(26, 127, 55)", "rgb(207, 34, 46)"  # .banner.pass / .banner.fail in analysis.document.STYLE
+GREEN, RED = "rgb(26, 127, 55)", "rgb(207, 34, 46)"  # .banner.pass / .banner.fail in analysis.signoff.document.STYLE
 
 
 @pytest.fixture(scope="module", autouse=True)

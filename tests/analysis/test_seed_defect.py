@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from analysis.cli import main as analyze
-from analysis.replay import main as replay, synthetic_inputs
-from analysis.seed_defect import seed_defect_table
+from analysis.replay.cli import main as replay
+from analysis.replay.variants import synthetic_inputs
+from analysis.signoff.seed_defect import seed_defect_table
 from harness.loss.reference import reference_gkd
 from harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT
 

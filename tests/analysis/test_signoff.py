@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from analysis.cli import main
-from analysis.compare import forms_agreement
+from analysis.signoff.compare import forms_agreement
 from analysis.load import load_sweep
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis import plots
+from analysis.signoff import plots
 from analysis.cli import main
-from analysis.criteria import load_criteria
+from analysis.signoff.criteria import load_criteria
 
 
 @pytest.fixture

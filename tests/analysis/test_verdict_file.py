@@ -6,7 +6,7 @@ import platform
 from importlib.metadata import version
 
 from analysis.cli import main
-from analysis.signoff import VERDICT_SCHEMA_VERSION
+from analysis.signoff.report import VERDICT_SCHEMA_VERSION
 
 
 def test_schema_and_package_versions(synthetic_sweep_dir, tmp_path):

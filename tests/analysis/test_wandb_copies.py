@@ -16,7 +16,7 @@ import pytest
 
 from analysis.cli import main
 from analysis.load import find_offline_runs, load_wandb_offline
-from analysis.records import mixed_sweep_problems
+from analysis.sweep.records import mixed_sweep_problems
 
 _WRITER = textwrap.dedent("""
     import sys, wandb

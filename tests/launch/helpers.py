@@ -98,8 +98,8 @@ def tail(text: str, n: int = 60) -> str:
 
 def wandb_records(path: Path):
     """Protobuf ``Record``s of an offline ``run-*.wandb`` file, read by the harness's one reader
-    (:func:`analysis.wandb_file.read_records`)."""
-    from analysis.wandb_file import read_records
+    (:func:`analysis.sweep.wandb_file.read_records`)."""
+    from analysis.sweep.wandb_file import read_records
 
     yield from read_records(Path(path))
 

@@ -32,7 +32,7 @@ import pytest
 
 from harness.launcher.compose import compose, point_config
 from launch.slurm import node_plan
-from launch.sweep import point_name, sweep_points
+from harness.launcher.sweep_points import point_name, sweep_points
 
 REPO = Path(__file__).resolve().parents[3]
 EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "experiment").glob("*.yaml"))

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from analysis.replay import evaluate_variants
+from analysis.replay.variants import evaluate_variants
 from harness.contract import SPOT_GRAD_REL_L2
 from harness.loss.reference import reference_gkd
 from harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT, loss_tol

@@ -136,7 +136,7 @@ def test_megatron_wandb_files_land_in_the_run_folders_wandb(probe, tmp_path):
     the loader still places at its run folder (a run made before the change)."""
     import shutil
 
-    from analysis.load_offline import OfflineRun, find_offline_runs, group_attempts
+    from analysis.sweep.offline import OfflineRun, find_offline_runs, group_attempts
 
     run_dir, _ = probe
     files = sorted(run_dir.rglob("run-*.wandb"))

@@ -251,7 +251,7 @@ print("LOGS=" + json.dumps(sorted(logs)))
 
 def _wandb_history_keys(run_dir):
     """Keys of the history rows and the config keys of the offline wandb run under ``run_dir``."""
-    from analysis.wandb_file import read_records
+    from analysis.sweep.wandb_file import read_records
 
     files = sorted(run_dir.rglob("run-*.wandb"))
     history, config = set(), set()

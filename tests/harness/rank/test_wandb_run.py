@@ -20,8 +20,8 @@ def test_the_harness_config_is_logged_nested_and_read_back_flat(tmp_path, monkey
     read it back as the dotted keys they read before. Real wandb, offline."""
     import wandb
 
-    from analysis.load_offline import OfflineRun, find_offline_runs
-    from analysis.load_wandb import runs_from_wandb
+    from analysis.sweep.offline import OfflineRun, find_offline_runs
+    from analysis.sweep.wandb_api import runs_from_wandb
     from harness.config.flat import flatten
     from harness.config.schema import to_dict
     from harness.launcher.compose import point_config

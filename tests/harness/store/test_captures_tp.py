@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from analysis.replay import replay_table
+from analysis.replay.variants import replay_table
 from tests.conftest import entry_point
 from harness.loss.reference import reference_gkd
 from harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT, loss_tol

@@ -14,7 +14,7 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from analysis.records import CONFIG_COLUMNS, Sweep
+from analysis.sweep.records import CONFIG_COLUMNS, Sweep
 from harness.contract import JSD_LOSS, LOSS_CALLS_TOTAL, MIN_TOKEN_JSD, NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, NEG_TOKEN_FRAC, NONFINITE_CALLS_TOTAL, SPOT_GRAD_REL_L2, SPOT_LOSS, SPOT_LOSS_ABS_ERR, SPOT_LOSS_FP64, SPOT_LOSS_REL_ERR, SPOT_PARAM_GRAD_REL_L2, SPOT_SIGN_MISMATCH, TRAIN_GRAD_NORM, TRAIN_LOSS
 
 __all__ = [

@@ -1,33 +1,24 @@
-"""``gkd-replay``: the seed report's diagnostic as a tool.
+"""The native (upstream), fp32 and fp64 loss variants on one set of inputs, for ``gkd-replay`` and the sign-off.
 
-Recomputes one set of loss inputs with the native (upstream), fp32 and fp64 variants and prints, per variant,
-the per-position mean loss and the relative L2 error of d loss / d student logits against FP64.
-
-Two sources of inputs:
-
-* ``gkd-replay synthetic [--seed 0 --rows 3 --vocab 64 ...]``: the seed's recipe (student = BF16-rounded
-  ``randn·scale`` held in ``--student-dtype``; teacher = student + ``randn·noise`` in ``--teacher-dtype``);
-* ``gkd-replay PATH [PATH ...]``: capture files (``*.safetensors``) or folders searched recursively for
-  ``captures/*.safetensors`` (a run folder or a whole sweep). Rows per capture, then the mean over ranks per
-  (run, step), as in the seed table.
-
-Exit status: 0 on success, 2 on unreadable or inconsistent input (the message names the file).
+Inputs come from the seed report's recipe (:func:`synthetic_inputs`, its settings in :data:`SEED_INPUT`) or from
+captures (:func:`replay_table`).
 """
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional
 
 import torch
 
+from analysis.replay.seed_input import SEED_INPUT
 from harness.contract import CAPTURES_DIR
 from harness.store.captures import CaptureError, load_capture
 from harness.losses import BETA_FORMS, DTYPES_BY_NAME as DTYPES, make_gkd_loss_terms
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
 VARIANTS = ("native", "fp32", "fp64")
+
+
 
 
 def evaluate_variants(student_logits: torch.Tensor, teacher_output: TeacherOutput, labels: torch.Tensor, beta: float,
@@ -60,8 +51,10 @@ def evaluate_variants(student_logits: torch.Tensor, teacher_output: TeacherOutpu
     return out
 
 
-def synthetic_inputs(seed: int = 0, rows: int = 3, vocab: int = 64, scale: float = 2.0, noise: float = 0.03,
-                     student_dtype: str = "float32", teacher_dtype: str = "bfloat16", topk: Optional[int] = None):
+def synthetic_inputs(seed: int = SEED_INPUT.seed, rows: int = SEED_INPUT.rows, vocab: int = SEED_INPUT.vocab,
+                     scale: float = SEED_INPUT.scale, noise: float = SEED_INPUT.noise,
+                     student_dtype: str = SEED_INPUT.student_dtype, teacher_dtype: str = SEED_INPUT.teacher_dtype,
+                     topk: Optional[int] = SEED_INPUT.topk):
     """The seed report's synthetic tensors, as ``(student_logits [1, rows, vocab], TeacherOutput, labels [1, rows])``."""
     rng = torch.Generator().manual_seed(seed)
     student = (torch.randn(rows, vocab, generator=rng) * scale).bfloat16().float()
@@ -131,63 +124,3 @@ def format_variant_table(results: Dict[str, dict]) -> str:
         r = results[variant]
         lines.append(f"{variant:<8} {r['loss']:>22.14e} {r['grad_rel_l2']:>20.3e}")
     return "\n".join(lines)
-
-
-def _parser() -> argparse.ArgumentParser:
-    from harness.store.run_folder import harness_version
-
-    p = argparse.ArgumentParser(prog="gkd-replay", description=__doc__.split("\n\n")[0].replace("``", ""))
-    p.add_argument("--version", action="version", version=f"gkd-replay (gkd-harness {harness_version()})")
-    p.add_argument("inputs", nargs="+", help="'synthetic', or capture files / run folders / sweep folders")
-    p.add_argument("--beta-form", choices=BETA_FORMS, default=None,
-                   help="β form to replay (default: the capture's, or paper for synthetic)")
-    g = p.add_argument_group("synthetic inputs (the seed recipe)")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--rows", type=int, default=3)
-    g.add_argument("--vocab", type=int, default=64)
-    g.add_argument("--scale", type=float, default=2.0)
-    g.add_argument("--noise", type=float, default=0.03)
-    g.add_argument("--student-dtype", choices=sorted(DTYPES), default="float32")
-    g.add_argument("--teacher-dtype", choices=sorted(DTYPES), default="bfloat16")
-    g.add_argument("--beta", type=float, default=0.5)
-    g.add_argument("--temperature", type=float, default=0.9)
-    g.add_argument("--topk", type=int, default=None)
-    return p
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.inputs == ["synthetic"]:
-        if not 0 <= args.beta <= 1:
-            print(f"gkd-replay: --beta must lie in [0, 1], got {args.beta}", file=sys.stderr)
-            return 2
-        if not args.temperature > 0:
-            print(f"gkd-replay: --temperature must be > 0, got {args.temperature}", file=sys.stderr)
-            return 2
-        if args.rows < 1 or args.vocab < 2 or (args.topk is not None and not 1 <= args.topk <= args.vocab):
-            print("gkd-replay: need --rows >= 1, --vocab >= 2 and 1 <= --topk <= --vocab", file=sys.stderr)
-            return 2
-        s, t, labels = synthetic_inputs(args.seed, args.rows, args.vocab, args.scale, args.noise, args.student_dtype,
-                                        args.teacher_dtype, args.topk)
-        res = evaluate_variants(s, t, labels, args.beta, args.temperature, args.beta_form or "paper")
-        print(f"synthetic seed={args.seed} rows={args.rows} vocab={args.vocab} student={args.student_dtype} "
-              f"teacher={args.teacher_dtype} beta={args.beta} T={args.temperature} topk={args.topk} "
-              f"beta_form={args.beta_form or 'paper'}")
-        print(format_variant_table(res))
-        return 0
-    try:
-        per_capture, averaged = replay_table(args.inputs, args.beta_form)
-    except CaptureError as e:
-        print(f"gkd-replay: {e}", file=sys.stderr)
-        return 2
-    import pandas as pd
-    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.6e}".format):
-        print("per capture:")
-        print(per_capture.to_string(index=False))
-        print("\nmean over ranks:")
-        print(averaged.to_string(index=False))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,7 +12,7 @@ gives:
 * :func:`pooled`: the mean of the per-seed differences with its t interval;
 * :func:`outcome_sentence`: the effect and its interval in one sentence, whichever way it goes.
 
-The criterion ``patched_not_worse`` (:func:`patched_not_worse`, registered in :mod:`analysis.criteria`) asks
+The criterion ``patched_not_worse`` (:func:`patched_not_worse`, registered in :mod:`analysis.signoff.criteria`) asks
 that the upper bound of the interval on (patched − original) / original final held-out JSD be ≤ a margin.
 """
 from __future__ import annotations

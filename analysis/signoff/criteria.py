@@ -1,4 +1,4 @@
-"""Sign-off criteria: evaluate them on a sweep (the criteria file and its schema: :mod:`analysis.signoff_config`).
+"""Sign-off criteria: evaluate them on a sweep (the criteria file and its schema: :mod:`analysis.signoff.criteria_file`).
 
 Each criterion gives a :class:`Result` with its threshold and its measured value in words, a status
 (``pass`` | ``fail`` | ``not_measured`` | ``not_applicable`` | ``skipped`` | ``disabled``), evidence rows and
@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.betacurve import fp64_beta_curve, beta_defect_inputs
-from analysis.compare import negatives_table, spot_table, step_agreement
-from analysis.records import Sweep
-from analysis.signoff_config import CRITERIA_NAMES, SignoffCriteria, load_criteria
+from analysis.signoff.betacurve import fp64_beta_curve, beta_defect_inputs
+from analysis.signoff.compare import negatives_table, spot_table, step_agreement
+from analysis.sweep.records import Sweep
+from analysis.signoff.criteria_file import CRITERIA_NAMES, SignoffCriteria, load_criteria
 from harness.contract import SPOT_GRAD_REL_L2_DTYPE_FLOOR
 
 __all__ = ["Result", "load_criteria", "evaluate", "CRITERIA", "SignoffCriteria"]
@@ -375,8 +375,8 @@ def no_failed_runs(sweep: Sweep, cfg: SignoffCriteria, c: Any) -> Result:
 
 def patched_not_worse(sweep: Sweep, cfg: SignoffCriteria, c: Any) -> Result:
     """Held-out outcome (issue 20): the upper 95% t bound of (patched − original)/original final eval/jsd,
-    seed-paired, is <= ``c.margin`` (analysis.outcome)."""
-    from analysis.outcome import patched_not_worse as measure
+    seed-paired, is <= ``c.margin`` (analysis.signoff.outcome)."""
+    from analysis.signoff.outcome import patched_not_worse as measure
 
     name, title = "patched_not_worse", "Patched loss distills no worse on held-out data"
     thr = f"upper 95% bound of (patched − original)/original final eval/jsd <= {c.margin:g}"
@@ -389,8 +389,8 @@ def patched_not_worse(sweep: Sweep, cfg: SignoffCriteria, c: Any) -> Result:
 
 def candidate_certified(sweep: Sweep, cfg: SignoffCriteria, c: Any) -> Result:
     """A candidate fix (``loss=candidate``) passes ``gkd-certify``, once per sha256, cached in the sweep folder
-    (analysis.certify.signoff)."""
-    from analysis.certify.signoff import certificate_rows
+    (analysis.signoff.certificates)."""
+    from analysis.signoff.certificates import certificate_rows
 
     status, thr, measured, details, applies = certificate_rows(sweep.runs, sweep.source, c.quick, c.strict)
     if status == "fail" and not c.required:

@@ -1,7 +1,7 @@
-"""Load a sweep from wandb: run objects -> :class:`~analysis.records.RunRecord`, and the public API query.
+"""Load a sweep from wandb: run objects -> :class:`~analysis.sweep.records.RunRecord`, and the public API query.
 
 Histories come from ``scan_history`` (every logged row); the sampled ``history()`` would miscount
-negative-loss calls. :func:`runs_from_wandb` also converts the offline runs of :mod:`analysis.load_offline`,
+negative-loss calls. :func:`runs_from_wandb` also converts the offline runs of :mod:`analysis.sweep.offline`,
 which offer the same interface.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Mapping, Optional
 
-from analysis.records import RunRecord, Sweep, UnusableInput, int_step, tabulate
+from analysis.sweep.records import RunRecord, Sweep, UnusableInput, int_step, tabulate
 from harness.config.flat import flatten
 from harness.contract import TRAIN_GLOBAL_STEP
 
@@ -46,7 +46,7 @@ def runs_from_wandb(runs: Iterable[Any], include_job_types=None) -> list:
     """Convert wandb run objects into :class:`RunRecord` s.
 
     Each object needs ``name``, ``group``, ``job_type``, ``state``, ``config``, ``summary`` and
-    ``scan_history()`` (the public API's ``wandb.apis.public.Run``, or ``analysis.load_offline.OfflineRun``).
+    ``scan_history()`` (the public API's ``wandb.apis.public.Run``, or ``analysis.sweep.offline.OfflineRun``).
     Analysis runs (``job_type == "analysis"``) are skipped.
     """
     out = []

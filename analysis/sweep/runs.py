@@ -5,7 +5,7 @@ folder contract, ``docs/signoff.md``). A sweep point that failed before the harn
 error) leaves only Hydra's ``.hydra/`` folder, with ``job_return.json`` saying FAILED: it is a failed run.
 
 Problems that make the input unusable (missing sweep, a run folder without ``summary.json``, unparseable
-JSON, a metrics line without ``step``) raise :class:`~analysis.records.UnusableInput` naming the file.
+JSON, a metrics line without ``step``) raise :class:`~analysis.sweep.records.UnusableInput` naming the file.
 NaN and ±Inf written by Python's ``json`` (``NaN``, ``Infinity``) are read as themselves.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 
-from analysis.records import RunRecord, Sweep, UnusableInput, int_step, tabulate
+from analysis.sweep.records import RunRecord, Sweep, UnusableInput, int_step, tabulate
 from harness.config.flat import flatten
 from harness.contract import ARCHIVE_DIR, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, SWEEP_MANIFEST_FILE
 
@@ -55,7 +55,7 @@ def planned_points(sweep: os.PathLike) -> tuple:
     try:
         from omegaconf import OmegaConf
 
-        from launch.sweep import point_name, sweep_points
+        from harness.launcher.sweep_points import point_name, sweep_points
 
         config = OmegaConf.load(multirun)
         return [point_name(job, config) for job in sweep_points(config)], multirun.name
@@ -258,7 +258,7 @@ def load_run_folder(path: os.PathLike) -> RunRecord:
 
 
 def load_sweep(sweep: os.PathLike) -> Sweep:
-    """Load every run folder under ``sweep`` into a :class:`~analysis.records.Sweep`.
+    """Load every run folder under ``sweep`` into a :class:`~analysis.sweep.records.Sweep`.
 
     Example (a notebook)::
 

@@ -3,7 +3,7 @@
 The YAML is the only home of the default values; the dataclasses give types and structure (no defaults here).
 :func:`load_criteria` reads the shipped file, merges a user's file over it, and builds one frozen
 :class:`SignoffCriteria`. Unknown keys, missing keys, wrong types and out-of-range values raise
-:class:`~analysis.records.UnusableInput` with one line naming the file and the full key, e.g.
+:class:`~analysis.sweep.records.UnusableInput` with one line naming the file and the full key, e.g.
 ``c.yaml: criteria key 'spot_tolerance.loss_rtol' must be a number >= 0, got -1``.
 
 The shipped file is found next to the installed package (``importlib.resources`` on the ``configs``
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, Tuple
 
-from analysis.records import UnusableInput
+from analysis.sweep.records import UnusableInput
 
 __all__ = [
     "SignoffCriteria",

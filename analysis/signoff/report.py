@@ -20,15 +20,15 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from analysis import plots
-from analysis.betacurve import (capture_inputs, endpoint_jumps, fp64_beta_curve, beta_defect_inputs,
+from analysis.signoff import plots
+from analysis.signoff.betacurve import (capture_inputs, endpoint_jumps, fp64_beta_curve, beta_defect_inputs,
                                 training_beta_curve)
-from analysis.compare import (forms_agreement, largest_divergence, negatives_table, precision_agreement,
+from analysis.signoff.compare import (forms_agreement, largest_divergence, negatives_table, precision_agreement,
                               run_summary, spot_distribution, spot_table)
-from analysis.criteria import FAILING, evaluate
-from analysis.document import Document
-from analysis.records import Sweep, UnusableInput
-from analysis.signoff_config import SignoffCriteria
+from analysis.signoff.criteria import FAILING, evaluate
+from analysis.signoff.document import Document
+from analysis.sweep.records import Sweep, UnusableInput
+from analysis.signoff.criteria_file import SignoffCriteria
 from harness.contract import TRAIN_GRAD_NORM, TRAIN_LOSS
 from harness.store.provenance import git_state
 
@@ -93,15 +93,15 @@ def _records(df: pd.DataFrame) -> list:
 
 
 def _replay(captures: list, doc: Document) -> tuple:
-    """Run ``analysis.replay.replay_table`` on the captures; returns (per_capture, averaged) or (None, None)."""
+    """Run ``analysis.replay.variants.replay_table`` on the captures; returns (per_capture, averaged) or (None, None)."""
     if not captures:
         doc.para("No captures in this sweep (`monitor.capture` was off), so there is nothing to replay. "
                  "Enable captures to get the native / FP32 / FP64 table on the training inputs.")
         return None, None
     try:
-        from analysis.replay import replay_table
+        from analysis.replay.variants import replay_table
     except ImportError as e:  # pragma: no cover - the harness ships replay
-        doc.para(f"Replay unavailable: cannot import analysis.replay ({e}).")
+        doc.para(f"Replay unavailable: cannot import analysis.replay.variants ({e}).")
         return None, None
     try:
         per_capture, averaged = replay_table([str(c) for c in captures])
@@ -116,10 +116,10 @@ def _replay(captures: list, doc: Document) -> tuple:
 
 
 def _seed_defect(sweep: Sweep, doc: Document) -> Optional[pd.DataFrame]:
-    """The seed defect table (:func:`analysis.seed_defect.seed_defect_table`) for the seed pair and the sweep's
+    """The seed defect table (:func:`analysis.signoff.seed_defect.seed_defect_table`) for the seed pair and the sweep's
     dtype pairs, written into ``doc``; shown in every report, with or without captures."""
     try:
-        from analysis.seed_defect import seed_defect_table, seed_input_description, sweep_dtype_pairs
+        from analysis.signoff.seed_defect import seed_defect_table, seed_input_description, sweep_dtype_pairs
 
         table = seed_defect_table(sweep_dtype_pairs(sweep.runs))
         described = seed_input_description()
@@ -257,7 +257,7 @@ def _write_report(sweep: Sweep, report_dir: Path, cfg: SignoffCriteria, captures
     versions = {c: runs[c].dropna().unique().tolist() for c in runs.columns if c.startswith("version.")}
     if versions:
         doc.para("Versions: " + "; ".join(f"{k[8:]} {', '.join(map(str, v))}" for k, v in versions.items()))
-    from analysis import outcome  # issue 20: the held-out effect in one sentence on the first screen
+    from analysis.signoff import outcome  # issue 20: the held-out effect in one sentence on the first screen
 
     effect = outcome.headline(sweep, cfg.original_precision, cfg.patched_precisions)
     if effect:

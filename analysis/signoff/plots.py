@@ -1,6 +1,6 @@
 """PNG plots of the comparison tables (matplotlib, Agg backend; no display needed).
 
-Each ``plot_*`` function takes the tables of :mod:`analysis.compare` / :mod:`analysis.betacurve`, writes one
+Each ``plot_*`` function takes the tables of :mod:`analysis.signoff.compare` / :mod:`analysis.signoff.betacurve`, writes one
 PNG at :data:`DPI` dots per inch and returns its path (``None`` when there is nothing to draw).
 
 Conventions shared by every figure:
@@ -114,7 +114,7 @@ def _paired_difference(sweep, runs: pd.DataFrame, metric: str) -> list:
 
     Returns ``[(beta, form, steps [n], diff [n])]``.
     """
-    from analysis.compare import _pairs
+    from analysis.signoff.compare import _pairs
 
     pairs = _pairs(runs, "loss.precision", "native", "fp32")
     if not pairs:

@@ -1,6 +1,6 @@
 """The seed report's defect table, for every sign-off report: ``gkd-replay synthetic`` on its fixed input.
 
-The input is the seed report's recipe as :func:`analysis.replay.synthetic_inputs` builds it (student = BF16-rounded
+The input is the seed report's recipe as :func:`analysis.replay.variants.synthetic_inputs` builds it (student = BF16-rounded
 ``randn(3, 64)·2``, teacher = student + ``randn·0.03``) with ``gkd-replay synthetic``'s own defaults for β and the
 temperature, so each row equals what that command prints. The seed pair (FP32 student, BF16 teacher) is always
 shown; each other (student, teacher) dtype pair that the sweep's runs saw at the loss gets its own rows
@@ -8,14 +8,18 @@ shown; each other (student, teacher) dtype pair that the sweep's runs saw at the
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from typing import Iterable, List, Optional, Tuple
 
 import pandas as pd
 
+from analysis.replay.seed_input import SEED_INPUT, SyntheticInput
+
 __all__ = ["SEED_PAIR", "seed_defect_table", "sweep_dtype_pairs", "seed_input_description"]
 
 #: (student dtype, teacher dtype) of the seed report's input: FP32 student, BF16 teacher.
-SEED_PAIR = ("float32", "bfloat16")
+SEED_PAIR = (SEED_INPUT.student_dtype, SEED_INPUT.teacher_dtype)
 _COLUMNS = ["input", "student_dtype", "teacher_dtype", "variant", "loss", "negative", "grad_rel_l2", "command"]
 
 
@@ -27,16 +31,14 @@ def sweep_dtype_pairs(runs: pd.DataFrame) -> List[Tuple[str, str]]:
     return sorted({(str(s), str(t)) for s, t in zip(known["dtype.student"], known["dtype.teacher"])})
 
 
-def _settings(argv: List[str]):
-    """``gkd-replay``'s parsed arguments for ``argv``: its defaults are the seed's seed, shape, β and T."""
-    from analysis.replay import _parser
-
-    return _parser().parse_args(argv)
+def _settings(student_dtype: str, teacher_dtype: str) -> SyntheticInput:
+    """The seed's input (``gkd-replay synthetic``'s defaults) with the given dtypes."""
+    return replace(SEED_INPUT, student_dtype=student_dtype, teacher_dtype=teacher_dtype)
 
 
 def seed_input_description() -> str:
     """One line naming the fixed input's settings, read from ``gkd-replay synthetic``'s defaults."""
-    a = _settings(["synthetic"])
+    a = SEED_INPUT
     return (f"seed {a.seed}, {a.rows} positions, vocabulary {a.vocab}, logit scale {a.scale:g}, teacher noise "
             f"{a.noise:g}, β {a.beta:g}, T {a.temperature:g}, {a.beta_form or 'paper'} form, "
             f"{'full vocabulary' if a.topk is None else f'top-{a.topk}'}; student {a.student_dtype}, "
@@ -54,7 +56,7 @@ def seed_defect_table(pairs: Optional[Iterable[Tuple[str, str]]] = None) -> pd.D
         logits), ``negative`` (loss < 0), ``grad_rel_l2`` (relative L2 of d loss / d student logits against FP64)
         and the ``gkd-replay`` command printing the same numbers.
     """
-    from analysis.replay import evaluate_variants, synthetic_inputs
+    from analysis.replay.variants import evaluate_variants, synthetic_inputs
     from harness.losses import DTYPES_BY_NAME
 
     ordered = [SEED_PAIR] + [p for p in dict.fromkeys(pairs or ()) if p != SEED_PAIR
@@ -63,7 +65,7 @@ def seed_defect_table(pairs: Optional[Iterable[Tuple[str, str]]] = None) -> pd.D
     for student_dtype, teacher_dtype in ordered:
         argv = ["synthetic"] + ([] if (student_dtype, teacher_dtype) == SEED_PAIR else
                                 ["--student-dtype", student_dtype, "--teacher-dtype", teacher_dtype])
-        a = _settings(argv)
+        a = _settings(student_dtype, teacher_dtype)
         s, t, labels = synthetic_inputs(a.seed, a.rows, a.vocab, a.scale, a.noise, a.student_dtype,
                                         a.teacher_dtype, a.topk)
         res = evaluate_variants(s, t, labels, a.beta, a.temperature, a.beta_form or "paper")

@@ -1,6 +1,6 @@
 """The tables every loader produces, and the one function that builds them.
 
-Lowest layer of the loaders (:mod:`analysis.load_runs`, :mod:`analysis.load_wandb`, :mod:`analysis.load_offline`
+Lowest layer of the loaders (:mod:`analysis.sweep.runs`, :mod:`analysis.sweep.wandb_api`, :mod:`analysis.sweep.offline`
 all import from here; this module imports none of them).
 
 :class:`Sweep`:
