@@ -45,13 +45,11 @@ def _as_int(value: Any, key: str) -> int:
 
 
 def parse_slurm_nodelist(nodelist: str) -> list[str]:
-    """Expand a SLURM node list (``gpu[01-03,07],login1``) into host names, in order."""
-    try:
-        from submitit.slurm.slurm import _parse_node_list  # same parser submitit's JobEnvironment uses
+    """Expand a SLURM node list (``gpu[01-03,07],login1``) into host names, in order.
 
-        return list(_parse_node_list(nodelist))
-    except ImportError:  # pragma: no cover - submitit is a dependency
-        pass
+    The harness's own parser: submitit's is private (``submitit.slurm.slurm._parse_node_list``); the tests hold
+    this one against submitit's public ``SlurmJobEnvironment().hostnames`` on the same lists.
+    """
     hosts: list[str] = []
     for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", nodelist):
         if plain:

@@ -147,3 +147,23 @@ def test_detect_device_without_torch(run_device, env, expected):
 
 def test_main_node_outside_slurm():
     assert is_main_node({}) and is_main_node({"NODE_RANK": "0"}) and not is_main_node({"NODE_RANK": "1"})
+
+
+@pytest.mark.parametrize("nodelist", ["node01", "gpu[01-03,07]", "a[1-2],b5", "h100-[008-010],cpu[9-11]", "x[0]"])
+def test_parse_slurm_nodelist_matches_submitits_public_api(nodelist, monkeypatch):
+    """The harness's parser against submitit's public JobEnvironment (not its private parser)."""
+    from submitit.slurm.slurm import SlurmJobEnvironment
+
+    monkeypatch.setenv("SLURM_JOB_NODELIST", nodelist)
+    assert parse_slurm_nodelist(nodelist) == SlurmJobEnvironment().hostnames
+
+
+def test_node_uses_no_private_submitit_name():
+    import ast
+    import inspect
+
+    from harness.launcher import node
+
+    names = {a.name for n in ast.walk(ast.parse(inspect.getsource(node)))
+             if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("submitit") for a in n.names}
+    assert not [n for n in names if n.startswith("_")], names
