@@ -50,7 +50,7 @@ examples:
 
 
 def _version() -> str:
-    from harness.store.run_folder import harness_version
+    from harness.store.provenance import harness_version
 
     return harness_version()
 

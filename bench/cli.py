@@ -561,7 +561,7 @@ def _loadavg() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from harness.store.run_folder import harness_version
+    from harness.store.provenance import harness_version
 
     p = argparse.ArgumentParser(prog="gkd-bench", description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--version", action="version", version=f"gkd-bench (gkd-harness {harness_version()})")

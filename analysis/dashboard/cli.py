@@ -25,7 +25,7 @@ EXIT_OK, EXIT_PUSH_FAILED, EXIT_UNUSABLE = 0, 1, 2
 
 
 def _version() -> str:
-    from harness.store.run_folder import harness_version
+    from harness.store.provenance import harness_version
 
     return harness_version()
 

@@ -26,7 +26,7 @@ from harness.contract import BETA_FORMS, DTYPE_NAMES
 
 def parser() -> argparse.ArgumentParser:
     """``gkd-replay``'s arguments (torch-free: ``--help`` and ``--version`` answer at once)."""
-    from harness.store.run_folder import harness_version
+    from harness.store.provenance import harness_version
 
     p = argparse.ArgumentParser(prog="gkd-replay", description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--version", action="version", version=f"gkd-replay (gkd-harness {harness_version()})")

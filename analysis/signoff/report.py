@@ -47,11 +47,11 @@ _RUN_COLS = ["run", "gkd.beta", "loss.beta_form", "loss.precision", "gkd.tempera
 
 def analysis_package_versions() -> dict:
     """Versions of the packages that produced this report: the training stack
-    (:func:`harness.store.run_folder.package_versions`) plus the analysis stack and Python."""
+    (:func:`harness.store.provenance.package_versions`) plus the analysis stack and Python."""
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
-    from harness.store.run_folder import package_versions
+    from harness.store.provenance import package_versions
 
     out = dict(package_versions())
     for name in ("gkd-harness", "numpy", "pandas", "matplotlib"):

@@ -63,31 +63,59 @@ class Attempt:
 
 
 def decide_attempt(folder, flat_config: Mapping[str, Any], *, overwrite: bool, resume: bool) -> Attempt:
-    """Decide, archive if needed, and return the :class:`Attempt` (call it holding the folder's lock).
+    """What to do with an earlier attempt in ``folder`` (a :class:`harness.store.run_folder.RunFolder`), given
+    the new flat resolved config; archives it if needed and returns the :class:`Attempt`. Call it holding the
+    folder's lock, so the answer cannot change before it is acted on.
+
+    - nothing there -> ``new``; files of an attempt without summary.json -> ``restart``
+    - completed: same fingerprint -> ``skip`` (``restart`` with ``overwrite``); different -> ``restart`` with
+      ``overwrite``, else :class:`~harness.store.fingerprint.ConfigMismatch` (one line: the keys that differ and
+      how to proceed)
+    - unfinished (failed, or running under a stale lock): same fingerprint -> ``resume`` if ``resume`` else
+      ``restart``; different -> ``restart`` (it is archived, not lost), but a resume of a different config ->
+      :class:`~harness.store.fingerprint.ConfigMismatch` unless ``overwrite``
 
     ``run.resume=true`` continues only from a usable checkpoint. Without one the earlier attempt is archived and
     the run restarts from step 0 with a note, so ``metrics.jsonl`` never holds two copies of a step and the
     cumulative counters never restart inside one file.
     """
-    prior = folder.check_prior(flat_config, overwrite=overwrite, resume=resume)
-    if prior.action == "skip":
-        return Attempt("skip", prior.summary, notes=("completed earlier with the same config, skipping",))
+    from harness.store.fingerprint import ConfigMismatch, mismatch_message, summary_diff
+
+    summary = folder.read_summary()
+    if summary is None:
+        if not folder.has_attempt():
+            return Attempt("new")
+        action, differing = "restart", ()
+    else:
+        differing = tuple(summary_diff(summary, flat_config))
+        if summary.get("status") == "completed":
+            if not differing and not overwrite:
+                return Attempt("skip", summary, notes=("completed earlier with the same config, skipping",))
+            if differing and not overwrite:
+                raise ConfigMismatch(mismatch_message(folder.path, summary, flat_config, list(differing)),
+                                     folder.path, list(differing))
+            action = "restart"
+        elif resume and not differing:
+            action = "resume"
+        elif resume and not overwrite:
+            raise ConfigMismatch(mismatch_message(folder.path, summary, flat_config, list(differing),
+                                                  "an unfinished run (run.resume=true)"), folder.path, list(differing))
+        else:
+            action = "restart"
     notes: List[str] = []
-    if prior.action == "resume":
+    if action == "resume":
         args = resume_args(True, folder.path)
         if args:
             step = int(_CKPT.match(Path(args[1]).name).group(1))
-            return Attempt("resume", prior.summary, args, step)
+            return Attempt("resume", summary, args, step)
         notes.append(f"run.resume=true but no usable checkpoint under {Path(folder.path) / 'swift'} "
                      "(checkpoint-N/trainer_state.json): the earlier attempt is archived and the run restarts")
         reason = "run.resume=true without a usable checkpoint"
-    elif prior.action == "restart":
-        if prior.differing:
-            notes.append(f"the earlier attempt differs in {', '.join(prior.differing)}")
-        reason = "run.overwrite=true" if overwrite else "an unfinished attempt is restarted"
     else:
-        return Attempt("new")
+        if differing:
+            notes.append(f"the earlier attempt differs in {', '.join(differing)}")
+        reason = "run.overwrite=true" if overwrite else "an unfinished attempt is restarted"
     previous = folder.archive_previous_attempt(reason=reason)
     if previous is not None:
         notes.append(f"the earlier attempt moved to {previous}")
-    return Attempt("restart", prior.summary, notes=tuple(notes))
+    return Attempt("restart", summary, notes=tuple(notes))

@@ -53,7 +53,7 @@ def _wandb_mode(cfg: TrainConfig, dry_run: bool) -> str:
 
 def _wandb_vars(cfg: TrainConfig, mode: str, run_dir: Path, run_name: str,
                 experiment: Optional[str]) -> Dict[str, str]:
-    from harness.store.run_folder import config_fingerprint
+    from harness.store.fingerprint import config_fingerprint
     from harness.launcher.wandb_env import experiment_name, wandb_env
     from harness.config.flat import flatten
     from harness.config.secrets import redact
@@ -171,7 +171,7 @@ def _train_main_node(cfg: TrainConfig, run_dir: Path, folder, experiment: Option
         totals = None
         if resume:
             from harness.contract import CUMULATIVE_METRICS
-            from harness.store.run_folder import read_metrics
+            from harness.store.metrics_io import read_metrics
 
             rows = read_metrics(folder.metrics_path)
             totals = {k: rows[-1][k] for k in CUMULATIVE_METRICS if rows and k in rows[-1]}
@@ -210,7 +210,7 @@ def _save_hydra_files(run_dir: Path) -> None:
         HydraConfig.get()
     except Exception:  # noqa: BLE001 - not inside a Hydra app
         return
-    from harness.store.run_folder import save_hydra_files
+    from harness.store.hydra_files import save_hydra_files
 
     save_hydra_files(run_dir, _TASK_CFG[0] if _TASK_CFG else None)
 

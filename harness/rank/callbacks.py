@@ -27,7 +27,7 @@ def _record_start(world_size: int, is_writer: bool) -> None:
         return
     _run_folder().update_summary(world_size=world_size, train_pid=os.getpid(), plugin={"rebound": state.STATE.rebound})
     try:
-        from harness.store.run_folder import package_versions
+        from harness.store.provenance import package_versions
         from harness.rank.wandb_run import attach_to_wandb_run
 
         attach_to_wandb_run({**state.STATE.settings.config, "experiment": state.STATE.settings.experiment,
@@ -100,7 +100,7 @@ def _record_log(logs: Dict[str, Any], step: int, is_writer: bool) -> None:
     """One ``metrics.jsonl`` record and the summary's last step / dtypes; only on the rank that owns the wandb run."""
     if not is_writer:
         return
-    from harness.store.run_folder import MetricsWriter
+    from harness.store.metrics_io import MetricsWriter
     from harness.rank.wandb_run import design_record, update_wandb_config
 
     rec = design_record(logs, step)

@@ -9,6 +9,9 @@
   ``harness.loss.candidate.loss_source_sha256``); ``loss_code``: the file or folder hashed;
 * ``ms_swift``: the installed ms-swift version.
 
+Also the versions every entry point and summary.json report: :func:`harness_version` (this package) and
+:func:`package_versions` (the packages whose arithmetic the results depend on).
+
 Torch-free and import-free of the other layers (the store layer imports only config).
 """
 from __future__ import annotations
@@ -20,10 +23,35 @@ from typing import Any, Dict, Optional
 
 from harness.config.source_files import source_file
 
-__all__ = ["provenance", "git_state", "loss_code_path", "sha256_path"]
+__all__ = ["provenance", "git_state", "loss_code_path", "sha256_path", "harness_version", "package_versions"]
+
+PACKAGE = "gkd-harness"
 
 _HARNESS_DIR = Path(__file__).resolve().parents[1]  # harness/
 _UPSTREAM_LOSS = "swift/rlhf_trainers/gkd_loss.py"
+
+
+def harness_version() -> str:
+    """The installed gkd-harness version (``"unknown"`` when the package is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(PACKAGE)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def package_versions() -> Dict[str, Optional[str]]:
+    """Versions of the packages whose arithmetic the results depend on."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: Dict[str, Optional[str]] = {}
+    for name in ("ms-swift", "torch", "transformers", "trl", "wandb"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
 
 
 def git_state(root: Path = _HARNESS_DIR.parent) -> Dict[str, Any]:

@@ -29,3 +29,82 @@ def test_latest_complete_checkpoint_by_step(tmp_path):
 def test_no_checkpoint_means_fresh_start(tmp_path):
     (tmp_path / "swift" / "v0").mkdir(parents=True)
     assert resume_args(True, tmp_path) == []
+
+
+# ------------------------------------------------------------------------------------------------ the decision
+# decide_attempt is the one home of what a rerun does with its folder (RunFolder.check_prior was a second copy)
+import json  # noqa: E402
+
+import pytest  # noqa: E402
+
+from harness.config.flat import flatten  # noqa: E402
+from harness.launcher.resume import decide_attempt  # noqa: E402
+from harness.store.fingerprint import ConfigMismatch, config_fingerprint  # noqa: E402
+from harness.store.metrics_io import MetricsWriter  # noqa: E402
+from harness.store.provenance import harness_version  # noqa: E402
+from harness.store.run_folder import RunFolder  # noqa: E402
+
+FLAT = flatten({"loss": {"precision": "fp32", "beta_form": "paper"}, "gkd": {"beta": 0.5},
+                "model": {"student": "embedded", "teacher": "embedded"}, "run": {"dataset": None, "max_steps": 3,
+                                                                                  "output_dir": "/somewhere"}})
+
+
+def _folder(root, status, flat=FLAT):
+    folder = RunFolder(root).create()
+    folder.start_summary("r", "g", flat)
+    folder.finish_summary(status, None if status == "completed" else "boom")
+    return folder
+
+
+def _decide(folder, flat, **kw):
+    with folder.lock():
+        return decide_attempt(folder, flat, overwrite=kw.get("overwrite", False), resume=kw.get("resume", False))
+
+
+def test_completed_folder_is_skipped_only_when_the_fingerprint_matches(tmp_path):
+    """Issue 12 item 4: `model.teacher=/other/teacher` on a completed folder said "completed, skipping"."""
+    folder = _folder(tmp_path / "a", "completed")
+    stored = folder.read_summary()
+    assert stored["fingerprint"] == config_fingerprint(FLAT) and stored["harness_version"] == harness_version()
+    assert config_fingerprint(stored["config"]) == stored["fingerprint"]  # what was stored recomputes it
+    assert _decide(folder, FLAT).action == "skip"
+    changed = {**FLAT, "model.teacher": "/other/teacher"}
+    with pytest.raises(ConfigMismatch) as err:
+        _decide(folder, changed)
+    msg = str(err.value)
+    assert err.value.differing == ["model.teacher"]
+    assert "\n" not in msg and str(folder.path) in msg and "model.teacher" in msg and "/other/teacher" in msg
+    assert "run.overwrite=true" in msg and "tracking.wandb.group" in msg
+    attempt = _decide(folder, changed, overwrite=True)
+    assert attempt.action == "restart" and "the earlier attempt differs in model.teacher" in attempt.notes
+    assert (folder.path / "previous_attempts" / "1" / "summary.json").is_file()
+    assert _decide(folder, changed).action == "new"
+    assert _decide(_folder(tmp_path / "b", "completed"), FLAT, overwrite=True).action == "restart"
+
+
+def test_unfinished_attempts_resume_only_with_the_same_config(tmp_path):
+    changed = {**FLAT, "gkd.beta": 0.9}
+    assert _decide(_folder(tmp_path / "a", "failed"), FLAT).action == "restart"
+    # resume asked, same config, no checkpoint: archived and restarted with a note
+    attempt = _decide(_folder(tmp_path / "b", "failed"), FLAT, resume=True)
+    assert attempt.action == "restart" and "no usable checkpoint" in attempt.notes[0]
+    folder = _folder(tmp_path / "c", "failed")
+    ckpt = _ckpt(folder.path, "v0/checkpoint-2")
+    attempt = _decide(folder, FLAT, resume=True)
+    assert attempt.action == "resume" and attempt.checkpoint_step == 2
+    assert attempt.resume_args == ["--resume_from_checkpoint", str(ckpt)]
+    attempt = _decide(_folder(tmp_path / "d", "failed"), changed)
+    assert attempt.action == "restart" and "the earlier attempt differs in gkd.beta" in attempt.notes
+    with pytest.raises(ConfigMismatch, match="gkd.beta 0.5 -> 0.9"):
+        _decide(_folder(tmp_path / "e", "failed"), changed, resume=True)
+    assert _decide(_folder(tmp_path / "f", "failed"), changed, resume=True, overwrite=True).action == "restart"
+
+
+def test_a_folder_written_by_an_older_harness_is_not_skipped(tmp_path):
+    folder = RunFolder(tmp_path / "run").create()
+    folder.summary_path.write_text(json.dumps({"status": "completed", "config": FLAT}))  # no fingerprint
+    with pytest.raises(ConfigMismatch, match="harness_version"):
+        _decide(folder, FLAT)
+    assert _decide(RunFolder(tmp_path / "empty"), FLAT).action == "new"
+    MetricsWriter(tmp_path / "orphan" / "metrics.jsonl").write({"step": 1})
+    assert _decide(RunFolder(tmp_path / "orphan"), FLAT).action == "restart"  # files without summary.json

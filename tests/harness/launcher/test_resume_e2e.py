@@ -17,7 +17,7 @@ import yaml
 
 from harness.contract import ARCHIVE_DIR, HYDRA_DIR, LOSS_CALLS_TOTAL, METRICS_FILE, SUMMARY_FILE
 from harness.launcher.resume import latest_checkpoint
-from harness.store.run_folder import read_metrics
+from harness.store.metrics_io import read_metrics
 from tests.conftest import entry_point
 
 pytestmark = pytest.mark.slow

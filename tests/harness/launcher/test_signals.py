@@ -15,7 +15,8 @@ import pytest
 
 from harness.contract import LOCK_FILE
 from harness.launcher.process import Interrupted, stop_signals
-from harness.store.run_folder import RunFolderBusy, RunLock, pid_alive, read_lock, read_metrics
+from harness.store.lock import RunFolderBusy, RunLock, pid_alive, read_lock
+from harness.store.metrics_io import read_metrics
 
 JOB = "4242"
 

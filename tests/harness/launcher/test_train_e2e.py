@@ -16,7 +16,7 @@ import torch
 from harness.store.captures import load_capture
 from harness.launcher.compose import point_config
 from harness.losses import make_gkd_loss
-from harness.store.run_folder import read_metrics
+from harness.store.metrics_io import read_metrics
 from harness.launcher.run import train
 from tests.conftest import entry_point
 from harness.loss.reference import reference_gkd

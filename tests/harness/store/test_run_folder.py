@@ -18,10 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.store.run_folder import (ARCHIVE_DIR, FINGERPRINT_EXCLUDE, LOCK_FILE, ConfigMismatch, MetricsWriter, RunFolder,
-                                RunFolderBusy, RunFolderError, RunLock, config_diff, config_fingerprint,
-                                harness_version, read_lock, read_metrics, redacted_folder_name, scrub_folder_name,
-                                scrub_hydra_dir)
+from harness.contract import ARCHIVE_DIR, LOCK_FILE
+from harness.store.files import RunFolderError
+from harness.store.fingerprint import FINGERPRINT_EXCLUDE, config_diff, config_fingerprint
+from harness.store.hydra_files import redacted_folder_name, scrub_folder_name, scrub_hydra_dir
+from harness.store.lock import RunFolderBusy, RunLock, read_lock
+from harness.store.metrics_io import MetricsWriter, read_metrics
+from harness.store.provenance import harness_version
+from harness.store.run_folder import RunFolder
 from harness.config.secrets import REDACTED
 from harness.config.flat import flatten
 
@@ -37,7 +41,7 @@ def _holder(run_dir: Path) -> subprocess.Popen:
     code = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(REPO)!r})
-        from harness.store.run_folder import RunLock
+        from harness.store.lock import RunLock
         lock = RunLock({str(run_dir)!r}, heartbeat_s=0)
         lock.acquire()
         print("locked", flush=True)
@@ -207,64 +211,13 @@ def test_fingerprint_covers_every_key_and_the_version_and_is_stable_across_proce
     assert config_fingerprint(FLAT, version="9.9.9") != config_fingerprint(FLAT, version=harness_version())
     for key in FINGERPRINT_EXCLUDE:  # where/how to run, not what
         assert config_fingerprint({**FLAT, key: "elsewhere"}) == fp
-    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from harness.store.run_folder import config_fingerprint; "
+    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from harness.store.fingerprint import config_fingerprint; "
             f"print(config_fingerprint({FLAT!r}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONHASHSEED": "12345"}).stdout.strip()
     assert out == fp
     assert config_diff(FLAT, {**FLAT, "model.teacher": "/t", "gkd.beta": 0.9, "x": 1}) == ["gkd.beta", "model.teacher",
                                                                                             "x"]
-
-
-def test_completed_folder_is_skipped_only_when_the_fingerprint_matches(tmp_path):
-    """Issue 12 item 4: `model.teacher=/other/teacher` on a completed folder said "completed, skipping"."""
-    folder = RunFolder(tmp_path / "run").create()
-    started = folder.start_summary("r", "g", FLAT)
-    assert started["fingerprint"] == config_fingerprint(FLAT) and started["harness_version"] == harness_version()
-    folder.finish_summary("completed")
-    # what was stored is enough to recompute the fingerprint
-    stored = folder.read_summary()
-    assert config_fingerprint(stored["config"]) == stored["fingerprint"]
-
-    assert folder.check_prior(FLAT).action == "skip"
-    changed = {**FLAT, "model.teacher": "/other/teacher"}
-    with pytest.raises(ConfigMismatch) as err:
-        folder.check_prior(changed)
-    msg = str(err.value)
-    assert err.value.differing == ["model.teacher"]
-    assert "\n" not in msg and str(folder.path) in msg and "model.teacher" in msg and "/other/teacher" in msg
-    assert "run.overwrite=true" in msg and "tracking.wandb.group" in msg
-    prior = folder.check_prior(changed, overwrite=True)
-    assert prior.action == "restart" and prior.differing == ("model.teacher",)
-    assert folder.check_prior(FLAT, overwrite=True).action == "restart"
-    with folder.lock():
-        folder.archive_previous_attempt(reason="run.overwrite=true")
-        assert folder.check_prior(changed).action == "new"
-
-
-def test_unfinished_attempts_resume_only_with_the_same_config(tmp_path):
-    folder = RunFolder(tmp_path / "run").create()
-    folder.start_summary("r", "g", FLAT)
-    folder.finish_summary("failed", "boom")
-    changed = {**FLAT, "gkd.beta": 0.9}
-    assert folder.check_prior(FLAT).action == "restart"
-    assert folder.check_prior(FLAT, resume=True).action == "resume"
-    prior = folder.check_prior(changed)
-    assert prior.action == "restart" and prior.differing == ("gkd.beta",)
-    with pytest.raises(ConfigMismatch, match="gkd.beta 0.5 -> 0.9"):
-        folder.check_prior(changed, resume=True)
-    assert folder.check_prior(changed, resume=True, overwrite=True).action == "restart"
-
-
-def test_a_folder_written_by_an_older_harness_is_not_skipped(tmp_path):
-    folder = RunFolder(tmp_path / "run").create()
-    folder.summary_path.write_text(json.dumps({"status": "completed", "config": FLAT}))  # no fingerprint
-    with pytest.raises(ConfigMismatch, match="harness_version"):
-        folder.check_prior(FLAT)
-    (folder.path / "x").mkdir()
-    assert RunFolder(tmp_path / "empty").check_prior(FLAT).action == "new"
-    MetricsWriter(tmp_path / "orphan" / "metrics.jsonl").write({"step": 1})
-    assert RunFolder(tmp_path / "orphan").check_prior(FLAT).action == "restart"  # files without summary.json
 
 
 # ------------------------------------------------------------------------------------------------ disk errors
@@ -452,7 +405,7 @@ import sys
 import hydra
 from omegaconf import OmegaConf
 sys.path.insert(0, {repo!r})
-from harness.store.run_folder import save_hydra_files
+from harness.store.hydra_files import save_hydra_files
 
 @hydra.main(version_base="1.3", config_path=None, config_name="cfg")
 def main(cfg):
