@@ -19,7 +19,7 @@ import re
 from typing import Dict, List, Sequence, Tuple
 
 from harness.config.schema import ConfigError
-from harness.config.secrets import is_secret_key
+from harness.config.secrets import is_secret_key, looks_like_credential
 from harness.config.swift_flags import load_table, refusal
 
 KEY = "run.extra_args"
@@ -57,8 +57,6 @@ HARNESS_FLAGS: Dict[str, str | None] = {
 _HARNESS_PREFIXES = (("vllm_", "rollout.*"),)
 #: ``--tuner_type`` is set (``full``) but may be overridden: ``run.extra_args=[--tuner_type,lora,--lora_rank,8]``
 #: trains LoRA adapters (ms-swift takes the last copy; nothing the harness records depends on it)
-#: values that look like credentials whatever the flag (hub, wandb, OpenAI-style tokens)
-_SECRET_VALUE_RE = re.compile(r"^(hf_[A-Za-z0-9]{8,}|sk-[A-Za-z0-9_-]{8,}|wandb_v1_\w+|[0-9a-f]{40})$")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -101,7 +99,7 @@ def validate_extra_args(extra_args: Sequence[str], megatron: bool = False) -> No
     for flag, values in flag_groups(list(extra_args)):
         name = flag_name(flag)
         values = values + ([flag.partition("=")[2]] if "=" in flag else [])
-        if is_secret_key(name) or any(_SECRET_VALUE_RE.match(v) for v in values):
+        if is_secret_key(name) or any(map(looks_like_credential, values)):
             raise ConfigError(KEY, f"--{name} looks like a credential: pass it through the environment "
                               "(HF_TOKEN, WANDB_API_KEY), never on the command line, where it would reach the logs")
         key = harness_key(name)

@@ -3,7 +3,11 @@
 :func:`find_secret_keys` lists credential-looking keys (``api_key``, ``token``, ``secret``, ``password``, at any
 depth) so validation can refuse them, :func:`secret_env_var` names the environment variable to use instead, and
 :func:`redact` / :func:`redact_text` / :func:`redact_name` remove their values from anything saved (config trees,
-text files, folder names). ``harness.store.run_folder.scrub_hydra_dir`` applies them to Hydra's own output files.
+text files, folder names). ``harness.store.hydra_files.scrub_hydra_dir`` applies them to Hydra's own output files.
+
+A value is a credential by its key (``hub_token``) or by its look, whatever key or flag holds it
+(:func:`looks_like_credential`: a Hugging Face token ``hf_...``, an OpenAI-style ``sk-...``, a wandb key):
+``run.dataset=hf_...`` is refused and redacted as ``model.hub_token=hf_...`` is.
 """
 from __future__ import annotations
 
@@ -18,10 +22,26 @@ REDACTED_NAME = "REDACTED"
 
 from harness.config.flat import _as_mapping
 
+#: credential-looking text whatever key or flag holds it: a Hugging Face token (``hf_`` + 34 letters and digits),
+#: an OpenAI-style key, a wandb v1 key; as a whole value also a 40-hex wandb API key
+_CREDENTIAL_TOKEN = r"hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|wandb_v1_\w+"
+_CREDENTIAL_IN_TEXT_RE = re.compile(rf"(?<![\w-])(?:{_CREDENTIAL_TOKEN})(?![\w-])")
+_CREDENTIAL_VALUE_RE = re.compile(r"^[0-9a-f]{40}$")
 
 
+def looks_like_credential(value: Any) -> bool:
+    """Is ``value`` (a string) a credential, or does it hold one? ``"hf_" + 34 alphanumerics`` anywhere in it,
+    ``sk-...``, ``wandb_v1_...``, or the whole value 40 hex digits (a wandb key)."""
+    return isinstance(value, str) and bool(_CREDENTIAL_IN_TEXT_RE.search(value) or
+                                           _CREDENTIAL_VALUE_RE.match(value.strip().strip("'\"")))
 
 
+def _strings(value: Any) -> List[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in _strings(v)]
+    return []
 
 def is_secret_key(key: str) -> bool:
     """Does the last part of a (dotted) key look like a credential? ``tracking.wandb.api_key`` yes,
@@ -43,13 +63,16 @@ def redact(obj: Any) -> Any:
         return {k: (REDACTED if is_secret_key(k) and _present(v) else redact(v)) for k, v in mapping.items()}
     if isinstance(obj, (list, tuple)):
         return [redact(v) for v in obj]
+    if looks_like_credential(obj):
+        return redact_text(obj)
     return obj
 
 
 def find_secret_keys(tree: Any) -> List[str]:
     """Dotted keys (any depth, lists indexed as ``key.0``) whose name looks like a credential and whose value is
-    set (``None`` / ``""`` are not credentials). ``{"tracking": {"wandb": {"api_key": "x"}}}`` ->
-    ``["tracking.wandb.api_key"]``."""
+    set (``None`` / ``""`` are not credentials), or whose string value (or a string in its list) looks like one
+    (:func:`looks_like_credential`). ``{"tracking": {"wandb": {"api_key": "x"}}, "run": {"dataset": "hf_..."}}``
+    -> ``["tracking.wandb.api_key", "run.dataset"]``."""
     found: List[str] = []
 
     def walk(node: Any, prefix: str) -> None:
@@ -57,7 +80,7 @@ def find_secret_keys(tree: Any) -> List[str]:
         if mapping is not None:
             for k, v in mapping.items():
                 key = f"{prefix}{k}"
-                if is_secret_key(str(k)) and _present(v):
+                if (is_secret_key(str(k)) and _present(v)) or any(map(looks_like_credential, _strings(v))):
                     found.append(key)
                 else:
                     walk(v, key + ".")
@@ -70,7 +93,8 @@ def find_secret_keys(tree: Any) -> List[str]:
 
 
 def secret_values(tree: Any) -> List[str]:
-    """The string forms of the values held under secret-looking keys (what must never appear in a saved file)."""
+    """The string forms of the values held under secret-looking keys, and of every credential-looking string
+    (:func:`looks_like_credential`): what must never appear in a saved file."""
     values: List[str] = []
 
     def walk(node: Any) -> None:
@@ -84,21 +108,33 @@ def secret_values(tree: Any) -> List[str]:
         elif isinstance(node, (list, tuple)):
             for v in node:
                 walk(v)
+        elif looks_like_credential(node):
+            values.append(node)
 
     walk(tree)
     return sorted(set(values), key=lambda s: (-len(s), s))
 
 
+_FLAG_RE = re.compile(r"(?<![\w-])--([A-Za-z][\w-]*)")
+
+
 def secret_overrides(argv: Iterable[str]) -> List[str]:
     """Keys of command-line overrides (``key=value``, ``+key=value``, ``++key=value``, sweeps ``key=a,b``) that
-    look like credentials and carry a value: ``["+tracking.wandb.api_key=abc", "gkd.beta=0.5"]`` ->
-    ``["tracking.wandb.api_key"]``. Checked on ``sys.argv`` before Hydra runs, a credential is refused before
-    Hydra prints, logs or saves it (folder names, .hydra/, multirun.yaml, the launcher's console lines)."""
+    carry a credential: a credential-looking key with a value, a credential-looking value under any key
+    (:func:`looks_like_credential`), or a credential flag inside a list value (``run.extra_args=[--hub_token,x]``):
+    ``["+tracking.wandb.api_key=abc", "gkd.beta=0.5", "run.dataset=hf_..."]`` ->
+    ``["tracking.wandb.api_key", "run.dataset"]``. Checked on ``sys.argv`` before Hydra runs, a credential is
+    refused before Hydra prints, logs or saves it (folder names, .hydra/, multirun.yaml, the launcher's console
+    lines)."""
     keys = []
     for arg in argv:
         key, sep, value = str(arg).partition("=")
         key = key.lstrip("+~")
-        if sep and not key.startswith("-") and is_secret_key(key) and value.strip("'\"") not in ("", "null"):
+        if not sep or key.startswith("-"):
+            continue
+        secret_key = is_secret_key(key) and value.strip("'\"") not in ("", "null")
+        secret_flag = any(is_secret_key(m.replace("-", "_")) for m in _FLAG_RE.findall(value))
+        if secret_key or secret_flag or looks_like_credential(value):
             keys.append(key)
     return keys
 
@@ -122,6 +158,10 @@ def secret_env_var(key: str) -> str:
 
 def secret_refusal(key: str) -> str:
     """One-line reason to refuse a credential in the config, pointing at the environment variable to use."""
+    if not is_secret_key(key):
+        return ("holds a value that looks like a credential (a token); credentials must not be in the config (it is "
+                "saved in the run folder, .hydra/ and wandb): remove it, and set HF_TOKEN or WANDB_API_KEY in the "
+                "environment instead")
     return (f"looks like a credential; credentials must not be in the config (it is saved in the run folder, "
             f".hydra/ and wandb): remove it and set {secret_env_var(key)} in the environment instead")
 
@@ -147,6 +187,7 @@ def redact_text(text: str, values: Iterable[str] = (), marker: str = REDACTED) -
 
     text = _OVERRIDE_RE.sub(override, text)
     text = _YAML_LINE_RE.sub(yaml_line, text)
+    text = _CREDENTIAL_IN_TEXT_RE.sub(marker, text)
     for v in sorted({str(v) for v in values if v is not None}, key=len, reverse=True):
         if len(v) >= 4:
             text = re.sub(rf"(?<![\w]){re.escape(v)}(?![\w])", marker, text)
@@ -157,23 +198,3 @@ def redact_name(name: str, values: Iterable[str] = ()) -> str:
     """A folder or run name (e.g. Hydra's ``override_dirname``) with credentials replaced by ``REDACTED``:
     ``"gkd.beta=0.5,+tracking.wandb.api_key=abc"`` -> ``"gkd.beta=0.5,+tracking.wandb.api_key=REDACTED"``."""
     return redact_text(name, values, marker=REDACTED_NAME)
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-

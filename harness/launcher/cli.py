@@ -23,7 +23,7 @@ from harness.config.schema import ConfigError
 from harness.launcher import run as run_mod
 from harness.launcher.process import Interrupted, TrainingFailed
 from harness.launcher.run import _is_multirun, train
-from harness.store.run_folder import harness_version
+from harness.store.provenance import harness_version
 
 log = logging.getLogger("gkd_harness.train")
 EXIT_FAILED, EXIT_CONFIG = 1, 2
@@ -89,32 +89,92 @@ class PointFailed:
 
 
 def _exit_code(e: BaseException) -> tuple[int, str]:
-    from harness.store.run_folder import ConfigMismatch, RunFolderBusy
+    """Exit code and label: 2 for what the user must change (the config, a busy or mismatched folder, a path that
+    is read-only or not allowed), 1 where the run itself failed (ms-swift, a full disk)."""
+    from harness.store.files import RunFolderError, os_exit_code
+    from harness.store.fingerprint import ConfigMismatch
+    from harness.store.lock import RunFolderBusy
 
     if isinstance(e, ConfigError):
         return EXIT_CONFIG, "invalid config"
     if isinstance(e, (RunFolderBusy, ConfigMismatch)):
         return EXIT_CONFIG, "refused"
+    if isinstance(e, RunFolderError) and e.path_error:
+        return EXIT_CONFIG, "unusable run folder"
+    if isinstance(e, OSError) and os_exit_code(e) == EXIT_CONFIG:
+        return EXIT_CONFIG, "unusable path"
     return EXIT_FAILED, "run failed"
+
+
+def _scrub_sweep_files(cfg) -> None:
+    """Credentials out of the sweep's own files (Hydra's multirun.yaml, written before any job starts) and
+    ``.hydra/``: values under credential keys and credential-looking values of this job's config, before anything
+    else is written (a credential on the command line never gets this far: :func:`main` refuses it)."""
+    if not _is_multirun():
+        return
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from harness.config.secrets import secret_values
+    from harness.store.files import RunFolderError
+    from harness.store.hydra_files import scrub_hydra_dir
+
+    values = secret_values(OmegaConf.to_container(cfg, resolve=False))
+    sweep_dir = Path(str(HydraConfig.get().sweep.dir))
+    for folder in (sweep_dir, sweep_dir / ".hydra"):
+        try:
+            scrub_hydra_dir(folder, values)
+        except RunFolderError as e:
+            log.warning(f"could not scrub {folder}: {e}")
+
+
+def _redact_log_records() -> None:
+    """Every log record's text with credentials redacted (:func:`harness.config.secrets.redact_text`): Hydra's
+    launch line ("#0 : key=value ...") and its job log never show one; a log write that fails (a full disk) is
+    dropped instead of printing a traceback."""
+    from harness.config.secrets import redact_text
+
+    logging.raiseExceptions = False
+    make = logging.getLogRecordFactory()
+    if getattr(make, "gkd_redacting", False):
+        return
+
+    def redacting(*args, **kwargs):
+        record = make(*args, **kwargs)
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed record is logging's business
+            return record
+        clean = redact_text(text)
+        if clean != text:
+            record.msg, record.args = clean, ()
+        return record
+
+    redacting.gkd_redacting = True
+    logging.setLogRecordFactory(redacting)
 
 
 def _job(cfg) -> Optional[int]:
     """The Hydra job: :func:`train`, with one-line errors. A single run exits 2 (config error, busy or mismatched
     folder) or 1 (failed run); in a sweep the error is re-raised so Hydra records the point as failed and the
     other points go on."""
-    from harness.store.run_folder import RunFolderError
+    from harness.store.files import RunFolderError
     from harness.launcher.wandb_env import experiment_name
 
     run_mod._TASK_CFG[:] = [cfg]
     try:
+        _scrub_sweep_files(cfg)
         summary = train(cfg, experiment=experiment_name())
-    except (ConfigError, TrainingFailed, RunFolderError) as e:
+    except (ConfigError, TrainingFailed, RunFolderError, OSError) as e:
+        from harness.store.files import os_error_line
+
         code, what = _exit_code(e)
-        print(f"gkd-train: {what}: {e}", file=sys.stderr)
+        line = os_error_line(e) if isinstance(e, OSError) else str(e)
+        print(f"gkd-train: {what}: {line}", file=sys.stderr)
         if _verbose(cfg):
             raise
         if _is_multirun():
-            return PointFailed(code, f"{type(e).__name__}: {e}", refused=what == "refused")
+            return PointFailed(code, f"{type(e).__name__}: {line}", refused=what == "refused")
         sys.exit(code)
     except Interrupted as e:  # preemption, time-out, Ctrl-C: the run is recorded as interrupted; the sweep ends
         print(f"gkd-train: {e} (summary.json says interrupted; rerun the same command to restart, or add "
@@ -126,7 +186,7 @@ def _job(cfg) -> Optional[int]:
 def _one_line_config_errors(run_and_report):
     """Hydra's ``run_and_report`` with its own config errors (unknown key, unknown group option, bad override
     syntax), raised before any job starts, turned into one line and exit 2 instead of its multi-line message and
-    exit 1. Errors from inside a job, and everything under ``HYDRA_FULL_ERROR=1``, go to Hydra unchanged."""
+    exit 1; an ``OSError`` of Hydra's own folders and files (read-only: exit 2; full disk: exit 1) likewise. Errors from inside a job, and everything under ``HYDRA_FULL_ERROR=1``, go to Hydra unchanged."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -141,6 +201,14 @@ def _one_line_config_errors(run_and_report):
                     raise
                 print(f"gkd-train: invalid config: {composition_error(e)}", file=sys.stderr)
                 sys.exit(EXIT_CONFIG)
+            except OSError as e:  # Hydra's own run folder or log file (a read-only or full disk): one line
+                if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                    raise
+                from harness.store.files import os_error_line
+
+                code, what = _exit_code(e)
+                print(f"gkd-train: {what}: {os_error_line(e)}", file=sys.stderr)
+                sys.exit(code)
 
         return run_and_report(composed)
 
@@ -174,6 +242,7 @@ def _hydra_main() -> None:
     from harness.launcher.compose import CONFIG_NAME, CONFIG_PATH, register
 
     register()
+    _redact_log_records()
     original = hydra_utils.run_and_report
     hydra_utils.run_and_report = _one_line_config_errors(original)
     try:

@@ -33,6 +33,10 @@ def register() -> None:
         from harness.config.name_rules import folder_name
 
         OmegaConf.register_new_resolver("gkd_folder_name", folder_name)
+    if not OmegaConf.has_resolver("gkd_run_folder"):  # nor does a run folder named by an unsafe override
+        from harness.config.name_rules import run_folder_name
+
+        OmegaConf.register_new_resolver("gkd_run_folder", run_folder_name)
     if not OmegaConf.has_resolver("gkd_local_gpus"):
         OmegaConf.register_new_resolver("gkd_local_gpus", lambda nproc, device: local_gpu_count(nproc, device))
 
@@ -85,7 +89,7 @@ def run_dir_for(master, job_overrides: Sequence[str], multirun: bool) -> Path:
         cfg.hydra.job.override_dirname = name
         cfg.hydra.job.name = "gkd-train"
     if multirun:
-        return Path(str(cfg.hydra.sweep.dir)) / name
+        return Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
     return Path(str(cfg.hydra.run.dir))
 
 

@@ -139,10 +139,11 @@ def _run_subprocess(argv: List[str], env: Dict[str, str], log_path: Path, stream
     if local.is_file() and os.access(local, os.X_OK):
         argv = [str(local), *argv[1:]]
     try:
-        logf = open(log_path, "ab")
+        # unbuffered: a write that fails (a full disk) fails here, never later in close()
+        logf = open(log_path, "ab", buffering=0)
     except OSError as e:
-        raise TrainingFailed(f"cannot write {log_path}: {e.strerror or e}") from None
-    with logf:
+        raise TrainingFailed(f"cannot write {log_path}: {_cause(e)}") from None
+    try:
         # its own session and process group: a stop signal to gkd-train stops the whole tree (stop_group), and a
         # terminal's Ctrl-C reaches gkd-train only, which then stops ms-swift in order
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -150,23 +151,76 @@ def _run_subprocess(argv: List[str], env: Dict[str, str], log_path: Path, stream
         try:
             for chunk in iter(lambda: proc.stdout.readline(), b""):
                 logf.write(chunk)
-                logf.flush()
                 if stream:
                     sys.stdout.buffer.write(chunk)
                     sys.stdout.flush()
         except OSError as e:  # the log cannot be written (a full disk): one line, ms-swift stopped
             stop_group(proc)
-            raise TrainingFailed(f"cannot write {log_path}: {e.strerror or e}; ms-swift was stopped") from None
+            raise TrainingFailed(f"cannot write {log_path}: {_cause(e)}; ms-swift was stopped") from None
         except BaseException:
             stop_group(proc)
             raise
         return proc.wait()
+    finally:
+        try:
+            logf.close()
+        except OSError:  # nothing is buffered; a failing close must not mask the run's own outcome
+            pass
+
+
+def _cause(e: OSError) -> str:
+    """``No space left on device (ENOSPC)``."""
+    import errno
+
+    code = errno.errorcode.get(e.errno or 0, "")
+    return f"{e.strerror or e} ({code})" if code else str(e.strerror or e)
+
+
+def killing_signal(rc: int) -> Optional[signal.Signals]:
+    """The signal that ended a process with exit status ``rc``, where the status says so: ``-N`` (Popen: killed by
+    signal N), ``128 + N`` (a shell or torchrun relaying a child killed by N) or ``256 - N`` (a Python parent that
+    exits with its child's negative return code: ms-swift's CLI relays a SIGKILLed rank as 247). None otherwise."""
+    for n in (-rc, rc - 128, 256 - rc):
+        if 0 < n < 65:
+            try:
+                return signal.Signals(n)
+            except ValueError:
+                continue
+    return None
+
+
+#: torchrun's report of a rank ended by a signal ("exitcode  : -9 (pid: 123)", "Signal 9 (SIGKILL) received by PID")
+_TORCHRUN_SIGNAL_RE = re.compile(r"exitcode\s*:\s*-(\d+)\b|Signal (\d+) \(SIG\w+\) received by PID")
+
+
+def _signal_in_log(log_path: Path) -> Optional[signal.Signals]:
+    """The signal torchrun says ended a rank (it then exits 1 itself), None when it says none."""
+    try:
+        text = log_path.read_text(errors="replace")[-65536:]
+    except OSError:
+        return None
+    found = _TORCHRUN_SIGNAL_RE.findall(text)
+    if not found:
+        return None
+    n = int(next(x for x in found[-1] if x))
+    return killing_signal(-n)
 
 
 def _failure(argv: List[str], rc: int, log_path: Path) -> TrainingFailed:
-    how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
-    return TrainingFailed(f"ms-swift ({Path(argv[0]).name} {argv[1]}) failed with {how}: "
-                          f"{_last_error_line(log_path)} (log: {log_path})")
+    """One line: what ended ms-swift (a signal by name, with "out of memory?" for SIGKILL: the kernel's OOM killer
+    sends it), the rank's own error line, the log."""
+    sig = killing_signal(rc) if rc < 0 or rc > 128 else _signal_in_log(log_path)
+    last = _last_error_line(log_path)
+    if sig is None:
+        return TrainingFailed(f"ms-swift ({Path(argv[0]).name} {argv[1]}) failed with exit code {rc}: {last} "
+                              f"(log: {log_path})")
+    code = "" if rc < 0 else f" (exit code {rc})"
+    oom = "; out of memory? (the kernel's OOM killer sends SIGKILL: see dmesg)" if sig == signal.SIGKILL else ""
+    if last and not re.match(r"^\s*[A-Za-z_][\w.]*(Error|Exception)\b", last):
+        last = ""  # a progress bar or a warning is not why it died
+    detail = f"; its last error: {last}" if last else ""
+    how = f"a process killed by {sig.name}{code}{oom}{detail}"
+    return TrainingFailed(f"ms-swift ({Path(argv[0]).name} {argv[1]}) failed: {how} (log: {log_path})")
 
 
 def execute(plan: LaunchPlan, log_path: Path, stream: bool, progress_of: Optional[tuple] = None) -> None:
@@ -193,7 +247,7 @@ def execute(plan: LaunchPlan, log_path: Path, stream: bool, progress_of: Optiona
 def _show_progress(label: str, metrics: Path, max_steps: int, stop, every_s: float = 2.0) -> None:
     """A single run's live progress line, fed from its metrics.jsonl until ``stop`` is set."""
     from harness.launcher.progress import ProgressDisplay, Snapshot
-    from harness.store.run_folder import tail_step
+    from harness.store.metrics_io import tail_step
 
     display = ProgressDisplay()
 
