@@ -20,7 +20,7 @@ from analysis.certify.certificate import CERTIFICATE_JSON, CERTIFICATE_MD, certi
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from harness.store.run_folder import harness_version
+    from harness.store.provenance import harness_version
 
     p = argparse.ArgumentParser(
         prog="gkd-certify",
