@@ -25,6 +25,7 @@ __all__ = [
     "spot_table",
     "spot_distribution",
     "step_agreement",
+    "paired_runs",
     "forms_agreement",
     "precision_agreement",
     "largest_divergence",
@@ -141,7 +142,7 @@ def spot_distribution(spots: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _pairs(runs: pd.DataFrame, vary: str, a: str, b: str) -> list:
+def paired_runs(runs: pd.DataFrame, vary: str, a: str, b: str) -> list:
     """(run_a, run_b) pairs equal on every :data:`PAIR_KEYS` column except ``vary``, with ``vary`` = a / b."""
     keys = [k for k in PAIR_KEYS if k in runs.columns and k != vary]
     r = runs.copy()
@@ -161,7 +162,7 @@ def step_agreement(sweep: Sweep, vary: str, a: str, b: str, runs: Optional[pd.Da
     ``violations`` (common steps with ``|x−y| > rtol·max(|x|,|y|) + atol``).
     """
     runs = sweep.runs if runs is None else runs
-    pairs = _pairs(runs, vary, a, b)
+    pairs = paired_runs(runs, vary, a, b)
     if not pairs:
         return pd.DataFrame()
     h = sweep.history

@@ -33,7 +33,6 @@ __all__ = [
 #: Packages that may hold the config tree (the wheel ships ``configs/`` as ``gkd_harness_configs``).
 _CONFIG_PACKAGES = ("gkd_harness_configs", "configs")
 _REPO_FILE = Path(__file__).resolve().parents[1] / "configs" / "signoff" / "default.yaml"
-Precision = Literal["native", "fp32", "fp64", "candidate"]  # candidate: loss.source (harness.loss.candidate)
 
 
 def _ge(x: float) -> dict:
@@ -126,8 +125,6 @@ class ReportSettings:
 class SignoffCriteria:
     """The whole criteria file. Criteria sections are evaluated in this order."""
 
-    patched_precisions: Tuple[Precision, ...] = field(metadata={"nonempty": True})
-    original_precision: Precision
     no_negative_patched: NoNegativePatched
     no_nonfinite: NoNonfinite
     spot_tolerance: SpotTolerance

@@ -114,9 +114,9 @@ def _paired_difference(sweep, runs: pd.DataFrame, metric: str) -> list:
 
     Returns ``[(beta, form, steps [n], diff [n])]``.
     """
-    from analysis.signoff.compare import _pairs
+    from analysis.signoff.compare import paired_runs
 
-    pairs = _pairs(runs, "loss.precision", "native", "fp32")
+    pairs = paired_runs(runs, "loss.precision", "native", "fp32")
     if not pairs:
         return []
     h = sweep.history[["run", "step", metric]].dropna()
