@@ -26,6 +26,8 @@ from typing import Any, Dict, List, Optional, Sequence
 from harness.config.extra_args_rules import KEY, harness_key
 from harness.config.schema import ConfigError, MegatronBackendConfig, TrainConfig
 from harness.config.swift_flags import load_table, refusal, save_table, table_path
+from harness.fixtures import building
+from harness.fixtures.building import clock, exclusive, say
 
 log = logging.getLogger("gkd_harness.train")
 _TYPE_NAMES = {int: "int", float: "float", str: "str", dict: "dict"}
@@ -73,7 +75,9 @@ def extract_table(megatron: bool = False) -> List[Dict[str, Any]]:
 def flag_table(megatron: bool = False) -> Optional[List[Dict[str, Any]]]:
     """The cached table, built in a subprocess when missing (ms-swift's import stays out of this process: its
     log lines and logging set-up too). None, with a warning, when ms-swift's classes cannot be imported here
-    (``megatron rlhf`` needs Transformer Engine)."""
+    (``megatron rlhf`` needs Transformer Engine). A build is never silent: one line when it starts, one every
+    :data:`~harness.fixtures.building.PROGRESS_EVERY_S` seconds, one when it is done; a second process that needs
+    the table meanwhile waits on the build's lock and names its owner (:func:`harness.fixtures.building.exclusive`)."""
     table = load_table(megatron)
     if table is not None:
         return table
@@ -81,15 +85,33 @@ def flag_table(megatron: bool = False) -> Optional[List[Dict[str, Any]]]:
         log.warning("run.extra_args not checked against ms-swift's flags: its Megatron argument classes need "
                     "Transformer Engine, which is not installed here")
         return None
-    log.info("building the table of ms-swift's flags once for %s (about 20 s)", table_path(megatron))
-    cmd = [sys.executable, "-m", "harness.launcher.extra_args", *(["--megatron"] if megatron else [])]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    table = load_table(megatron)
+    path = table_path(megatron)
+    doing = f"building the table of ms-swift's flags once, for run.extra_args ({path.name}: imports ms-swift)"
+    with exclusive(path.with_name(f".{path.name}.lock"), doing) as build:  # one build; a second process waits
+        table = load_table(megatron)
+        if table is not None:  # the process we waited for built it
+            return table
+        say(doing)
+        proc = subprocess.Popen(_table_command(megatron), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        while True:
+            try:
+                out, err = proc.communicate(timeout=building.PROGRESS_EVERY_S)
+                break
+            except subprocess.TimeoutExpired:
+                build.progress(f"still importing ms-swift's argument classes ({clock(build.elapsed())})", force=True)
+        table = load_table(megatron)
+        if table is not None:
+            say(f"built the table of ms-swift's flags in {clock(build.elapsed())}")
     if table is None:
-        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        lines = (err or out).strip().splitlines()
         log.warning("run.extra_args not checked against ms-swift's flags: its argument classes do not import here "
                     "(%s)", lines[-1] if lines else f"exit {proc.returncode}")
     return table
+
+
+def _table_command(megatron: bool) -> List[str]:
+    """The process that builds the table (:func:`main`): ms-swift's import stays out of this one."""
+    return [sys.executable, "-m", "harness.launcher.extra_args", *(["--megatron"] if megatron else [])]
 
 
 def swift_refusal(extra_args: Sequence[str], megatron: bool = False) -> str | None:
