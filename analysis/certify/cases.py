@@ -16,8 +16,9 @@ Inputs follow tests/loss_cases.py: student = BF16-rounded ``randn·2`` (a BF16 m
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import zlib
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Dict, Optional
 
 import torch
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
@@ -44,6 +45,8 @@ class Case:
     abs_tol: float = 0.0
     other: Optional["Case"] = None  # check=differ / symmetric: the second call
     ref_teacher_labels: Optional[torch.Tensor] = None
+    grad_factor: Optional[float] = None  # tolerances.grad_tol's low-precision factor (None: its default)
+    relative: bool = False  # set by the evaluation: the bar is upstream's formula in FP32 (--strict)
 
 
 def seed_of(*key) -> int:
@@ -104,3 +107,41 @@ def sharded_primitives(shards: int = 2):
         return sum((t.exp() * (t - i)).sum(-1) for i, t in zip(ip, tp))
 
     return log_softmax_fn, kl_div_fn
+
+
+# ------------------------------------------------------------------------------------------ the loss suite's grid
+#: The loss unit tests' inputs (tests/loss_cases.py re-exports these: one generator for the tests and the certificate).
+DTYPE_PAIRS = [("fp32", "bf16"), ("fp32", "fp32"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp64", "fp64"),
+               ("fp64", "bf16")]
+BETAS = [0.0, 1e-3, 0.1, 0.5, 0.9, 0.999, 1.0]
+TEMPERATURES = [0.5, 0.9, 1.0, 2.0]
+FORMS = ["paper", "continuous"]
+MODES = ["full", "topk"]
+
+
+@dataclasses.dataclass
+class Problem:
+    """One set of inputs: ``student [B, S, V]``, a ``TeacherOutput``, ``labels [B, S]`` and the reference's
+    teacher keyword (``teacher_full=`` or ``teacher_topk=``)."""
+    student: torch.Tensor
+    teacher: TeacherOutput
+    labels: torch.Tensor
+    ref_kwargs: dict
+
+
+def make_case(student_dtype: str, teacher_dtype: str, mode: str, near: bool, seed: int, batch: int = 2,
+              seq: int = 24, vocab: int = 96, teacher_vocab: Optional[int] = None, topk: int = 16,
+              masked_prefix: int = 3, noise_far: float = 1.0, noise_near: float = 0.03) -> Problem:
+    """:func:`problem`'s inputs as a :class:`Problem` (``near``: noise 0.03, the seed report's near-identical
+    distributions where upstream goes negative; else ``noise_far``)."""
+    s, t, lab, ref = problem(student_dtype, teacher_dtype, mode, noise_near if near else noise_far, seed, batch, seq,
+                             vocab, teacher_vocab, topk, masked_prefix)
+    return Problem(s, t, lab, ref)
+
+
+def grid():
+    """(student_dtype, teacher_dtype), beta, T, form, mode, near: every T for the mixed FP32/BF16 pair (the
+    defect's setting), T ∈ {0.5, 2} for the other dtype pairs."""
+    for pair in DTYPE_PAIRS:
+        temps = TEMPERATURES if pair == ("fp32", "bf16") else [0.5, 2.0]
+        yield from itertools.product([pair], BETAS, temps, FORMS, MODES, [True, False])

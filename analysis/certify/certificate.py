@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-__all__ = ["BUILTINS", "CERTIFICATE_MD", "CERTIFICATE_JSON", "load", "families_for", "certify", "render_text",
-           "render_markdown", "write"]
+__all__ = ["BUILTINS", "CERTIFICATE_MD", "CERTIFICATE_JSON", "STRICT_BARS", "load", "families_for", "certify",
+           "render_text", "render_markdown", "write", "why"]
 
 BUILTINS = ("fp32", "fp64", "native")
 CERTIFICATE_MD, CERTIFICATE_JSON = "certificate.md", "certificate.json"
@@ -44,22 +44,41 @@ def families_for(cand, strict: bool, only: Sequence[str] = ()) -> List[Any]:
     return fams
 
 
+#: ``--strict``'s bar in the hard regimes: ``upstream`` (never worse than upstream's own formula computed in FP32
+#: on the same inputs: the bar for an outside fix) or ``tolerance`` (the suite's tolerance: the harness's own bar).
+STRICT_BARS = ("upstream", "tolerance")
+
+
+def _source_text(cand) -> Optional[str]:
+    try:
+        return Path(cand.path).read_text() if cand.path and Path(cand.path).is_file() else None
+    except OSError:
+        return None
+
+
 def certify(cand, beta_form: str = "paper", quick: bool = False, strict: bool = False,
-            only: Sequence[str] = ()) -> Dict[str, Any]:
-    """The certificate of a loaded candidate as plain data (what ``certificate.json`` holds)."""
+            only: Sequence[str] = (), bar: str = "upstream") -> Dict[str, Any]:
+    """The certificate of a loaded candidate as plain data (what ``certificate.json`` holds).
+
+    ``strict``: the hard regimes gate the verdict too, each case against ``bar`` (:data:`STRICT_BARS`)."""
     import torch
     from swift.rlhf_trainers import gkd_loss as upstream
 
     from analysis.certify.evaluate import run_family
 
+    if bar not in STRICT_BARS:
+        raise ValueError(f"bar: {bar!r}, expected one of {STRICT_BARS}")
     torch.manual_seed(0)
     t0 = time.perf_counter()
-    rows = [run_family(cand.gkd_loss, f, beta_form, quick, upstream=upstream.gkd_loss)
+    source = _source_text(cand)
+    rows = [run_family(cand.gkd_loss, f, beta_form, quick, upstream=upstream.gkd_loss, source=source,
+                       relative=strict and bar == "upstream" and not f.required)
             for f in families_for(cand, strict, only)]
     gating = [r for r in rows if r.required or strict]
     verdict = "PASS" if all(r.passed for r in gating) else "FAIL"
     return {
         "candidate": cand.provenance(), "beta_form": beta_form, "quick": quick, "strict": strict,
+        "strict_bar": bar if strict else None,
         "declared_unchanged": list(cand.unchanged), "verdict": verdict,
         "failed_families": [r.name for r in gating if not r.passed],
         "families": [{**r.__dict__, "passed": r.passed, "gating": r.required or strict} for r in rows],
@@ -83,13 +102,22 @@ def _fmt_ratio(x: float) -> str:
     return "inf" if math.isinf(x) else f"{x:.3g}"
 
 
-HEADER = ("family", "required", "cases", "failures", "worst err/tol", "negatives", "NaN")
+HEADER = ("family", "required", "cases", "failures", "worst err/tol", "severity", "negatives", "NaN")
 
 
 def table_rows(cert: Dict[str, Any]) -> List[List[str]]:
     return [[f["name"], "yes" if f["required"] else ("strict" if f["gating"] else "no"), str(f["cases"]),
-             str(f["failures"]), _fmt_ratio(f["worst_ratio"]), str(f["negatives"]), str(f["nonfinite"])]
+             str(f["failures"]), _fmt_ratio(f["worst_ratio"]), f.get("severity") or "-", str(f["negatives"]),
+             str(f["nonfinite"])]
             for f in cert["families"]]
+
+
+def why(f: Dict[str, Any]) -> str:
+    """One line for a failing family: worst case, its error ÷ tolerance, severity, and the cause if recognised."""
+    first = f["failing"][0] if f["failing"] else {}
+    line = (f"{f['name']}: {f.get('severity') or 'defect'}, {f['failures']} of {f['cases']} cases fail; worst "
+            f"{first.get('case')!r} at {_fmt_ratio(first.get('ratio', math.inf))}x tolerance ({first.get('note')})")
+    return line + (f"; likely cause: {f['cause']}" if f.get("cause") else "")
 
 
 def render_text(cert: Dict[str, Any]) -> str:
@@ -100,13 +128,13 @@ def render_text(cert: Dict[str, Any]) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     c = cert["candidate"]
     head = (f"gkd-certify {c['name']}  sha256 {c['sha256'] or '-'}  beta_form={cert['beta_form']}"
-            f"{'  --quick' if cert['quick'] else ''}{'  --strict' if cert['strict'] else ''}")
+            f"{'  --quick' if cert['quick'] else ''}"
+            f"{'  --strict (' + str(cert.get('strict_bar')) + ')' if cert['strict'] else ''}")
     tail = [f"verdict: {cert['verdict']}" + (f" (failed: {', '.join(cert['failed_families'])})"
                                              if cert["failed_families"] else "") + f"  [{cert['wall_s']} s]"]
     for f in cert["families"]:
         if f["failing"] and f["gating"]:
-            first = f["failing"][0]
-            tail.append(f"  {f['name']}: worst case {first['case']!r}: {first['note']}")
+            tail.append(f"  {why(f)}")
     return "\n".join([head] + lines + tail) + "\n"
 
 
@@ -124,12 +152,16 @@ def render_markdown(cert: Dict[str, Any]) -> str:
     out += ["| " + " | ".join(r) + " |" for r in table_rows(cert)]
     out += ["", "References: the independent FP64 reference (harness/loss/reference.py); tolerance per case: value "
             "1e-5·|ref| + 1e-6·N, student-logit gradient rel-L2 1e-4 (+2× the dtype's own rounding for BF16/FP16 "
-            "students) (harness/loss/tolerances.py). err/tol > 1 fails a case; bit-exact checks report 0 or inf."]
+            "students) (harness/loss/tolerances.py). err/tol > 1 fails a case; bit-exact checks report 0 or inf. Severity "
+            "of a failing family: near (every failing case finite, non-negative, within 10x its tolerance) or "
+            "defect. Under --strict (upstream) a hard-regime case fails only where the candidate is worse than "
+            "upstream's formula computed in FP32 on the same inputs."]
     failing = [(f["name"], x) for f in cert["families"] for x in f["failing"]]
     if failing:
         out += ["", "## Failing cases (worst first, up to 5 per family)", "", "| family | case | err/tol | note |",
                 "|---|---|---|---|"]
         out += [f"| {n} | {x['case']} | {_fmt_ratio(x['ratio'])} | {x['note']} |" for n, x in failing]
+        out += ["", "## Why", ""] + [f"- {why(f)}" for f in cert["families"] if f["failing"] and f["gating"]]
     return "\n".join(out) + "\n"
 
 

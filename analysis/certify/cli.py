@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from analysis.certify.certificate import CERTIFICATE_JSON, CERTIFICATE_MD, certify, load, render_text, write
+from analysis.certify.certificate import (CERTIFICATE_JSON, CERTIFICATE_MD, STRICT_BARS, certify, load, render_text,
+                                         write)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--beta-form", choices=("paper", "continuous"), default="paper",
                    help="the β form the candidate computes (default: paper, upstream's)")
     p.add_argument("--quick", action="store_true", help="a subset of every family (CI)")
-    p.add_argument("--strict", action="store_true", help="the hard regimes gate the verdict too")
+    p.add_argument("--strict", action="store_true",
+                   help="the hard regimes gate the verdict too: a case fails only where the candidate is worse than "
+                        "upstream's own formula computed in FP32 on the same inputs")
+    p.add_argument("--strict-bar", choices=STRICT_BARS, default="upstream",
+                   help="with --strict: 'upstream' (default) or 'tolerance' (the suite's tolerance, the harness's "
+                        "own bar)")
     p.add_argument("--unchanged", action="append", default=[], metavar="STUDENT/TEACHER",
                    help="dtype pair on which the candidate claims bit-identity with the installed ms-swift, e.g. "
                         "float32/float32 (repeatable; default: the file's GKD_CERTIFY_UNCHANGED)")
@@ -56,7 +62,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     except CandidateError as e:
         print(f"gkd-certify: {e}", file=sys.stderr)
         sys.exit(2)
-    cert = certify(cand, args.beta_form, args.quick, args.strict, args.family)
+    cert = certify(cand, args.beta_form, args.quick, args.strict, args.family, bar=args.strict_bar)
     if not cert["families"]:
         print(f"gkd-certify: no family matches {args.family}", file=sys.stderr)
         sys.exit(2)

@@ -172,16 +172,37 @@ def pinned(form: str, quick: bool) -> List[Case]:
 
 def injected(form: str, quick: bool) -> List[Case]:
     """ms-swift's Megatron trainer passes its own ``gather_fn`` / ``log_softmax_fn`` / ``kl_div_fn`` by keyword
-    (vocab-parallel, even at TP = 1): the candidate must accept and use them. Here: wrappers of the default
-    primitives (same values, different objects) passed by keyword, on both paths."""
-    from swift.rlhf_trainers.gkd_loss import default_gather, default_kl_div, default_log_softmax
-
-    prims = {"gather_fn": lambda x, i: default_gather(x, i), "log_softmax_fn": lambda x: default_log_softmax(x),
-             "kl_div_fn": lambda a, b: default_kl_div(a, b)}
-    return [make(f"{a}/{b} {m} primitives by keyword b={be}", a, b, m, NEAR, be, 1.0, form, kwargs=dict(prims))
-            for (a, b), be, m in itertools.product(
+    (vocab-parallel, even at TP = 1): the candidate must accept and *call* them. Checked by behaviour: the
+    vocabulary is split over 2 ranks (threads of this process with an all-reduce), each rank's candidate call sees
+    only its shard, and the stand-ins (analysis.certify.evaluate.shard_primitives) normalise over the whole
+    vocabulary held by both. A candidate that ignores one normalises its own shard and fails, naming it."""
+    return [make(f"{a}/{b} {m} 2 vocab-parallel ranks b={be}", a, b, m, NEAR, be, t, form, check="sharded")
+            for (a, b), be, m, t in itertools.product(
                 _pick(quick, [("fp32", "fp32"), ("fp32", "bf16")], [("fp32", "bf16")]),
-                _pick(quick, [0.0, 0.5, 0.9, 1.0], [0.5]), MODES)]
+                _pick(quick, [0.0, 0.5, 0.9, 1.0], [0.0, 0.5]), MODES, _pick(quick, [1.0, 0.9], [0.9]))]
+
+
+def scaled_backward(form: str, quick: bool) -> List[Case]:
+    """A BF16 student's gradient of ``total / num_valid`` with num_valid not a power of two (60, 3): rounded once
+    to BF16 (``tolerances.ONE_ROUNDING_GRAD_FACTOR`` x the rounding of the FP64 gradient). The other families
+    divide by num_valid too, under the looser ``LOW_PRECISION_GRAD_FACTOR``."""
+    from harness.loss.tolerances import ONE_ROUNDING_GRAD_FACTOR
+
+    out = []
+    for (a, b), m, (seq, masked), be in itertools.product(
+            _pick(quick, [("bf16", "bf16"), ("bf16", "fp32")], [("bf16", "bf16")]), MODES,
+            [(33, 3), (2, 0)] if not quick else [(33, 3)], _pick(quick, [0.0, 0.5, 1.0], [0.5])):
+        n = 2 * (seq - masked) if masked else 2 * seq
+        if seq == 2:  # num_valid = 3: one masked position
+            n = 3
+        c = make(f"{a}/{b} {m} total/{n} b={be}", a, b, m, NEAR, be, 0.9, form, seq=seq, masked_prefix=masked,
+                 grad_factor=ONE_ROUNDING_GRAD_FACTOR, vocab=4096 if m == "full" else 96, topk=64)
+        if seq == 2:
+            c.labels[0, 0] = -100
+            if c.teacher.labels is not None:
+                c.teacher.labels = c.labels
+        out.append(c)
+    return out
 
 
 def identity(form: str, quick: bool, pairs=()) -> List[Case]:
@@ -271,8 +292,9 @@ REQUIRED_FAMILIES = [
     Family("chunking", True, "600 positions (> chunk 512); chunk_size 1, 7, 64", chunking),
     Family("vocab mismatch", True, "student and teacher vocabularies differ (upstream's alignment)", vocab_mismatch),
     Family("pinned (TRL style)", True, "TRL's generalized_jsd pins; the β defect's table (docs/defects.md)", pinned),
-    Family("primitives by keyword", True, "gather_fn / log_softmax_fn / kl_div_fn passed as Megatron does",
-           injected),
+    Family("injected primitives (2 vocab-parallel ranks)", True,
+           "gather_fn / log_softmax_fn / kl_div_fn by keyword, as Megatron passes them; each rank holds half the "
+           "vocabulary, so a candidate that does not call them is wrong", injected),
 ]
 
 HARD_FAMILIES = [
@@ -282,6 +304,8 @@ HARD_FAMILIES = [
     Family("partially -inf top-k rows", False, "some (not all) teacher log-probs −inf", partial_inf),
     Family("confident disagreement", False, "independent logits of std 10 and 30", confident_disagreement),
     Family("vocab-parallel primitives", False, "log-softmax / KL over 2 vocabulary shards", vocab_parallel),
+    Family("BF16 gradient of total / num_valid", False, "a BF16 student's gradient under a non-power-of-two scale "
+           "(num_valid 60 and 3) is rounded once", scaled_backward),
 ]
 
 IDENTITY_FAMILY = "upstream identity (declared)"

@@ -2,6 +2,7 @@
 primitives, and the fused closed-form gradient for the cancellation-free form."""
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -107,7 +108,9 @@ class _FusedChunkedJSD(torch.autograd.Function):
     :class:`~harness.loss.stable.InjectedRows` (ms-swift's injected ``log_softmax_fn`` / ``kl_div_fn``, vocab-parallel
     under TP: a row may be a shard, and each rank keeps the derivative for its own shard). Forward keeps
     ``∂JSD_i/∂z_s`` ``[N, D]`` in the student's dtype (no activation graph, nothing recomputed, no FP32 copy of BF16
-    inputs); backward scales it by the incoming per-position gradient (in the compute dtype).
+    inputs) plus, for a BF16/FP16 student, an int8 residual of its rounding (:func:`_residual`); backward scales it
+    by the incoming per-position gradient in the compute dtype and rounds once (a ``1/num_valid`` scale that is not
+    a power of two would otherwise round the stored BF16 value a second time).
     """
 
     @staticmethod
@@ -120,13 +123,18 @@ class _FusedChunkedJSD(torch.autograd.Function):
         # FP16 has 5 exponent bits: ∂JSD/∂z (before the loss scale reaches it in backward) would underflow to 0.
         # Each row is stored times a power of two (exact) and the factor undone in backward.
         row_scale = torch.ones(n, dtype=cd, device=s.device) if need and s.dtype == torch.float16 else None
+        # A student narrower than the compute dtype: dz is ∂JSD/∂z rounded to the student's dtype, so backward's
+        # scale (1/num_valid) would round it a second time. An int8 residual per element keeps 7 more bits of it,
+        # so the gradient is rounded once, in backward (half the bytes of dz; never an FP32 copy).
+        res = (torch.empty(s.shape, dtype=torch.int8, device=s.device)
+               if need and torch.finfo(s.dtype).bits < torch.finfo(cd).bits else None)
         for start in range(0, n, rows):
             sl = slice(start, start + rows)
             loss, g = _jsd_stable_and_grad(_scaled(s[sl], cd, temperature), _scaled(t[sl], cd, temperature), beta,
                                            beta_form, need, rows=ops)
             out[sl] = loss
             if need:
-                if row_scale is None and temperature is not None:
+                if row_scale is None and res is None and temperature is not None:
                     torch.div(g, temperature, out=dz[sl])  # = g.div_(T) then the cast into dz, in one pass
                 else:
                     if temperature is not None:
@@ -135,27 +143,50 @@ class _FusedChunkedJSD(torch.autograd.Function):
                         row_scale[sl] = _pow2_row_scale(g)
                         g.mul_(row_scale[sl, None])
                     dz[sl] = g
+                    if res is not None:
+                        res[sl] = _residual(g, dz[sl])
                 del g
-        ctx.save_for_backward(dz, row_scale)
+        ctx.save_for_backward(dz, row_scale, res)
         ctx.rows, ctx.cd = rows, cd
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        dz, row_scale = ctx.saved_tensors
+        dz, row_scale, res = ctx.saved_tensors
         grad_s = None
         if dz is not None and ctx.needs_input_grad[0]:
             grad_s = torch.empty_like(dz)
             go = grad_out.to(ctx.cd)
             if row_scale is not None:
                 go = go / row_scale
-            # dz (student dtype) × go (compute dtype) computes in the compute dtype and rounds once into grad_s:
-            # the same values as dz.to(cd) * go cast back. Row blocks: for a BF16 dz torch casts the operands and
-            # the result through compute-dtype temporaries, which must stay block-sized.
+            # dz (with its residual: ∂JSD/∂z to ~7 bits beyond the student dtype) × go computes in the compute
+            # dtype and rounds once into grad_s. Row blocks: the compute-dtype temporaries stay block-sized.
             for start in range(0, dz.shape[0], ctx.rows):
                 sl = slice(start, start + ctx.rows)
-                torch.mul(dz[sl], go[sl, None], out=grad_s[sl])
+                d = dz[sl] if res is None else _with_residual(dz[sl], res[sl], ctx.cd)
+                torch.mul(d, go[sl, None], out=grad_s[sl])
         return grad_s, None, None, None, None, None, None, None
+
+
+def _residual_shift(dtype: torch.dtype) -> int:
+    """``k`` with ``|g − hi| · 2^k / |hi| ≤ 128`` for ``hi`` = ``g`` rounded to ``dtype`` (half an ulp is at most
+    ``2^-(nmant+1)`` of ``|hi|``): the int8 residual's scale, 2^15 for BF16 and 2^18 for FP16."""
+    return round(-math.log2(torch.finfo(dtype).eps)) + 8  # eps = 2^-nmant
+
+
+def _residual(g: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """The rounding error of ``hi`` (``g`` ``[C, D]`` in the compute dtype, rounded to the student's dtype) in
+    units of ``|hi| · 2^-k`` (:func:`_residual_shift`), as int8 ``[C, D]``; consumes ``g``. Where ``hi = 0`` the
+    residual is not kept (it multiplies ``|hi|``)."""
+    h = hi.to(g.dtype)
+    g.sub_(h).div_(h.abs_()).mul_(2.0 ** _residual_shift(hi.dtype))
+    return g.nan_to_num_(0.0, 127.0, -127.0).round_().clamp_(-127.0, 127.0).to(torch.int8)
+
+
+def _with_residual(hi: torch.Tensor, res: torch.Tensor, cd: torch.dtype) -> torch.Tensor:
+    """``hi + res · |hi| · 2^-k`` in ``cd`` ``[C, D]``: ∂JSD/∂z to within ``|hi| · 2^-(k+1)`` (an ulp/256 of BF16)."""
+    h = hi.to(cd)
+    return torch.addcmul(h, res.to(cd), h.abs(), value=2.0 ** -_residual_shift(hi.dtype))
 
 
 #: Elements of one row block of the fused path, per device type. Every FP32 temporary of a block is this many

@@ -26,6 +26,8 @@ scale of 2^16: within 2× FP16's own rounding of the gradient; partially −inf 
 A pure relative bound is not reachable in FP32 where the loss is ~1e-7 per position (near-identical
 distributions, or the paper form at β = 1e-3), so value tolerances are ``rtol·|ref| + atol·N``.
 """
+from typing import Optional
+
 import torch
 
 # Loss value: |loss_total − ref_total| ≤ LOSS_RTOL·|ref_total| + LOSS_ATOL_PER_POSITION·N.
@@ -51,22 +53,28 @@ FP64_GRAD_REL_L2 = 1e-9
 # FP64 gradient to that dtype (measured exactly per case) times this factor, plus the FP32 bound.
 LOW_PRECISION_GRAD_FACTOR = 2.0
 
+# A BF16 student's gradient of total / num_valid (num_valid not a power of two) rounded once to BF16: within this
+# factor of the rounding of the FP64 gradient to BF16 (issue 30; the certificate's "BF16 gradient of total /
+# num_valid" family). Rounded twice (stored in BF16, then scaled) measured 1.47x (total/60) and 1.50x (total/3).
+ONE_ROUNDING_GRAD_FACTOR = 1.1
+
 
 def loss_tol(ref_total: float, n: int) -> float:
     """Allowed |loss_total − ref_total| for ``n`` active positions."""
     return LOSS_RTOL * abs(ref_total) + LOSS_ATOL_PER_POSITION * n
 
 
-def grad_tol(ref_grad: torch.Tensor, student_dtype: torch.dtype) -> float:
+def grad_tol(ref_grad: torch.Tensor, student_dtype: torch.dtype, factor: Optional[float] = None) -> float:
     """Allowed relative L2 error of the student-logit gradient for a student of ``student_dtype``.
 
     The gradient is returned in the student's dtype, so the bound is ``GRAD_REL_L2_FP32_STUDENT`` plus
     ``LOW_PRECISION_GRAD_FACTOR`` times the rounding of the FP64 reference to that dtype. For an FP32 student
     that rounding is ~6e-8 (negligible) unless the gradient itself lies in FP32's subnormal range (|g| < 1.2e-38,
     e.g. nearly one-hot rows at T = 1e-3 with disjoint argmaxes), where no FP32 arithmetic can do better.
+    ``factor`` replaces ``LOW_PRECISION_GRAD_FACTOR`` (``ONE_ROUNDING_GRAD_FACTOR``: rounded once).
     """
     if student_dtype == torch.float64:
         return GRAD_REL_L2_FP32_STUDENT
     ref = ref_grad.double()
     rounding = float((ref.to(student_dtype).double() - ref).norm() / ref.norm())
-    return GRAD_REL_L2_FP32_STUDENT + LOW_PRECISION_GRAD_FACTOR * rounding
+    return GRAD_REL_L2_FP32_STUDENT + (LOW_PRECISION_GRAD_FACTOR if factor is None else factor) * rounding
