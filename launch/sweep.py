@@ -41,7 +41,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from harness.launcher.progress import ProgressDisplay, Snapshot, render
+from harness.launcher.progress import ProgressDisplay, Running, Snapshot, render
 from harness.launcher.sweep_points import point_name, sweep_points
 from harness.store.metrics_io import tail_step
 from harness.launcher.cli import EXIT_CONFIG, PointFailed
@@ -332,16 +332,14 @@ class SweepStatusCallback(Callback):
     # -- progress and final report
     def snapshot(self) -> Snapshot:
         points = self.statuses()
-        running = [p for p in points if p.status == "running"]
-        cur = running[0] if running else None
         return Snapshot(label=f"sweep {self._group}", total=len(points),
                         done=sum(p.status == "completed" for p in points),
                         failed=sum(p.status == "failed" for p in points),
-                        running=cur.name if cur else None, step=cur.step if cur else None,
-                        max_steps=cur.max_steps if cur else None)
+                        running=tuple(Running(p.name, p.step, p.max_steps) for p in points if p.status == "running"))
 
     def progress_line(self) -> str:
-        return render(self.snapshot(), time.monotonic() - self._started)
+        """The progress as one look at the folders shows it (an ETA needs two looks: --:--)."""
+        return render(self.snapshot(), time.monotonic() - self._started, None)
 
     def _progress_loop(self) -> None:
         display = ProgressDisplay(stream=self.stream or sys.stdout)

@@ -246,7 +246,7 @@ def execute(plan: LaunchPlan, log_path: Path, stream: bool, progress_of: Optiona
 
 def _show_progress(label: str, metrics: Path, max_steps: int, stop, every_s: float = 2.0) -> None:
     """A single run's live progress line, fed from its metrics.jsonl until ``stop`` is set."""
-    from harness.launcher.progress import ProgressDisplay, Snapshot
+    from harness.launcher.progress import ProgressDisplay, Running, Snapshot
     from harness.store.metrics_io import tail_step
 
     display = ProgressDisplay()
@@ -255,7 +255,7 @@ def _show_progress(label: str, metrics: Path, max_steps: int, stop, every_s: flo
         step = tail_step(metrics) or 0
         finished = final and step >= max_steps
         return Snapshot(label=f"run {label}", total=1, done=int(finished), failed=int(final and not finished),
-                        running=None if final else label, step=step, max_steps=max_steps)
+                        running=() if final else (Running(label, step, max_steps),))
 
     try:
         while not stop.wait(every_s):
