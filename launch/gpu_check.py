@@ -9,13 +9,14 @@
 
 ``python -m launch.gpu_check repro [--device cuda]``
     The seed report's synthetic reproduction (student FP32 from BF16-rounded ``randn*2``, teacher = student +
-    ``randn*0.03`` in BF16, β=0.5, T=0.9, 3×64) on the device: upstream ``jsd_loss`` exactly as the report calls
-    it, and the harness variants (native / fp32 / fp64) with the relative L2 error of d loss / d logits against
-    FP64. Writes one JSON object per line to ``--out``.
+    ``randn*0.03`` in BF16, β=0.5, T=0.9, 3×64) made on the device: upstream ``jsd_loss`` exactly as the report
+    calls it (a finding: reproduced or not) and the harness's fp32 variant (a check), both against the independent
+    FP64 reference ``harness/loss/reference.py`` (``harness.loss.proof``). Writes one JSON object per line to
+    ``--out``.
 
 ``python -m launch.gpu_check table CHECKS.jsonl``
-    Prints the short table: one row per check (repro, each run folder), with PASS / WARN / FAIL, and exits 1
-    when any row FAILs.
+    Prints the short table: one row per check (repro/defect and repro/fix, each run folder), with PASS / WARN /
+    FAIL (FOUND / NOT FOUND for the defect, a finding), and exits 1 when any row FAILs.
 
 Each line of CHECKS.jsonl is a repro record (``{"check": "repro", ...}``), a plain command record
 (``{"check", "rc", "wall_s", "detail"}``), or ``{"check": NAME, "group_dir": PATH, "expect": {...}, "rc": int,
@@ -114,32 +115,21 @@ def preflight(out: str | None = None) -> list[dict[str, Any]]:
     return rows
 
 
-#: fp32 vs FP64 on the seed inputs: the per-position mean loss within 1e-4·|ref| + 2e-6, gradients within 1e-3.
-LOSS_RTOL, LOSS_ATOL, GRAD_REL_L2_MAX = 1e-4, 2e-6, 1e-3
-
-
 def seed_repro(device: str = "cuda", seed: int = 0) -> dict[str, Any]:
-    """The seed report's repro on ``device``; returns losses and gradient errors of every variant.
+    """The seed report's repro on ``device`` (``harness.loss.proof.report_repro``: upstream ``jsd_loss`` as the
+    report calls it, and the harness's fp32 variant, both against the independent FP64 reference).
 
     Returns:
-        ``{"upstream_native": float, "variants": {"native"|"fp32"|"fp64": {"loss", "grad_rel_l2"}}, ...}``.
+        ``{"check": "repro", "upstream": float, "reference": float, "finding": "reproduced" | "not reproduced",
+        "fix": {"ok", "loss", "grad_rel_l2", "why", ...}, ...}``.
     """
     import torch
-    from swift.rlhf_trainers.gkd_loss import TeacherOutput, jsd_loss
 
-    from analysis.replay import evaluate_variants, synthetic_inputs
+    from harness.loss.proof import report_repro
 
-    student, teacher_out, labels = synthetic_inputs(seed=seed)  # [1, 3, 64] fp32 student, bf16 teacher
-    student, labels = student.to(device), labels.to(device)
-    teacher = teacher_out.full_logits.to(device)
-    # upstream, exactly as the report calls it (caller divides by T, then jsd_loss / rows)
-    s = student[0].detach().clone().requires_grad_(True)
-    upstream = jsd_loss(s / 0.9, teacher[0] / 0.9, beta=0.5) / s.shape[0]
-    variants = evaluate_variants(student, TeacherOutput(full_logits=teacher, labels=labels), labels, beta=0.5,
-                                 temperature=0.9)
-    return {"check": "repro", "device": str(student.device), "torch": torch.__version__,
-            "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else "",
-            "upstream_native": float(upstream.detach()), "variants": variants}
+    rec = report_repro(device, seed=seed)
+    return {"check": "repro", "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else "", **rec}
 
 
 def _last_metrics(run_dir: Path) -> dict[str, Any]:
@@ -171,19 +161,18 @@ def _max_metric(run_dir: Path, key: str) -> float | None:
     return best
 
 
-def judge_repro(rec: dict[str, Any]) -> tuple[str, str]:
-    """PASS when upstream is negative, fp32 matches FP64 (loss and gradient) and is positive."""
-    v = rec["variants"]
-    ref, f32 = v["fp64"]["loss"], v["fp32"]["loss"]
-    ok_fp32 = abs(f32 - ref) <= LOSS_RTOL * abs(ref) + LOSS_ATOL and v["fp32"]["grad_rel_l2"] <= GRAD_REL_L2_MAX
-    detail = (f"upstream {rec['upstream_native']:+.3e}, native {v['native']['loss']:+.3e} "
-              f"(grad {v['native']['grad_rel_l2']:.1e}), fp32 {f32:+.3e} (grad {v['fp32']['grad_rel_l2']:.1e}), "
-              f"fp64 {ref:+.3e}")
-    if not ok_fp32 or f32 <= 0:
-        return "FAIL", detail
-    if rec["upstream_native"] >= 0:
-        return "WARN", detail + " (upstream not negative on this GPU)"
-    return "PASS", detail
+def judge_repro(rec: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The repro record as two table rows ``(check, verdict, detail)``: ``repro/defect`` is a finding (FOUND when
+    upstream's loss is negative where the exact one is not, else NOT FOUND; never a pass or a fail) and
+    ``repro/fix`` a check (PASS, or FAIL on a negative loss or an error beyond the tolerances)."""
+    fix = rec["fix"]
+    found = rec["finding"] == "reproduced"
+    defect = (f"upstream {rec['upstream']:+.3e}, reference {rec['reference']:+.3e}: defect "
+              f"{'reproduced' if found else 'NOT reproduced on this device'}")
+    detail = (f"fp32 {fix['loss']:+.3e} (grad {fix['grad_rel_l2']:.1e} <= {fix['grad_tol']:.1e}), "
+              f"reference {rec['reference']:+.3e}" + (f": {fix['why']}" if fix["why"] else ""))
+    return [("repro/defect", "FOUND" if found else "NOT FOUND", defect),
+            ("repro/fix", "PASS" if fix["ok"] else "FAIL", detail)]
 
 
 def judge_run(rec: dict[str, Any]) -> tuple[str, str]:
@@ -246,8 +235,11 @@ def table(records: Iterable[dict[str, Any]]) -> tuple[str, bool]:
             verdict, detail = "PLAN", f"timeout {rec['timeout_s']} s (estimate {rec['estimate_s']} s): {rec['planned']}"
         elif rec.get("skipped"):
             verdict, detail = "SKIP", rec["skipped"]
-        elif rec.get("check") == "repro" and "variants" in rec:
-            verdict, detail = judge_repro(rec)
+        elif rec.get("check") == "repro" and "fix" in rec:
+            for check, verdict, detail in judge_repro(rec):
+                ok &= verdict != "FAIL"
+                rows.append((check, verdict, "-", detail))
+            continue
         elif rec.get("run_dir"):
             verdict, detail = judge_run(rec)
         else:

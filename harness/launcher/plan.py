@@ -161,14 +161,19 @@ def build_plan(cfg: TrainConfig, base_env: Mapping[str, str], run_dir: Path, run
         port_picker: a free-port function for single-node runs (tests pin it).
 
     Raises:
-        ConfigError: an invalid layout (naming the ``backend.*`` key or variable), or ``run.extra_args`` that
-            ms-swift's argument parser refuses.
+        ConfigError: an invalid layout (naming the ``backend.*`` key or variable), ``run.extra_args`` that
+            ms-swift's argument parser refuses, or an ms-swift outside the tested series
+            (``run.allow_untested_swift``, :mod:`harness.launcher.swift_version`).
     """
+    from harness.launcher.swift_version import check_swift_version
+
+    swift_version = check_swift_version(cfg.run.allow_untested_swift)  # one line, exit 2, outside the tested series
     check_with_swift(cfg)  # run.extra_args through ms-swift's own parser (nothing to do when empty)
     device = detect_device(cfg.run.device, base_env)
     force = isinstance(cfg.backend, MegatronBackendConfig) or needs_torchrun(cfg)
     layout = node_layout(cfg.backend, base_env, force_torchrun=force, port_picker=port_picker)
-    argv = build_argv(cfg, inputs, run_dir, layout, device=device, wandb_mode=wandb_mode, run_name=run_name)
+    argv = build_argv(cfg, inputs, run_dir, layout, device=device, wandb_mode=wandb_mode, run_name=run_name,
+                      swift_version=swift_version)
     argv += list(extra_args)
     env: Dict[str, str] = dict(layout.env())
     env.update(rollout_env(cfg, device=device))

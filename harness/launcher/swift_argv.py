@@ -22,6 +22,7 @@ from typing import List, Optional
 from harness.config.schema import HFBackendConfig, MegatronBackendConfig, TrainConfig
 from harness.launcher.node import NodeLayout
 from harness.launcher.rollout_argv import rollout_args
+from harness.launcher.swift_version import version_args
 from harness.contract import CALLBACK_NAME, PLUGIN_MODULE
 from harness.launcher.argv_format import cli_value as _fmt
 
@@ -95,7 +96,7 @@ def _common_tail(cfg: TrainConfig, wandb_mode: str) -> List[str]:
 
 
 def hf_argv(cfg: TrainConfig, inputs: ResolvedInputs, run_dir: str | Path, device: str, wandb_mode: str,
-            run_name: Optional[str] = None) -> List[str]:
+            run_name: Optional[str] = None, swift_version: Optional[str] = None) -> List[str]:
     """``swift rlhf --rlhf_type gkd`` argv for the HF backend.
 
     Args:
@@ -104,6 +105,7 @@ def hf_argv(cfg: TrainConfig, inputs: ResolvedInputs, run_dir: str | Path, devic
         run_dir: the run folder; ms-swift's own output goes to ``run_dir/swift``.
         device: ``cpu`` adds ``--use_cpu true`` (gloo DDP across ranks; without it every rank trains alone).
         wandb_mode: the mode after the online->offline fallback (``disabled`` -> ``--report_to none``).
+        swift_version: the ms-swift version the argv is for (None: the installed one; ``version_args``).
     """
     backend: HFBackendConfig = cfg.backend
     run = cfg.run
@@ -119,7 +121,8 @@ def hf_argv(cfg: TrainConfig, inputs: ResolvedInputs, run_dir: str | Path, devic
             *_save_args(cfg),
             "--output_dir", str(Path(run_dir) / "swift"), "--add_version", "false",
             "--seed", str(run.seed), "--data_seed", str(run.seed),
-            "--dataloader_num_workers", "0",
+            # no dataloader workers, and no persistent ones (4.5.x keeps them on: harness.launcher.swift_version)
+            *version_args(swift_version, megatron=False),
             *_eval_args(cfg, inputs),
             *_common_tail(cfg, wandb_mode)]
     if run_name:
@@ -231,7 +234,7 @@ def megatron_batch_note(cfg: TrainConfig, layout: NodeLayout) -> str:
 
 
 def megatron_argv(cfg: TrainConfig, inputs: ResolvedInputs, run_dir: str | Path, layout: NodeLayout,
-                  wandb_mode: str, run_name: Optional[str] = None) -> List[str]:
+                  wandb_mode: str, run_name: Optional[str] = None, swift_version: Optional[str] = None) -> List[str]:
     """``megatron rlhf --rlhf_type gkd`` argv (Megatron backend: TP/PP/CP, colocated rollout)."""
     backend: MegatronBackendConfig = cfg.backend
     run = cfg.run
@@ -249,6 +252,7 @@ def megatron_argv(cfg: TrainConfig, inputs: ResolvedInputs, run_dir: str | Path,
             "--output_dir", str(Path(run_dir) / "swift"), "--add_version", "false", "--no_save_optim", "true",
             "--seed", str(run.seed),
             "--bf16", _fmt(backend.bf16),
+            *version_args(swift_version, megatron=True),
             *_eval_args(cfg, inputs, megatron=True),
             *_common_tail(cfg, wandb_mode)]
     if _report_to(wandb_mode) == "wandb":
@@ -263,11 +267,13 @@ def megatron_argv(cfg: TrainConfig, inputs: ResolvedInputs, run_dir: str | Path,
 
 
 def build_argv(cfg: TrainConfig, inputs: ResolvedInputs, run_dir: str | Path, layout: NodeLayout, device: str,
-               wandb_mode: str, run_name: Optional[str] = None) -> List[str]:
-    """The ms-swift command line for ``backend.name``."""
+               wandb_mode: str, run_name: Optional[str] = None, swift_version: Optional[str] = None) -> List[str]:
+    """The ms-swift command line for ``backend.name`` (for ``swift_version``, the installed one when None)."""
     if isinstance(cfg.backend, MegatronBackendConfig):
-        return megatron_argv(cfg, inputs, run_dir, layout, wandb_mode=wandb_mode, run_name=run_name)
-    return hf_argv(cfg, inputs, run_dir, device=device, wandb_mode=wandb_mode, run_name=run_name)
+        return megatron_argv(cfg, inputs, run_dir, layout, wandb_mode=wandb_mode, run_name=run_name,
+                             swift_version=swift_version)
+    return hf_argv(cfg, inputs, run_dir, device=device, wandb_mode=wandb_mode, run_name=run_name,
+                   swift_version=swift_version)
 
 
 __all__ = ["PLUGIN_PATH", "CALLBACK_NAME", "ResolvedInputs", "hf_argv", "megatron_argv", "megatron_batch_sizes",

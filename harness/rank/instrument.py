@@ -8,10 +8,12 @@ values only (so the loss and its gradient are untouched):
   themselves (a non-finite call makes the window's ``gkd/jsd_loss`` non-finite, never 0);
 * the per-position JSD: how many positions are negative and the minimum;
 
-and every ``spot_every`` optimizer steps (first loss call of that step) a **FP64 spot check**: the same inputs,
-capped at ``spot_max_tokens`` active positions, are recomputed with the run's variant and with the FP64
-variant; loss and ``d loss / d student logits`` are compared. Optionally the **parameter gradient** of the
-full call is compared with the one of the FP64 loss (``param_grad``), and the loss inputs are **captured** as
+and every ``spot_every`` optimizer steps (first loss call of that step) a **FP64 spot check**
+(:mod:`harness.rank.spot_check`): the same inputs, capped at ``spot_max_tokens`` active positions and copied
+*before* the loss call (a loss that writes into its inputs cannot hide it), are recomputed with the run's variant
+and with the FP64 variant; loss and ``d loss / d student logits`` are compared. Optionally the **parameter gradient** of the
+full call is compared with the one of the FP64 loss (``param_grad``: from a graph of its own on copies of the
+inputs, refused where Megatron's backward writes ``main_grad``), and the loss inputs are **captured** as
 safetensors (``harness.rank.capture``: the rows the loss saw, whole under TP, written off the hot path).
 
 Cost per call: one device-to-host transfer (a stacked vector of five numbers), no other synchronisation.
@@ -38,11 +40,10 @@ from typing import Callable, Dict, Iterable, Optional
 import torch
 import torch.distributed as dist
 from swift.metrics.utils import Metric
-from swift.rlhf_trainers.gkd_loss import TeacherOutput, default_gather
 from harness.contract import JSD_LOSS, LOSS_CALLS_TOTAL, MIN_TOKEN_JSD, NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, NEG_TOKEN_FRAC, NONFINITE_CALLS_TOTAL, SFT_LOSS, SPOT_GRAD_REL_L2, SPOT_GRAD_REL_L2_DTYPE_FLOOR, SPOT_LOSS, SPOT_LOSS_ABS_ERR, SPOT_LOSS_FP64, SPOT_LOSS_REL_ERR, SPOT_PARAM_GRAD_REL_L2, SPOT_SIGN_MISMATCH
-from harness.loss.tolerances import LOW_PRECISION_GRAD_FACTOR
 from harness.rank.parallel_state import context_parallel_group, loss_replicas
-from harness.store.captures import capture_rows, gather_rows
+from harness.rank.spot_check import (SPOT_CHUNK_ELEMENTS, ParamGradInputs, loss_kwargs,  # noqa: F401 - re-exported
+                                     param_grad_rel_l2, spot_check, spot_check_pieces, spot_inputs)
 
 #: Contract metric names produced by the instrument (all but ``spot/param_grad_rel_l2`` always registered).
 
@@ -221,180 +222,6 @@ def build_metrics(param_grad: bool = False, where: Optional[MetricDevice] = None
 
 
 # ----------------------------------------------------------------------------------------------------------
-# spot checks
-# ----------------------------------------------------------------------------------------------------------
-#: The extra arguments of ms-swift's ``gkd_loss`` after ``temperature``, in order.
-_LOSS_EXTRA_ARGS = ("gather_fn", "log_softmax_fn", "kl_div_fn", "chunk_size")
-
-#: Elements of one row chunk of a full-vocabulary spot check, per device type. On a CPU 2^20 (4 rows at
-#: V = 248,320; 8 MiB per FP64 ``[rows, V]`` tensor, so the FP64 evaluation's temporaries are reused by the
-#: allocator instead of being page-faulted afresh: measured 1.7x a loss call at V = 248,320, against 2.1x at
-#: 2^23; docs/performance.md). On CUDA 2^23 (64 MiB as FP64): few kernel launches, a few per cent of the loss's
-#: own ``[N, V]`` tensors.
-SPOT_CHUNK_ELEMENTS = {"cpu": 1 << 20, "cuda": 1 << 23}
-_SPOT_CHUNK_ELEMENTS_OTHER = 1 << 22
-
-
-def _chunk_rows(vocab: int, device) -> int:
-    """Rows per spot-check chunk: :data:`SPOT_CHUNK_ELEMENTS` of the device type ÷ the row width (at least 1)."""
-    budget = SPOT_CHUNK_ELEMENTS.get(torch.device(device).type, _SPOT_CHUNK_ELEMENTS_OTHER)
-    return max(1, budget // max(1, vocab))
-
-
-def loss_kwargs(args: tuple, kwargs: dict) -> dict:
-    """The call's extra ``gkd_loss`` arguments (positional or keyword) by name."""
-    if len(args) > len(_LOSS_EXTRA_ARGS):
-        raise TypeError(f"gkd_loss takes at most {len(_LOSS_EXTRA_ARGS)} arguments after temperature")
-    return {**dict(zip(_LOSS_EXTRA_ARGS, args)), **kwargs}
-
-
-def _active_rows(student_logits: torch.Tensor, teacher_output: TeacherOutput, labels: torch.Tensor, max_tokens: int):
-    """Row indices of the call's active positions as ``extract_active`` pairs them, capped at ``max_tokens``: the
-    rows a capture of the call holds (``harness.store.captures.capture_rows``), so replay and spot check agree.
-
-    Returns ``(student rows [R, V] (a view where possible), student row ids [n], teacher row ids [n])``; nothing
-    of size ``[n, V]`` is copied here.
-    """
-    s_ids, t_ids, _ = capture_rows(teacher_output, labels, max_tokens)
-    return student_logits.detach().reshape(-1, student_logits.shape[-1]), s_ids, t_ids
-
-
-def _spot_pieces(student_logits, teacher_output, labels, max_tokens: int, extra: dict):
-    """The capped problem as pieces ``(student [1, r, W], TeacherOutput, labels [1, r], loss kwargs)``.
-
-    Top-k: one piece of the student gathered at the teacher's ids (``[1, n, K]``, through the call's own
-    ``gather_fn``, so TP shards gather as in the run), the teacher's ids replaced by ``0 … K−1`` and the default
-    gather: the loss and its gradient on the gathered values are the run's (the gradient is 0 elsewhere).
-    Full vocabulary: row chunks of at most :data:`SPOT_CHUNK_ELEMENTS` elements (per device type) with the call's
-    own primitives.
-    """
-    s_rows, s_ids, t_ids = _active_rows(student_logits, teacher_output, labels, max_tokens)
-    n, vocab = int(s_ids.shape[0]), s_rows.shape[-1]
-    dev = labels.device
-    if teacher_output.is_topk_mode:
-        k = teacher_output.topk_indices.shape[-1]
-        ids = teacher_output.topk_indices.reshape(-1, k)[t_ids]
-        vals = teacher_output.topk_logprobs.reshape(-1, k)[t_ids].detach()
-        # the call's own (TP-aware) gather on row chunks; straight from the rows for the default one
-        s_k = gather_rows(s_rows, s_ids, ids, extra.get("gather_fn", default_gather),
-                          _chunk_rows(vocab, s_rows.device))
-        lab = torch.zeros((1, n), dtype=torch.long, device=dev)
-        local = torch.arange(k, device=ids.device).expand(n, k)
-        teacher = TeacherOutput(topk_logprobs=vals[None], topk_indices=local[None], labels=lab)
-        yield s_k.detach()[None], teacher, lab, {**extra, "gather_fn": default_gather}
-        return
-    t_rows = teacher_output.full_logits.reshape(-1, teacher_output.full_logits.shape[-1])
-    step = _chunk_rows(vocab, s_rows.device)
-    for i in range(0, n, step):
-        s_c, t_c = s_rows[s_ids[i:i + step]], t_rows[t_ids[i:i + step]].detach()
-        lab = torch.zeros((1, s_c.shape[0]), dtype=torch.long, device=dev)
-        yield s_c[None], TeacherOutput(full_logits=t_c[None], labels=lab), lab, extra
-
-
-def _total_and_grad(terms_fn: Callable, x: torch.Tensor, teacher: TeacherOutput, labels, beta, temperature,
-                    kwargs: dict):
-    """``(total as float, d total / d x)`` of one piece; ``x`` is a leaf (gradient in ``x``'s dtype)."""
-    with torch.enable_grad():
-        out = terms_fn(x, teacher, labels, beta, temperature, **kwargs)
-        (grad, ) = torch.autograd.grad(out.total, x, allow_unused=True)
-    grad = torch.zeros_like(x) if grad is None else grad
-    return float(out.total.detach().to(torch.float64)), grad
-
-
-def _sq(x: torch.Tensor) -> float:
-    """``‖x‖²`` accumulated in FP64."""
-    return float(torch.linalg.vector_norm(x, dtype=torch.float64)) ** 2
-
-
-def spot_check(run_terms: Callable, ref_terms: Callable, student_logits, teacher_output, labels, beta, temperature,
-               max_tokens: int, *args, **kwargs) -> Optional[Dict[str, float]]:
-    """FP64 spot check of one loss call (``None`` if the call has no active position).
-
-    Returns the contract ``spot/*`` values: ``loss`` (run's variant, per-position mean on the capped inputs),
-    ``loss_fp64``, ``loss_abs_err``, ``loss_rel_err`` (abs / |fp64|), ``grad_rel_l2``
-    (``‖g − g64‖ / ‖g64‖`` of d loss / d student logits), ``sign_mismatch`` (1.0 when signs differ).
-    A non-finite loss or gradient on either side makes the comparisons NaN (a failed check, logged as NaN).
-
-    Sized to what the loss saw (see :func:`_spot_pieces`): top-k works on the gathered ``[n, K]`` values; full
-    vocabulary runs row chunks, one chunk's tensors alive at a time; the norms and totals are accumulated.
-
-    Two loss evaluations per piece, whatever the student's dtype: the run's variant on the student's values, and
-    the FP64 variant on the same values as an FP64 leaf (its gradient ``exact``, unrounded). The reference
-    gradient ``g64`` is ``exact`` rounded once to the student's dtype: for FP32 and BF16 students bit-identical to
-    the FP64 variant's gradient on a student-dtype leaf (the FP64 loss computes in FP64 and rounds once into the
-    leaf's dtype), which earlier versions computed in a third evaluation. For FP16 students the loss stores its
-    gradient times a power of two per row, so on subnormal entries that storage rounds twice; ``g64`` rounds once
-    and no longer shares that storage with the run's gradient (which would hide an error in it): where many entries
-    are subnormal, ``grad_rel_l2`` now shows those ulps (e.g. 3e-3 at T = 2, β = 0.05, against a dtype floor of
-    0.05). ``exact`` also gives the dtype floor (rounding ``exact → g64``).
-    """
-    extra = loss_kwargs(args, kwargs)
-    n, run_sum, ref_sum, dn2, gn2, round2, exact2 = 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
-    low = student_logits.dtype not in (torch.float32, torch.float64)
-    for s, teacher, lab, kw in _spot_pieces(student_logits, teacher_output, labels, max_tokens, extra):
-        if s.shape[1] == 0:
-            continue
-        n += s.shape[1]
-        s = s.detach()  # a fresh gather / row copy: the run's leaf needs no clone of it
-        run_total, grad = _total_and_grad(run_terms, s.requires_grad_(True), teacher, lab, beta, temperature, kw)
-        s = s.detach()
-        x64 = s.to(torch.float64)
-        ref_total, exact = _total_and_grad(ref_terms, (x64.detach() if x64 is s else x64).requires_grad_(True),
-                                           teacher, lab, beta, temperature, kw)
-        del x64
-        run_sum, ref_sum = run_sum + run_total, ref_sum + ref_total
-        exact = exact.detach()
-        g64 = exact.to(s.dtype).to(torch.float64)  # the FP64 gradient as the student's dtype holds it
-        gn2 += _sq(g64)
-        if low:  # what the student's dtype cannot represent: the floor of the gradient comparison
-            exact2 += _sq(exact)
-            round2 += _sq(exact.sub_(g64))  # exact is not needed after this
-        del exact
-        dn2 += _sq(g64.sub_(grad))
-        del g64, grad
-    if n == 0:
-        return None
-    loss, ref = run_sum / n, ref_sum / n
-    finite = math.isfinite(loss) and math.isfinite(ref)
-    abs_err = abs(loss - ref) if finite else math.nan
-    gnorm, dnorm = math.sqrt(gn2), math.sqrt(dn2)
-    if not (finite and math.isfinite(gnorm) and math.isfinite(dnorm)):
-        grad_rel = math.nan
-    else:
-        grad_rel = dnorm / gnorm if gnorm > 0 else dnorm
-    floor = 0.0
-    if low and math.isfinite(exact2) and math.isfinite(round2) and exact2 > 0:
-        floor = LOW_PRECISION_GRAD_FACTOR * math.sqrt(round2 / exact2)
-    return {
-        SPOT_LOSS: loss,
-        SPOT_LOSS_FP64: ref,
-        SPOT_LOSS_ABS_ERR: abs_err,
-        SPOT_LOSS_REL_ERR: (math.nan if not finite else abs_err / abs(ref) if ref != 0 else
-                              (0.0 if abs_err == 0 else math.inf)),
-        SPOT_GRAD_REL_L2: grad_rel,
-        SPOT_SIGN_MISMATCH: float((loss < 0) != (ref < 0)) if finite else math.nan,
-        SPOT_GRAD_REL_L2_DTYPE_FLOOR: floor,
-    }
-
-
-def param_grad_rel_l2(loss_run: torch.Tensor, loss_ref: torch.Tensor, params: list[torch.Tensor]) -> Optional[float]:
-    """``‖∇θ loss_run − ∇θ loss_ref‖ / ‖∇θ loss_ref‖`` over all ``params`` (graph retained, ``.grad`` untouched)."""
-    params = [p for p in params if p.requires_grad]
-    if not params:
-        return None
-    g_run = torch.autograd.grad(loss_run, params, retain_graph=True, allow_unused=True)
-    g_ref = torch.autograd.grad(loss_ref, params, retain_graph=True, allow_unused=True)
-    num = den = 0.0
-    for a, b in zip(g_run, g_ref):
-        if b is None:
-            continue
-        a = torch.zeros_like(b) if a is None else a
-        num += float((a.double() - b.double()).pow(2).sum())
-        den += float(b.double().pow(2).sum())
-    return math.sqrt(num) / math.sqrt(den) if den > 0 else math.sqrt(num)
-
-
-# ----------------------------------------------------------------------------------------------------------
 # the instrumented loss
 # ----------------------------------------------------------------------------------------------------------
 def _nan_min(values: Iterable[float]) -> float:
@@ -440,6 +267,13 @@ class LossInstrument:
         return self.spot_every > 0 and self.step % self.spot_every == 0 and self._spotted_step != self.step
 
     def __call__(self, student_logits, teacher_output, labels, beta, temperature, *args, **kwargs):
+        spot = self._is_spot_step()
+        if spot:  # the caller's inputs, copied before the loss can write into them
+            self._spotted_step = self.step
+            with torch.no_grad():
+                pieces = spot_inputs(student_logits, teacher_output, labels, self.spot_max_tokens, *args, **kwargs)
+                pg_inputs = (ParamGradInputs(teacher_output, labels, args, kwargs)
+                             if self.param_grad and SPOT_PARAM_GRAD_REL_L2 in self.metrics else None)
         out = self.terms_fn(student_logits, teacher_output, labels, beta, temperature, *args, **kwargs)
         self.calls += 1
         self.where.bind_loss_inputs(student_logits.device)
@@ -448,9 +282,8 @@ class LossInstrument:
             raise NonFiniteError(
                 f"non-finite GKD loss at step {self.step}: total {total} over {n} positions (rank {self.rank}); "
                 f"monitor.fail_on_nonfinite=true stops the run")
-        if self._is_spot_step():
-            self._spotted_step = self.step
-            self._spot(out, student_logits, teacher_output, labels, beta, temperature, *args, **kwargs)
+        if spot:
+            self._spot(pieces, pg_inputs, student_logits, teacher_output, labels, beta, temperature, *args, **kwargs)
         return out.total, out.num_valid
 
     @torch.no_grad()
@@ -504,19 +337,20 @@ class LossInstrument:
         if value is not None:
             self.metrics[SFT_LOSS].update(float(value))
 
-    def _spot(self, out, student_logits, teacher_output, labels, beta, temperature, *args, **kwargs) -> None:
-        vals = spot_check(self.terms_fn, self.ref_terms_fn, student_logits, teacher_output, labels, beta,
-                          temperature, self.spot_max_tokens, *args, **kwargs)
+    def _spot(self, pieces, pg_inputs, student_logits, teacher_output, labels, beta, temperature, *args,
+              **kwargs) -> None:
+        """The spot check on ``pieces`` (copied before the call), the parameter-gradient check on ``pg_inputs``
+        (idem; None when off), and the capture."""
+        vals = spot_check_pieces(self.terms_fn, self.ref_terms_fn, pieces, beta, temperature)
+        del pieces
         if vals is not None:
             for k, v in vals.items():
                 self.metrics[k].update(v)
-        if self.param_grad and SPOT_PARAM_GRAD_REL_L2 in self.metrics and student_logits.requires_grad:
-            n = int(out.num_valid)
-            if n:
-                ref = self.ref_terms_fn(student_logits, teacher_output, labels, beta, temperature, *args, **kwargs)
-                rel = param_grad_rel_l2(out.total / n, ref.total / n, list(self.params()))
-                if rel is not None:
-                    self.metrics[SPOT_PARAM_GRAD_REL_L2].update(rel)
+        if pg_inputs is not None:
+            rel = param_grad_rel_l2(self.terms_fn, self.ref_terms_fn, student_logits, pg_inputs, beta, temperature,
+                                    list(self.params()))
+            if rel is not None:
+                self.metrics[SPOT_PARAM_GRAD_REL_L2].update(rel)
         if self.capture is not None:
             self.capture(self.step, student_logits, teacher_output, labels, beta, temperature,
                          **loss_kwargs(args, kwargs))

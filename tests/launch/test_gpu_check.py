@@ -132,13 +132,25 @@ def test_gpu_check_runs_are_valid_configs(dry_commands, name):
 
 
 def test_seed_repro_on_cpu_reproduces_the_report():
+    """The repro against the independent FP64 reference (harness/loss/reference.py): upstream negative (the defect,
+    a finding), fp32 positive and within the loss suite's tolerances (a check)."""
     rec = seed_repro("cpu")
-    v = rec["variants"]
-    assert rec["upstream_native"] < 0 and v["native"]["loss"] < 0  # BF16 teacher arithmetic: negative JSD
-    assert v["fp32"]["loss"] > 0 and v["fp64"]["loss"] > 0
-    assert abs(v["fp32"]["loss"] - v["fp64"]["loss"]) <= 1e-4 * abs(v["fp64"]["loss"]) + 2e-6
-    assert v["fp32"]["grad_rel_l2"] <= 1e-3 < v["native"]["grad_rel_l2"]
-    assert judge_repro(rec)[0] == "PASS"
+    assert rec["upstream"] < 0 < rec["reference"] and rec["finding"] == "reproduced"
+    fix = rec["fix"]
+    assert fix["ok"] and fix["loss"] > 0 and fix["grad_rel_l2"] <= fix["grad_tol"] and not fix["why"]
+    assert judge_repro(rec) == [("repro/defect", "FOUND", judge_repro(rec)[0][2]),
+                                ("repro/fix", "PASS", judge_repro(rec)[1][2])]
+
+
+def test_repro_rows_can_fail_and_the_defect_is_a_finding():
+    """Upstream not negative is NOT FOUND (a finding, not a pass or a fail); a fix row with a negative loss FAILs
+    the table."""
+    rec = seed_repro("cpu")
+    text, ok = table([{**rec, "upstream": 1e-4, "finding": "not reproduced"}])
+    assert ok and re.search(r"^repro/defect +NOT FOUND", text, re.M) and re.search(r"^repro/fix +PASS", text, re.M)
+    bad = {**rec, "fix": {**rec["fix"], "ok": False, "loss": -1e-3, "why": "negative loss -1.000e-03"}}
+    text, ok = table([bad])
+    assert not ok and re.search(r"^repro/fix +FAIL .*negative loss", text, re.M)
 
 
 def _run(tmp_path, name, precision, neg, dtypes, status="completed"):
