@@ -248,6 +248,7 @@ class RunConfig:
     dry_run: bool = MISSING
     verbose: bool = MISSING
     extra_args: List[str] = MISSING
+    allow_untested_swift: bool = MISSING  # go on with an ms-swift outside the tested series (harness.launcher.swift_version)
 
 
 @dataclass
@@ -255,7 +256,6 @@ class TrainConfig:
     """The whole ``gkd-train`` config (``configs/train.yaml`` composed with its groups)."""
 
     run: RunConfig = MISSING
-    allow_untested_swift: bool = MISSING  # go on with an ms-swift outside the tested series (harness.launcher.swift_version)
     model: ModelConfig = MISSING
     loss: LossConfig = MISSING
     gkd: GKDConfig = MISSING
