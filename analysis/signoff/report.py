@@ -325,8 +325,8 @@ def _versions_table(runs: pd.DataFrame) -> pd.DataFrame:
     r = runs.reindex(columns=cols + ["run"]).copy()
     r["loss_sha256"] = r["loss_sha256"].map(lambda v: str(v)[:16] if isinstance(v, str) else None)
     r["harness_commit"] = r["harness_commit"].map(lambda v: str(v)[:12] if isinstance(v, str) else None)
-    key = r[cols].astype(str)
-    g = r.assign(_k=key.agg("|".join, axis=1)).groupby("_k", sort=True)
+    key = ["|".join(map(str, row)) for row in r[cols].itertuples(index=False, name=None)]
+    g = r.assign(_k=key).groupby("_k", sort=True)
     out = g.first()[cols].rename(columns={"variant_label": "variant", "loss_sha256": "loss sha256 (first 16)",
                                           "ms_swift": "ms-swift", "harness_commit": "harness commit",
                                           "harness_dirty": "dirty"})
