@@ -9,8 +9,10 @@ Two steps, both before anything is written or loaded:
    per source and content, so a sweep checks each candidate once.
 
 Every refusal is a :class:`~harness.config.schema.ConfigError` on ``loss.source`` whose message names the file and
-what is missing. The other precisions ignore ``loss.source`` (a sweep ``loss=original,candidate loss.source=X``
-sets it on every point).
+what is missing. ``loss.source`` and ``loss.name`` are the candidate's keys: a sweep
+``loss=original,candidate loss.source=X loss.name=N`` sets them on every point, and another precision never carries
+them (:class:`~harness.config.schema.LossConfig` drops them, and neither names a run folder:
+``configs/hydra/default.yaml``), so the original point keeps its folder, its config and its completed run.
 """
 from __future__ import annotations
 
@@ -78,7 +80,7 @@ def validate_candidate(cfg: TrainConfig) -> None:
     """Raise :class:`ConfigError` on ``loss.source`` for a candidate that cannot run (see the module docstring)."""
     source = cfg.loss.source
     if cfg.loss.precision != "candidate":
-        return  # ignored: a sweep `loss=original,candidate loss.source=...` sets it on every point
+        return  # not the candidate's point: LossConfig dropped the source a sweep sets on every point
     if not source or not str(source).strip():
         raise ConfigError(KEY, "must be set with loss=candidate: PATH.py or package.module[:attr]")
     source = str(source).strip()

@@ -51,6 +51,13 @@ class LossConfig:
     source: Optional[str] = MISSING  # loss.precision=candidate: PATH.py or package.module[:attr]
     name: Optional[str] = MISSING    # the candidate's label (null: the file or module name)
 
+    def __post_init__(self) -> None:
+        # source and name are the candidate's keys: a sweep `loss=original,candidate loss.source=F loss.name=N` sets
+        # them on every point, and another loss never carries them (its config, fingerprint and folder stay those
+        # of the same point in any other sweep; harness.config.candidate_rules)
+        if self.precision in PRECISIONS and self.precision != "candidate":
+            self.source = self.name = None
+
 
 @dataclass
 class GKDConfig:
@@ -248,7 +255,6 @@ class RunConfig:
     dry_run: bool = MISSING
     verbose: bool = MISSING
     extra_args: List[str] = MISSING
-    allow_untested_swift: bool = MISSING  # go on with an ms-swift outside the tested series (harness.launcher.swift_version)
 
 
 @dataclass

@@ -286,3 +286,60 @@ def test_gkd_train_rerun_of_a_completed_smoke_group_with_an_invalid_dataset_leav
     log = (sweep / "refused_points.log").read_text()
     assert all(f"refused: {n}: ConfigError: run.dataset: " in log for n in names), log
     assert "3 of 3 points have an invalid config (first: run.dataset: " in out, out
+
+
+CANDIDATE = str(REPO / "examples" / "candidates" / "good_promote_first.py")
+
+
+def _planned_folders(out: str) -> list[str]:
+    return sorted(line.split("run folder ", 1)[1].strip() for line in out.splitlines()
+                  if line.startswith("# gkd-train dry run: run folder "))
+
+
+@pytest.mark.parametrize("recipe,group", [
+    (["tracking.wandb.group=certify-my-pr"], "certify-my-pr"),  # README's recipe: a group of its own
+    ([], "smoke"),  # the recipe before it had one
+])
+def test_the_certify_recipe_plans_the_original_point_in_its_own_folder(tmp_path, recipe, group):
+    """Issue 29, reproduction 4: ``loss.name`` / ``loss.source`` (set on every point of the sweep) named the
+    original point's folder ``loss.name=my-pr,loss=original``, so upstream trained again beside its completed
+    run. The README's recipe plans exactly two points, original and candidate, in a group of its own."""
+    from tests.conftest import entry_point
+
+    env = {**os.environ, "GKD_OUTPUT_ROOT": str(tmp_path / "out"), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([entry_point("gkd-train"), "-m", "experiment=smoke", "loss=original,candidate",
+                           f"loss.source={CANDIDATE}", "loss.name=my-pr", *recipe,
+                           "run.dry_run=true", "hydra.callbacks.sweep_status.progress_interval_s=0"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    sweep = tmp_path / "out" / "multirun" / group
+    assert _planned_folders(out) == [str(sweep / "loss=candidate"), str(sweep / "loss=original")], out
+
+
+@pytest.mark.slow
+def test_the_certify_recipe_after_a_smoke_sweep_leaves_the_original_folder_untouched(tmp_path, smoke_sweep):
+    """The recipe run in a group whose original point completed earlier with the same config: that point is
+    skipped and its folder is not touched (not a byte: no verdict, no log line); only the candidate trains."""
+    import shutil
+
+    from tests.conftest import SMOKE_GROUP, SMOKE_STEPS
+    from tests.launch.helpers import harness_env, run_gkd_train
+
+    sweep = tmp_path / "out" / "multirun" / SMOKE_GROUP
+    shutil.copytree(smoke_sweep, sweep)
+    original = next(sweep.glob("loss=original,*"))
+    before = _files(original)
+    proc = run_gkd_train(["experiment=smoke", "loss=original,candidate", f"loss.source={CANDIDATE}",
+                          "loss.name=my-pr", f"run.max_steps={SMOKE_STEPS}", "monitor.capture=true",
+                          f"tracking.wandb.group={SMOKE_GROUP}", "hydra.callbacks.sweep_status.progress_interval_s=0"],
+                         harness_env(tmp_path / "out"), tmp_path, multirun=True)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert _files(original) == before
+    assert f"completed (skipped: completed earlier) steps {SMOKE_STEPS}/{SMOKE_STEPS}" in out
+    candidate = sweep / original.name.replace("loss=original", "loss=candidate")
+    summary = json.loads((candidate / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["candidate"]["name"] == "my-pr"
+    assert sorted(p.name.split(",")[0] for p in sweep.iterdir() if p.is_dir()) == [
+        "loss=candidate", "loss=continuous", "loss=fp32", "loss=original"]
