@@ -255,6 +255,7 @@ class RunConfig:
     dry_run: bool = MISSING
     verbose: bool = MISSING
     extra_args: List[str] = MISSING
+    allow_untested_swift: bool = MISSING  # go on with an ms-swift outside the tested series (harness.launcher.swift_version)
 
 
 @dataclass
