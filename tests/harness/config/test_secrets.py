@@ -67,13 +67,32 @@ def test_redact_text_covers_overrides_yaml_lines_and_values():
     assert redact_name("gkd.beta=0.5,loss=fp32") == "gkd.beta=0.5,loss=fp32"
 
 
+# ------------------------------------------------------------------------------------------------ issue 32, item 2
+TOKEN = "hf_" + "Ab3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3h"  # the shape of a Hugging Face token (hf_ + 34 alphanumerics)
 
 
+def test_a_credential_looking_value_is_a_secret_under_any_key():
+    """Before the fix only the key counted: `run.dataset=hf_...` was accepted and written unredacted into 11 files."""
+    from harness.config.secrets import looks_like_credential
+
+    tree = {"run": {"dataset": TOKEN, "extra_args": ["--lr", f"--hub_model_id={TOKEN}", TOKEN], "name": "hf_dataset_name"},
+            "model": {"template": f"data/{TOKEN}.jsonl"}}
+    assert find_secret_keys(tree) == ["run.dataset", "run.extra_args", "model.template"]
+    assert TOKEN in secret_values(tree) and f"data/{TOKEN}.jsonl" in secret_values(tree)
+    assert TOKEN not in json.dumps(redact(tree)) and redact(tree)["run"]["name"] == "hf_dataset_name"
+    assert redact_text(f"- run.dataset={TOKEN}\n  dataset: {TOKEN}\n#0 : run.extra_args=[--hub_token,{TOKEN}]") == \
+        f"- run.dataset={REDACTED}\n  dataset: {REDACTED}\n#0 : run.extra_args=[--hub_token,{REDACTED}]"
+    for value in (TOKEN, "sk-" + "a1" * 12, "wandb_v1_abc", "0123456789abcdef0123456789abcdef01234567"):
+        assert looks_like_credential(value), value
+    for value in ("hf_dataset_name", "hf_x", "qwen3", "/data/train.jsonl", "max_tokens", "0123abc"):
+        assert not looks_like_credential(value), value
+    msg = secret_refusal("run.dataset")
+    assert "looks like a credential" in msg and "HF_TOKEN" in msg and "\n" not in msg
 
 
-
-
-
-
-
-
+def test_credential_flags_and_values_inside_overrides_are_refused_before_hydra():
+    """Before the fix `run.extra_args=[--hub_token,hf_...]` passed the pre-Hydra check (validation refused it
+    later), so the token reached multirun.yaml twice and Hydra's launch line."""
+    argv = ["-m", f"run.extra_args=[--hub_token,{TOKEN}]", "run.extra_args=[--hub-token=abc]",
+            f"run.dataset={TOKEN}", "run.extra_args=[--max_tokens,8]", "gkd.beta=0.5", "run.dataset=hf_dataset_name"]
+    assert secret_overrides(argv) == ["run.extra_args", "run.extra_args", "run.dataset"]

@@ -1,0 +1,65 @@
+"""Secrets never reach disk (issue 32, item 2): a refused credential leaves no trace in any file under the output
+root (Hydra's multirun.yaml, the sweep's and the point's .hydra/ files, the run folder) nor on the console.
+
+Before the fix `'run.extra_args=[--hub_token,hf_...]'` was refused, but only inside the job: the token was written
+twice into the sweep's multirun.yaml and printed on Hydra's launch line; an `hf_...` value in `run.dataset` (or in
+a config file) was accepted and written unredacted into 11 files.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import entry_point
+
+TOKEN = "hf_" + "Ab3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3h"  # the shape of a Hugging Face token
+
+
+def _gkd_train(cwd: Path, *args) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "GKD_OUTPUT_ROOT": str(cwd / "out")}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run([entry_point("gkd-train"), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def _files_holding(root: Path, text: str) -> list[str]:
+    """Every file under ``root`` (any name, hidden ones included) whose bytes or name hold ``text``."""
+    hits = []
+    for p in root.rglob("*"):
+        if text in p.name or (p.is_file() and text.encode() in p.read_bytes()):
+            hits.append(str(p.relative_to(root)))
+    return sorted(hits)
+
+
+@pytest.mark.parametrize("args,key", [
+    (("-m", f"run.extra_args=[--hub_token,{TOKEN}]", "run.max_steps=1"), "run.extra_args"),
+    (("-m", f"run.dataset={TOKEN}", "gkd.beta=0.5,0.9"), "run.dataset"),
+    ((f"run.dataset={TOKEN}", "run.max_steps=1"), "run.dataset"),
+    ((f"model.template={TOKEN}",), "model.template"),
+])
+def test_a_credential_on_the_command_line_is_refused_before_anything_is_written(tmp_path, args, key):
+    p = _gkd_train(tmp_path, *args)
+    assert p.returncode == 2, p.stderr[-3000:]
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"gkd-train: invalid config: {key}: ") and \
+        "looks like a credential" in lines[0], p.stderr
+    assert TOKEN not in p.stdout + p.stderr  # the console (Hydra's launch line included)
+    assert _files_holding(tmp_path, TOKEN) == []
+
+
+def test_a_credential_from_a_config_file_is_scrubbed_from_the_sweep_files(tmp_path):
+    """A value Hydra composes from a file reaches multirun.yaml before any job runs: the job scrubs it from the
+    sweep's files before anything else is written, then validation refuses the key."""
+    cfg = tmp_path / "cfg" / "local"
+    cfg.mkdir(parents=True)
+    (cfg / "default.yaml").write_text(f"# @package _global_\nrun:\n  dataset: {TOKEN}\n")
+    p = _gkd_train(tmp_path, "-m", f"--config-dir={tmp_path / 'cfg'}", "run.max_steps=1")
+    assert p.returncode == 2, p.stderr[-3000:]
+    assert p.stderr.strip().splitlines()[-1].startswith("gkd-train: invalid config: run.dataset: ")
+    assert TOKEN not in p.stdout + p.stderr
+    out = tmp_path / "out"
+    assert (out / "multirun" / "default" / "multirun.yaml").is_file()  # Hydra wrote it; the job scrubbed it
+    assert _files_holding(out, TOKEN) == []
