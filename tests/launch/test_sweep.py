@@ -343,3 +343,27 @@ def test_the_certify_recipe_after_a_smoke_sweep_leaves_the_original_folder_untou
     assert summary["status"] == "completed" and summary["candidate"]["name"] == "my-pr"
     assert sorted(p.name.split(",")[0] for p in sweep.iterdir() if p.is_dir()) == [
         "loss=candidate", "loss=continuous", "loss=fp32", "loss=original"]
+
+
+SKIP_LOGGING_APP = APP.replace(  # as harness.launcher.run does: a skipped point logs one line, then returns
+    '        with open(out / "skipped", "a") as fh:\n            fh.write("x")\n',
+    '        import logging\n'
+    '        logging.getLogger("gkd_harness.train").info(f"{out}: completed earlier with the same config, skipping")\n')
+assert SKIP_LOGGING_APP != APP
+
+
+def test_a_skipped_point_leaves_the_completed_folder_byte_for_byte(app):
+    """Hydra's default job logging opened ``<run folder>/<job>.log`` for every job, so a point skipped because
+    the same config completed there appended its log line to the earlier run's folder (and the callback rewrote
+    that run's job_return.json). configs/hydra/job_logging/console.yaml: the console only."""
+    (app / "app.py").write_text(SKIP_LOGGING_APP)
+    args = ("gkd.beta=0.1", "hydra.callbacks.sweep_status.progress_interval_s=0")
+    first, out1 = _run(app, *args)
+    assert first.returncode == 0, out1
+    done = app / "out" / "multirun" / "unit" / "gkd.beta=0.1"
+    ours = lambda: {k: v for k, v in _files(done).items() if k != "manifest_at_start"}  # noqa: E731 (the app's probe)
+    before = ours()
+    second, out2 = _run(app, *args)
+    assert second.returncode == 0, out2
+    assert "completed earlier with the same config, skipping" in out2  # on the console
+    assert ours() == before
