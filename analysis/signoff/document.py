@@ -83,7 +83,8 @@ _LONG_PX = 18 * 12  # td.long's min-width (18em at 12px): a long cell wraps down
 
 def constant_settings(df: pd.DataFrame) -> list:
     """-> [(column, shown value)] of the setting columns (:data:`_SETTING_COLUMN`) that hold one value in
-    every row of ``df`` (2 rows or more): said once above the table instead of in each row."""
+    every row of ``df`` (2 rows or more): said once above the table instead of in each row (a null value is
+    shown as ``null``, never as an empty value)."""
     if len(df) < 2:
         return []
     out = []
@@ -91,7 +92,7 @@ def constant_settings(df: pd.DataFrame) -> list:
         if _SETTING_COLUMN.match(str(c)):
             shown = {format_value(v) for v in df[c]}
             if len(shown) == 1:
-                out.append((str(c), shown.pop()))
+                out.append((str(c), shown.pop() or "null"))
     return out
 
 
@@ -219,7 +220,7 @@ class Document:
 
     def to_markdown(self) -> str:
         anchors = self._anchors()
-        out = [f"# {self.title}", ""]
+        out = [f"# {self._md_text(self.title)}", ""]
         for i, b in enumerate(self.blocks):
             kind = b[0]
             if kind == "banner":
@@ -239,7 +240,8 @@ class Document:
             elif kind == "ul":
                 out += [f"- {self._md_text(x)}" for x in b[1]] + [""]
             elif kind == "code":
-                out += ["```", b[1], "```", ""]
+                fence = "`" * max(3, 1 + max((len(m) for m in re.findall(r"`+", b[1])), default=0))
+                out += [fence, b[1], fence, ""]
             elif kind == "table":
                 df, max_rows, caption = b[1], b[2], b[3]
                 if caption:

@@ -245,9 +245,15 @@ def seed_band(sweep, metric: str) -> pd.DataFrame:
     return g.agg(n="count", mean="mean", low="min", high="max").reset_index()
 
 
+#: Line styles and markers cycled over the variants of a seed-band plot, so lines that coincide stay visible.
+_BAND_STYLES = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1, 1, 1)), "v"), ((0, (1, 2)), "P"))
+
+
 def plot_seed_bands(sweep, metric: str, path, title: str):
-    """PNG of ``metric`` over steps, one line per variant (mean over seeds) with the min–max seed band; None when no
-    run logged ``metric``."""
+    """PNG of ``metric`` over steps, one line per variant (mean over seeds) with the min–max seed band, each variant
+    in its own line style and marker (an fp32 line equal to native's stays visible on top of it); under it, where
+    the sweep has an original (native) variant, a panel with each other variant's mean minus the original's at
+    their common steps. None when no run logged ``metric``."""
     from pathlib import Path
 
     import matplotlib
@@ -258,16 +264,36 @@ def plot_seed_bands(sweep, metric: str, path, title: str):
     band = seed_band(sweep, metric)
     if band.empty:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for variant, g in band.groupby("variant", sort=True):
+    means = {v: g.set_index("step")["mean"] for v, g in band.groupby("variant", sort=True)}
+    base = next((v for v in means if role_of(v.split("/")[0]) == "original"), None)
+    others = [v for v in means if v != base] if base is not None else []
+    if others:
+        fig, (ax, dax) = plt.subplots(2, 1, figsize=(7, 5.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.3]})
+    else:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        dax = None
+    for i, (variant, g) in enumerate(band.groupby("variant", sort=True)):
+        ls, marker = _BAND_STYLES[i % len(_BAND_STYLES)]
         n = int(g["n"].max())
-        line, = ax.plot(g["step"], g["mean"], marker="o", ms=3, label=f"{variant} (mean of {n} seed(s))")
-        ax.fill_between(g["step"], g["low"], g["high"], color=line.get_color(), alpha=0.2)
-    ax.set_xlabel("step")
+        line, = ax.plot(g["step"], g["mean"], linestyle=ls, marker=marker, ms=5, mfc="none", lw=1.6, alpha=0.9,
+                        label=f"{variant} (mean of {n} seed(s))")
+        ax.fill_between(g["step"], g["low"], g["high"], color=line.get_color(), alpha=0.15)
+        if dax is not None and variant != base:
+            d = (means[variant] - means[base]).dropna()
+            dax.plot(d.index, d.values, linestyle=ls, marker=marker, ms=4, mfc="none", color=line.get_color(),
+                     label=f"{variant} − {base}")
     ax.set_ylabel(metric)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    if dax is not None:
+        dax.axhline(0.0, color="#888888", lw=0.8)
+        dax.set_ylabel(f"− {base}")
+        dax.grid(alpha=0.3)
+        dax.legend(fontsize=7)
+        dax.set_xlabel("step")
+    else:
+        ax.set_xlabel("step")
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
@@ -318,7 +344,8 @@ def report_section(sweep, doc, report_dir, original_precision: str, patched_prec
                                (TRAIN_GRAD_NORM, "grad_norm_bands.png", "grad_norm")):
         png = plot_seed_bands(sweep, metric, report_dir / name, f"{what} over steps")
         if png is not None:
-            doc.image(png, f"{metric} over steps per variant: mean over seeds, band = smallest to largest seed")
+            doc.image(png, f"{metric} over steps per variant: mean over seeds, band = smallest to largest seed; the "
+                           "lower panel: each variant's mean minus the original's")
 
 
 __all__ = ["OUTCOME_METRICS", "PAIR_COLUMNS", "t_interval", "variant_of", "final_values", "variant_table",
