@@ -110,6 +110,26 @@ def test_every_config_composes(rel):
     assert argv[:4] in (["swift", "rlhf", "--rlhf_type", "gkd"], ["megatron", "rlhf", "--rlhf_type", "gkd"])
 
 
+LAUNCHERS = ("basic", "submitit_local", "submitit_slurm")
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("name", TINY_EXPERIMENTS + SEED_EXPERIMENTS)
+def test_composing_an_experiment_prints_no_hydra_warning(name, launcher, tmp_path):
+    """Issue 33: every submitit sweep printed Hydra's "'hydra/launcher/submitit_local' is validated against
+    ConfigStore schema with the same name ... will be removed" (configs/hydra/launcher/ shared the plugin's schema
+    names). ``gkd-train --cfg job`` composes the whole tree, the hydra node and its launcher included, as a sweep
+    does; Hydra prints its warnings (and anything else) on stderr, which must stay empty."""
+    from tests.conftest import entry_point
+
+    proc = subprocess.run([entry_point("gkd-train"), "--cfg", "job", f"experiment={name}",
+                           f"hydra/launcher={launcher}"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env=harness_env(tmp_path / "out"))
+    assert proc.returncode == 0, tail(proc.stdout + proc.stderr)
+    assert proc.stderr == "", proc.stderr
+    assert f"group: {name}" in proc.stdout
+
+
 def test_every_experiment_file_is_covered():
     found = {p.stem for p in (CONFIGS / "experiment").glob("*.yaml")}
     assert found == set(TINY_EXPERIMENTS) | set(SEED_EXPERIMENTS)

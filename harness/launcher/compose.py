@@ -6,7 +6,6 @@ typed config with ``run.output_dir`` set to the folder Hydra would give it.
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
@@ -16,10 +15,12 @@ from harness.config.schema import ConfigError, TrainConfig, register_schemas, to
 CONFIG_MODULE = "gkd_harness_configs"
 CONFIG_PATH = f"pkg://{CONFIG_MODULE}"
 CONFIG_NAME = "train"
-#: configs/hydra/launcher/submitit_*.yaml deliberately share the plugin's names (so `hydra/launcher=submitit_slurm`
-#: picks the harness defaults) and are therefore validated against the plugin's schema, which Hydra announces
-#: with a deprecation warning on every compose.
-SCHEMA_MATCH_WARNING = r"(?s).*'hydra/launcher/submitit_\w+' is validated against ConfigStore schema"
+#: The submitit plugin's launcher schemas, known to Hydra under these names instead of the plugin's own
+#: (:func:`register`): configs/hydra/launcher/submitit_{local,slurm}.yaml keep the names users type
+#: (``hydra/launcher=submitit_slurm`` picks the harness's settings) and extend the schema through their defaults
+#: lists. Under the plugin's names, Hydra matched each file to the schema of the same name, a deprecated behaviour
+#: it warned about on every compose.
+LAUNCHER_SCHEMAS = {"submitit_local": "submitit_local_schema", "submitit_slurm": "submitit_slurm_schema"}
 
 
 def register() -> None:
@@ -29,6 +30,7 @@ def register() -> None:
     from harness.launcher.node import local_gpu_count
 
     register_schemas()
+    _rename_launcher_schemas()
     if not OmegaConf.has_resolver("gkd_folder_name"):  # hydra.run.dir / sweep.dir never leave the output root
         from harness.config.name_rules import folder_name
 
@@ -41,6 +43,20 @@ def register() -> None:
         OmegaConf.register_new_resolver("gkd_local_gpus", lambda nproc, device: local_gpu_count(nproc, device))
 
 
+def _rename_launcher_schemas() -> None:
+    """The submitit plugin's schemas under :data:`LAUNCHER_SCHEMAS`' names (idempotent). Hydra's plugin scan, run
+    once per process and first here, registers them under the plugin's names; ConfigStore has no public removal."""
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()  # the scan imports hydra_plugins.hydra_submitit_launcher.config, which stores the schemas
+    group = ConfigStore.instance().repo.get("hydra", {}).get("launcher", {})
+    for plugin_name, ours in LAUNCHER_SCHEMAS.items():
+        node = group.pop(f"{plugin_name}.yaml", None)
+        if node is not None:
+            ConfigStore.instance().store(group="hydra/launcher", name=ours, node=node.node, provider=node.provider)
+
+
 def compose(overrides: Sequence[str]):
     """``configs/train.yaml`` composed with ``overrides`` (Hydra's compose API, hydra node included)."""
     from hydra import compose as hydra_compose
@@ -50,9 +66,7 @@ def compose(overrides: Sequence[str]):
     from omegaconf.errors import OmegaConfBaseException
 
     register()
-    with warnings.catch_warnings(), initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3",
-                                                             job_name="gkd-train"):
-        warnings.filterwarnings("ignore", message=SCHEMA_MATCH_WARNING)
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3", job_name="gkd-train"):
         try:
             return hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides), return_hydra_config=True)
         except (HydraException, OmegaConfBaseException) as e:
@@ -138,5 +152,5 @@ def _point_from(master, job_overrides: Sequence[str], run_dir: Optional[Path], m
     return to_typed(OmegaConf.create(data)), run_dir
 
 
-__all__ = ["CONFIG_MODULE", "CONFIG_PATH", "CONFIG_NAME", "SCHEMA_MATCH_WARNING", "compose", "override_dirname",
+__all__ = ["CONFIG_MODULE", "CONFIG_PATH", "CONFIG_NAME", "LAUNCHER_SCHEMAS", "compose", "override_dirname",
            "run_dir_for", "point_config", "compose_point", "Point", "register"]

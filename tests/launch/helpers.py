@@ -6,11 +6,10 @@ import json
 import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 from typing import Sequence
 
-from harness.launcher.compose import CONFIG_MODULE, SCHEMA_MATCH_WARNING, compose as compose_train, point_config, register
+from harness.launcher.compose import CONFIG_MODULE, compose as compose_train, point_config, register
 from harness.config.schema import TrainConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,8 +25,7 @@ def compose(overrides, config_name="train"):
     from hydra import initialize_config_module
 
     register()
-    with warnings.catch_warnings(), initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
-        warnings.filterwarnings("ignore", message=SCHEMA_MATCH_WARNING)
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
         return hydra_compose(config_name=config_name, overrides=list(overrides))
 
 
