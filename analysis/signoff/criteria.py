@@ -372,11 +372,17 @@ def beta_forms_unchanged(ev: Evidence, c: Any) -> Result:
     sweep = ev.sweep
     runs = sweep.runs[sweep.runs["gkd.beta"].isin(c.betas)]
     betas = ", ".join(f"{b:g}" for b in c.betas)
-    if not paired_runs(runs, "loss.beta_form", "paper", "continuous"):
+    forms = set(runs["loss.beta_form"].dropna())
+    if not {"paper", "continuous"} <= forms:
+        lacking = " and ".join(f for f in ("paper", "continuous") if f not in forms)
+        res = _not_applicable("beta_forms_unchanged", title, _agreement_thr(c),
+                              f"the sweep has no {lacking} point at β ∈ {{{betas}}} (β forms in the sweep: "
+                              f"{_values(sweep.runs, 'loss.beta_form')})")
+    elif not paired_runs(runs, "loss.beta_form", "paper", "continuous"):
         res = _not_applicable("beta_forms_unchanged", title, _agreement_thr(c),
                               f"the sweep has no paper/continuous pair at one precision and β ∈ {{{betas}}} "
-                              f"(β forms in the sweep: {_values(sweep.runs, 'loss.beta_form')}; precisions: "
-                              f"{_values(sweep.runs, 'loss.precision')})")
+                              f"(paper precisions: {_values(runs[runs['loss.beta_form'] == 'paper'], 'loss.precision')}"
+                              f"; continuous: {_values(runs[runs['loss.beta_form'] == 'continuous'], 'loss.precision')})")
     else:
         agreement = step_agreement(sweep, "loss.beta_form", "paper", "continuous", runs=runs, metrics=c.metrics,
                                    rtol=c.rtol, atol=c.atol)

@@ -12,7 +12,7 @@ from analysis.signoff.report import VERDICT_SCHEMA_VERSION
 def test_schema_and_package_versions(synthetic_sweep_dir, tmp_path):
     assert main([str(synthetic_sweep_dir), "--report", str(tmp_path / "r")]) == 0
     v = json.loads((tmp_path / "r" / "verdict.json").read_text())
-    assert v["schema_version"] == VERDICT_SCHEMA_VERSION == 1
+    assert v["schema_version"] == VERDICT_SCHEMA_VERSION == 2  # 2: judgement, run_files, inputs (issue 29)
     here = v["package_versions"]["analysis"]
     for name in ("torch", "transformers", "ms-swift", "numpy", "pandas", "matplotlib", "gkd-harness"):
         assert here[name] == version(name), name
