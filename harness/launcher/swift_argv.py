@@ -174,6 +174,10 @@ def check_megatron_layout(cfg: TrainConfig, layout: NodeLayout) -> tuple[int, in
     - the global batch divides by micro batch x data-parallel size (one micro-batch at least);
     - on-policy (``gkd.lmbda`` > 0): each data-parallel rank's batch (global / DP) divides by TP x PP x CP;
     - ``run.resume=true`` is refused: no Megatron checkpoint is saved (``--no_save_optim``), none is resumed;
+    - ``monitor.spot_check.param_grad=true`` with ``--gradient_accumulation_fusion true`` in ``run.extra_args`` is
+      refused: megatron-core's fused weight-gradient kernels (apex / Transformer Engine) write ``main_grad`` in the
+      backward, so the check's backward would add to training's gradients (without the flag gkd-train passes
+      ``--gradient_accumulation_fusion false`` with the check on: ms-swift turns fusion on wherever apex imports);
     - ``monitor.spot_check.param_grad=true`` with ``backend.recompute_granularity`` full / selective is refused:
       megatron-core's activation checkpointing raises under the check's ``torch.autograd.grad`` (null passes
       ``--recompute_granularity none`` then, :func:`megatron_argv`).
@@ -188,6 +192,12 @@ def check_megatron_layout(cfg: TrainConfig, layout: NodeLayout) -> tuple[int, in
         raise ConfigError("run.resume", "not supported on backend=megatron: the harness saves no Megatron "
                           "checkpoint (--no_save_optim, no run.save_steps) and cannot resume one; rerun without "
                           "run.resume=true to restart the run (the earlier attempt is archived)")
+    if _param_grad_on(cfg) and _flag_true(cfg.run.extra_args, FUSION_FLAG):
+        raise ConfigError("monitor.spot_check.param_grad",
+                          f"true cannot be combined with {FUSION_FLAG} true in run.extra_args on backend=megatron: "
+                          "with ms-swift's gradient accumulation fusion the backward writes main_grad itself, so the "
+                          "check's extra backward would reach the optimizer's gradients; drop that flag (gkd-train "
+                          f"passes {FUSION_FLAG} false with the check on) or turn the check off")
     if _param_grad_on(cfg) and backend.recompute_granularity not in (None, "none"):
         raise ConfigError("backend.recompute_granularity",
                           f"{backend.recompute_granularity} cannot be combined with monitor.spot_check.param_grad=true "
@@ -211,6 +221,22 @@ def check_megatron_layout(cfg: TrainConfig, layout: NodeLayout) -> tuple[int, in
                           f"ms-swift splits over {_MP_KEYS} = {mp} ranks (gkd.lmbda={cfg.gkd.lmbda} > 0): use a "
                           f"multiple of {dp * mp}, or null for the default")
     return dp, gbs
+
+
+#: ms-swift's Megatron flag under which the backward writes ``main_grad`` itself (fused weight-gradient accumulation)
+FUSION_FLAG = "--gradient_accumulation_fusion"
+
+
+def _flag_true(extra_args, flag: str) -> bool:
+    """``flag`` set to a true value in ``extra_args`` (``--flag true``, ``--flag=true``, or ``--flag`` alone)."""
+    args = list(extra_args)
+    for i, a in enumerate(args):
+        if a == flag:
+            nxt = args[i + 1] if i + 1 < len(args) else ""
+            return nxt.startswith("--") or nxt.lower() not in ("false", "0", "no")
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1].lower() not in ("false", "0", "no")
+    return False
 
 
 def _param_grad_on(cfg: TrainConfig) -> bool:
@@ -263,6 +289,8 @@ def megatron_argv(cfg: TrainConfig, inputs: ResolvedInputs, run_dir: str | Path,
         argv += ["--recompute_granularity", backend.recompute_granularity]
     elif _param_grad_on(cfg):  # ms-swift's default (selective) would stop the parameter-gradient spot check
         argv += ["--recompute_granularity", "none"]
+    if _param_grad_on(cfg):  # ms-swift turns fusion on where apex imports: the check's backward would write main_grad
+        argv += [FUSION_FLAG, "false"]
     return argv + list(run.extra_args)
 
 

@@ -155,6 +155,9 @@ def _make_hf_callback():
         def on_train_begin(self, args, tstate, control, **kwargs):
             import torch.distributed as dist
 
+            from harness.rank.plugin import check_rebound
+
+            check_rebound()  # never train on upstream's loss unnoticed
             inst = state.STATE.instrument
             if inst is not None:
                 inst.where.bind_rank_device(args.device)  # the rank's device, known by now (never at import)
@@ -208,6 +211,10 @@ def _megatron_writer() -> bool:
     return bool(is_last_rank())
 
 
+class ParamGradRefusedError(RuntimeError):
+    """``monitor.spot_check.param_grad`` where the backward writes ``main_grad`` itself (Megatron's fusion)."""
+
+
 def _megatron_params(trainer) -> Any:
     """``() -> [parameter]``: this rank's trainable student parameters in ms-swift's Megatron trainer, over every
     model chunk of ``trainer.unwrapped_models`` (one per virtual pipeline stage; with LoRA the adapters are the
@@ -218,14 +225,27 @@ def _megatron_params(trainer) -> Any:
     handed: megatron-core's checkpoint functions raise "Checkpointing is not compatible with .grad()" under the
     spot check's ``torch.autograd.grad`` (``megatron/core/tensor_parallel/random.py``), which would stop the run.
     gkd-train passes ``--recompute_granularity none`` when the check is on (``harness.launcher.swift_argv``).
+
+    Raises:
+        ParamGradRefusedError: ``gradient_accumulation_fusion`` is on (ms-swift's args or a model chunk's config):
+            the fused backward writes ``main_grad`` (the optimizer's gradients), which the check must not touch.
     """
+    models = list(getattr(trainer, "unwrapped_models", None) or [])
+    fused = [where for where, obj in [("args", trainer.args)] + [(f"model {i} config", getattr(m, "config", None))
+                                                                  for i, m in enumerate(models)]
+             if getattr(obj, "gradient_accumulation_fusion", False)]
+    if fused:
+        raise ParamGradRefusedError(
+            f"monitor.spot_check.param_grad=true cannot run with gradient_accumulation_fusion on ({', '.join(fused)}): "
+            "megatron-core's fused weight-gradient kernels write main_grad in the backward, so the check would add "
+            "to training's gradients; pass --gradient_accumulation_fusion false (gkd-train does unless "
+            "run.extra_args sets it) or turn the check off")
     recompute = getattr(trainer.args, "recompute_granularity", None)
     if recompute:
         logger.warning(f"spot/param_grad_rel_l2 not measured: recompute_granularity={recompute} (megatron-core's "
                        "activation checkpointing does not support torch.autograd.grad); set "
                        "backend.recompute_granularity=none")
         return lambda: []
-    models = list(getattr(trainer, "unwrapped_models", None) or [])
     return lambda: [p for m in models for p in m.parameters() if p.requires_grad]
 
 
@@ -243,6 +263,9 @@ def _make_megatron_callback():
             import torch.distributed as dist
             from swift.utils import get_current_device
 
+            from harness.rank.plugin import check_rebound
+
+            check_rebound()  # never train on upstream's loss unnoticed
             inst = state.STATE.instrument
             if inst is not None:
                 inst.where.bind_rank_device(get_current_device())  # set per rank by now

@@ -8,7 +8,9 @@ On import it reads its settings (a JSON file named by ``$GKD_HARNESS_PLUGIN_SETT
    BF16-teacher case of Megatron, made on purpose on the HF backend) and records the dtypes that arrived, and,
    unless ``monitor=off``, wrapped by :class:`harness.rank.instrument.LossInstrument`;
 2. rebinds ``gkd_loss`` where ms-swift's HF, Megatron and Ray GKD trainers imported it; a module that cannot
-   import on this machine is skipped with a log line;
+   import on this machine is skipped with a warning, and at train begin (:func:`check_rebound`, called by the
+   callbacks) the active backend's call site must hold the configured loss, or the run stops at once naming the
+   module and its import error (:class:`LossNotInstalledError`): never a "completed" run on upstream's loss;
 3. registers the ``gkd_harness`` trainer callback (``--callbacks gkd_harness``) that puts the instrument's
    metrics into the trainer's ``custom_metrics`` (so they reach ms-swift's ``logging.jsonl``, the console and
    wandb), keeps the instrument's step current, and on the rank that owns the wandb run (global rank 0 on HF,
@@ -44,6 +46,13 @@ TRAINER_MODULES = (
     "swift.megatron.trainers.gkd_trainer",
     "swift.ray.megatron.loss.gkd",
 )
+#: The call site each backend trains through (``backend.name`` -> module of :data:`TRAINER_MODULES`).
+ACTIVE_CALL_SITE = {"hf": TRAINER_MODULES[0], "megatron": TRAINER_MODULES[1]}
+
+
+class LossNotInstalledError(RuntimeError):
+    """The active backend's ``gkd_loss`` call site does not hold the configured loss (its module did not import
+    when the plugin loaded, or something rebound it since): training would run upstream's loss."""
 
 
 def load_settings(path: Optional[str] = None) -> Optional[PluginSettings]:
@@ -100,16 +109,43 @@ def rebind_gkd_loss(loss: Callable, modules=TRAINER_MODULES) -> Dict[str, str]:
             mod = importlib.import_module(name)
         except Exception as e:  # noqa: BLE001 - any import failure means "not on this machine"
             result[name] = f"skipped: {type(e).__name__}: {e}"
-            logger.info(f"gkd_loss not rebound in {name}: it cannot be imported here ({type(e).__name__}: {e})")
+            logger.warning(f"gkd_loss not rebound in {name}: it cannot be imported here ({type(e).__name__}: {e})")
             continue
         if not hasattr(mod, "gkd_loss"):
             result[name] = "skipped: no gkd_loss attribute"
-            logger.info(f"gkd_loss not rebound in {name}: the module has no gkd_loss")
+            logger.warning(f"gkd_loss not rebound in {name}: the module has no gkd_loss")
             continue
         mod.gkd_loss = loss
         result[name] = "rebound"
         logger.info(f"gkd_loss rebound in {name}")
     return result
+
+
+def check_rebound(st=None) -> str:
+    """At train begin: the active backend's call site (:data:`ACTIVE_CALL_SITE`) holds the installed loss;
+    returns the module's name.
+
+    Raises:
+        LossNotInstalledError: naming the module, the configured variant, and why (the import error the plugin
+            met, or what the module's ``gkd_loss`` is now).
+    """
+    import sys
+
+    st = st or state.STATE
+    name = ACTIVE_CALL_SITE[st.config.backend.name]
+    mod = sys.modules.get(name)
+    if mod is not None and getattr(mod, "gkd_loss", None) is st.boundary:
+        return name
+    if st.rebound.get(name, "").startswith("skipped"):
+        why = st.rebound[name]
+    elif mod is None:
+        why = "the module is not imported in this process"
+    else:
+        found = getattr(mod, "gkd_loss", None)
+        why = f"its gkd_loss is {getattr(found, '__module__', '?')}.{getattr(found, '__qualname__', found)!s}"
+    raise LossNotInstalledError(
+        f"loss.precision={st.config.loss.precision} is not installed in {name}, which backend="
+        f"{st.config.backend.name} trains through ({why}): training would use ms-swift's own gkd_loss; stopping")
 
 
 def _record_sft_term() -> None:

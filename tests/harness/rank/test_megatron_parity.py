@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from types import SimpleNamespace
 
 from harness.contract import SPOT_PARAM_GRAD_REL_L2, SWIFT_DIR
 from harness.rank import plugin
@@ -179,3 +181,42 @@ def test_megatron_param_grad_turns_recompute_off_or_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"backend\.recompute_granularity.*monitor\.spot_check\.param_grad"):
         argv("monitor.spot_check.every_n_steps=1", "monitor.spot_check.param_grad=true",
              "backend.recompute_granularity=selective")
+
+
+def test_megatron_param_grad_turns_gradient_accumulation_fusion_off_or_is_refused(tmp_path):
+    """With the check on, gkd-train passes ``--gradient_accumulation_fusion false`` (ms-swift turns the fusion on
+    wherever apex imports, and its fused backward writes main_grad); ``--gradient_accumulation_fusion true`` in
+    run.extra_args with the check is refused in one line naming the key and the flag; off, nothing is passed."""
+    from harness.config.schema import ConfigError
+    from harness.launcher.compose import point_config
+    from harness.launcher.run import dry_run
+
+    def argv(*overrides):
+        cfg, run_dir = point_config(["backend=megatron", "run.dataset=x.jsonl", *overrides], run_dir=tmp_path)
+        return dry_run(cfg, run_dir)
+
+    on = ("monitor.spot_check.every_n_steps=1", "monitor.spot_check.param_grad=true")
+    assert re.search(r"--gradient_accumulation_fusion\s+false\b", argv(*on))
+    assert "--gradient_accumulation_fusion" not in argv("monitor.spot_check.param_grad=false")
+    for extra in ("[--gradient_accumulation_fusion,true]", "['--gradient_accumulation_fusion=true']"):
+        with pytest.raises(ConfigError, match=r"^monitor\.spot_check\.param_grad: .*--gradient_accumulation_fusion "
+                                              r"true .*main_grad"):
+            argv(*on, f"run.extra_args={extra}")
+    argv(*on, "run.extra_args=[--gradient_accumulation_fusion,false]")  # explicitly off: accepted
+
+
+@pytest.mark.parametrize("where", ["args", "model config"])
+def test_megatron_param_grad_is_refused_at_train_begin_where_the_backward_writes_main_grad(where):
+    """On the rank: ms-swift's resolved args (or a model chunk's config) with gradient_accumulation_fusion on stop
+    the check before it runs, naming the flag to turn off."""
+    from harness.rank.callbacks import ParamGradRefusedError, _megatron_params
+
+    model = torch.nn.Linear(4, 4)
+    model.config = SimpleNamespace(gradient_accumulation_fusion=where == "model config")
+    trainer = SimpleNamespace(args=SimpleNamespace(recompute_granularity=None,
+                                                   gradient_accumulation_fusion=where == "args"),
+                              unwrapped_models=[model])
+    with pytest.raises(ParamGradRefusedError, match="pass --gradient_accumulation_fusion false"):
+        _megatron_params(trainer)
+    model.config.gradient_accumulation_fusion = trainer.args.gradient_accumulation_fusion = False
+    assert _megatron_params(trainer)() == [model.weight, model.bias]

@@ -367,3 +367,28 @@ def test_hf_nan_filter_is_turned_off_at_train_begin(tmp_path, restore_swift):
     assert args.logging_nan_inf_filter is False
     assert rank_state.STATE.instrument.where.device == torch.device("cpu")  # bound to the rank's device at train begin
     assert set(trainer.custom_metrics["train"]) >= {"gkd/jsd_loss", "gkd/loss_calls_total"}
+
+
+@pytest.mark.parametrize("how", ["import_failed", "rebound_elsewhere"])
+def test_train_begin_stops_when_the_active_call_site_holds_another_loss(tmp_path, restore_swift, how):
+    """The HF call site did not import when the plugin loaded (or something rebound it since): at train begin the
+    callback stops the run naming the module and why, instead of training on upstream's loss."""
+    from transformers import TrainingArguments
+
+    state = plugin.install(settings(tmp_path))
+    gkd_trainer.gkd_loss = upstream.gkd_loss
+    if how == "import_failed":
+        state.rebound["swift.rlhf_trainers.gkd_trainer"] = "skipped: ImportError: cannot import name 'x' (boom)"
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to=[])
+    trainer = types.SimpleNamespace(custom_metrics={"train": {}}, model=torch.nn.Linear(2, 2))
+    cb = _make_hf_callback()(args, trainer)
+    with pytest.raises(plugin.LossNotInstalledError) as err:
+        cb.on_train_begin(args, types.SimpleNamespace(global_step=0, is_world_process_zero=True), None)
+    msg = str(err.value)
+    assert "loss.precision=fp32 is not installed in swift.rlhf_trainers.gkd_trainer" in msg
+    if how == "import_failed":
+        assert "ImportError: cannot import name 'x' (boom)" in msg
+    else:
+        assert "its gkd_loss is swift.rlhf_trainers.gkd_loss.gkd_loss" in msg
+    gkd_trainer.gkd_loss = state.boundary  # rebound: train begin goes on
+    assert plugin.check_rebound() == "swift.rlhf_trainers.gkd_trainer"
