@@ -3,8 +3,10 @@
 With ``hydra.launcher.max_num_timeout > 0`` (submitit_slurm), submitit signals the job ``signal_delay_s`` before
 its time limit and requeues the same point; the point's ``gkd-train`` job then runs again in the same run
 folder. When the user asks for it, the rerun continues from the newest ms-swift checkpoint in that folder
-instead of from step 0: :func:`resume_args` returns ``["--resume_from_checkpoint", <dir>]`` for the HF backend
-(checkpoints need ``save_steps`` below the step count).
+instead of from step 0: :func:`resume_args` returns ``["--resume_from_checkpoint", <dir>]`` for an HF checkpoint
+and ``["--mcore_model", <dir>, "--finetune", "false"]`` for a Megatron one (ms-swift's Megatron trainer then loads
+the weights, optimizer, scheduler and iteration from it: ``swift/megatron/trainers/base.py: _load_checkpoint``).
+Checkpoints need ``run.save_steps`` below the step count.
 """
 
 from __future__ import annotations
@@ -17,11 +19,32 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 
 
+#: What ms-swift writes last into a complete checkpoint: the HF trainer's state; Megatron's iteration tracker
+#: (``megatron/utils/megatron_lm_utils.py``: written after the distributed checkpoint ``iter_<N:07d>/`` is saved)
+HF_COMPLETE = "trainer_state.json"
+MEGATRON_COMPLETE = "latest_checkpointed_iteration.txt"
+
+
+def is_megatron_checkpoint(path: Path) -> bool:
+    """A complete Megatron checkpoint: its tracker names an iteration whose ``iter_<N:07d>`` folder is there."""
+    try:
+        iteration = int((path / MEGATRON_COMPLETE).read_text().strip())
+    except (OSError, ValueError):
+        return False
+    return (path / f"iter_{iteration:07d}").is_dir()
+
+
+def _complete(path: Path) -> bool:
+    return (path / HF_COMPLETE).is_file() or is_megatron_checkpoint(path)
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     """Newest ``checkpoint-<step>`` folder under ``<run_dir>/swift`` (any version subfolder), or None.
 
-    A checkpoint counts only when it holds ``trainer_state.json`` (written last by the HF trainer), so a
-    checkpoint cut short by the time limit is never resumed from.
+    A checkpoint counts only when it is complete: ``trainer_state.json`` (written last by the HF trainer) or, on
+    Megatron, ``latest_checkpointed_iteration.txt`` naming an ``iter_<N:07d>`` folder it holds (written after
+    the distributed checkpoint); so a checkpoint cut short by the time limit is never resumed from. ms-swift's
+    ``checkpoint-<N>-merged`` folders (LoRA merged for export) are not checkpoints to resume.
     """
     root = Path(run_dir) / "swift"
     best: tuple[int, float, Path] | None = None
@@ -29,7 +52,7 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
         return None
     for path in root.rglob("checkpoint-*"):
         m = _CKPT.match(path.name)
-        if not m or not path.is_dir() or not (path / "trainer_state.json").is_file():
+        if not m or not path.is_dir() or not _complete(path):
             continue
         key = (int(m.group(1)), path.stat().st_mtime, path)
         if best is None or key[:2] > best[:2]:
@@ -42,7 +65,11 @@ def resume_args(resume: bool, run_dir: str | Path) -> list[str]:
     if not resume:
         return []
     ckpt = latest_checkpoint(run_dir)
-    return [] if ckpt is None else ["--resume_from_checkpoint", str(ckpt)]
+    if ckpt is None:
+        return []
+    if is_megatron_checkpoint(ckpt):  # weights, optimizer, scheduler and iteration (finetune false)
+        return ["--mcore_model", str(ckpt), "--finetune", "false"]
+    return ["--resume_from_checkpoint", str(ckpt)]
 
 
 @dataclass(frozen=True)
@@ -109,7 +136,8 @@ def decide_attempt(folder, flat_config: Mapping[str, Any], *, overwrite: bool, r
             step = int(_CKPT.match(Path(args[1]).name).group(1))
             return Attempt("resume", summary, args, step)
         notes.append(f"run.resume=true but no usable checkpoint under {Path(folder.path) / 'swift'} "
-                     "(checkpoint-N/trainer_state.json): the earlier attempt is archived and the run restarts")
+                     "(checkpoint-N with trainer_state.json, or Megatron's latest_checkpointed_iteration.txt): the "
+                     "earlier attempt is archived and the run restarts")
         reason = "run.resume=true without a usable checkpoint"
     else:
         if differing:

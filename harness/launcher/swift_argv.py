@@ -74,6 +74,20 @@ def _save_args(cfg: TrainConfig) -> List[str]:
     return ["--save_strategy", "steps", "--save_steps", str(cfg.run.save_steps), "--save_only_model", "false"]
 
 
+def _megatron_save_args(cfg: TrainConfig) -> List[str]:
+    """ms-swift's Megatron checkpoints (``checkpoint-<N>`` under ``<run>/swift``; ms-swift saves one every
+    ``--save_steps`` and always one at the last step, ``megatron/callbacks/default_flow.py``).
+
+    ``run.save_steps`` N: every N steps, with the optimizer and RNG state, so ``run.resume=true`` (a requeue)
+    continues from the newest (``harness.launcher.resume``: ``--mcore_model DIR --finetune false``). Null: weights
+    only (``--no_save_optim true``), at the last step; with ``run.resume=true`` the optimizer is kept too, so a run
+    cut short after that save can still continue.
+    """
+    if cfg.run.save_steps:
+        return ["--save_steps", str(cfg.run.save_steps)]
+    return [] if cfg.run.resume else ["--no_save_optim", "true"]
+
+
 def _eval_args(cfg: TrainConfig, inputs: ResolvedInputs, megatron: bool = False) -> List[str]:
     """ms-swift's own evaluation on the held-out split every ``monitor.eval.every_n_steps`` steps (the plugin adds
     the ``eval/*`` metrics and the final evaluation, harness.rank.evaluation); nothing when it is off."""
@@ -173,7 +187,6 @@ def check_megatron_layout(cfg: TrainConfig, layout: NodeLayout) -> tuple[int, in
     - the processes (``backend.nproc_per_node`` x ``backend.nnodes``) divide by TP x PP x CP;
     - the global batch divides by micro batch x data-parallel size (one micro-batch at least);
     - on-policy (``gkd.lmbda`` > 0): each data-parallel rank's batch (global / DP) divides by TP x PP x CP;
-    - ``run.resume=true`` is refused: no Megatron checkpoint is saved (``--no_save_optim``), none is resumed;
     - ``monitor.spot_check.param_grad=true`` with ``--gradient_accumulation_fusion true`` in ``run.extra_args`` is
       refused: megatron-core's fused weight-gradient kernels (apex / Transformer Engine) write ``main_grad`` in the
       backward, so the check's backward would add to training's gradients (without the flag gkd-train passes
@@ -188,10 +201,6 @@ def check_megatron_layout(cfg: TrainConfig, layout: NodeLayout) -> tuple[int, in
     from harness.config.schema import ConfigError
 
     backend: MegatronBackendConfig = cfg.backend
-    if cfg.run.resume:
-        raise ConfigError("run.resume", "not supported on backend=megatron: the harness saves no Megatron "
-                          "checkpoint (--no_save_optim, no run.save_steps) and cannot resume one; rerun without "
-                          "run.resume=true to restart the run (the earlier attempt is archived)")
     if _param_grad_on(cfg) and _flag_true(cfg.run.extra_args, FUSION_FLAG):
         raise ConfigError("monitor.spot_check.param_grad",
                           f"true cannot be combined with {FUSION_FLAG} true in run.extra_args on backend=megatron: "
@@ -275,7 +284,7 @@ def megatron_argv(cfg: TrainConfig, inputs: ResolvedInputs, run_dir: str | Path,
             "--lr", _fmt(run.learning_rate),
             "--max_length", str(run.max_length),
             "--logging_steps", str(run.logging_steps),
-            "--output_dir", str(Path(run_dir) / "swift"), "--add_version", "false", "--no_save_optim", "true",
+            "--output_dir", str(Path(run_dir) / "swift"), "--add_version", "false", *_megatron_save_args(cfg),
             "--seed", str(run.seed),
             "--bf16", _fmt(backend.bf16),
             *version_args(swift_version, megatron=True),

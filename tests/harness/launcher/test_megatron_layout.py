@@ -81,11 +81,17 @@ def test_off_policy_keeps_the_plain_default(tmp_path):
     assert plan.argv[plan.argv.index("--global_batch_size") + 1] == "4"  # micro 1 x DP 4 x grad accum 1
 
 
-def test_resume_on_megatron_is_refused_in_one_line_before_launch(tmp_path):
-    """Megatron saves no checkpoint the harness can resume (issue 23: run.resume=true restarted in place and
-    metrics.jsonl got duplicate steps); the refusal comes at the plan, before anything is written."""
-    cfg, run_dir = _cfg("seed", tmp_path, "run.resume=true")
-    with pytest.raises(ConfigError) as e:
-        node_plan(cfg, run_dir, 0, 1, 8)
-    assert str(e.value).startswith("run.resume: not supported on backend=megatron") and "\n" not in str(e.value)
-    assert not (tmp_path / "run").exists()
+def test_megatron_saves_resumable_checkpoints_with_run_save_steps(tmp_path):
+    """run.resume=true on Megatron (refused before issue 31): with run.save_steps N ms-swift saves a checkpoint every N
+    steps with the optimizer (no --no_save_optim), so a requeue continues from it (harness.launcher.resume:
+    --mcore_model DIR --finetune false, tests/harness/launcher/test_resume.py); without run.save_steps the last
+    step's checkpoint holds weights only, unless run.resume=true asks to keep the optimizer too."""
+    def argv(*overrides):
+        cfg, run_dir = _cfg("seed", tmp_path, *overrides)
+        return node_plan(cfg, run_dir, 0, 1, 8).argv
+
+    resumable = argv("run.resume=true", "run.save_steps=5")
+    assert resumable[resumable.index("--save_steps") + 1] == "5" and "--no_save_optim" not in resumable
+    assert "--no_save_optim" not in argv("run.resume=true")
+    plain = argv()
+    assert plain[plain.index("--no_save_optim") + 1] == "true" and "--save_steps" not in plain

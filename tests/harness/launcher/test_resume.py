@@ -108,3 +108,36 @@ def test_a_folder_written_by_an_older_harness_is_not_skipped(tmp_path):
     assert _decide(RunFolder(tmp_path / "empty"), FLAT).action == "new"
     MetricsWriter(tmp_path / "orphan" / "metrics.jsonl").write({"step": 1})
     assert _decide(RunFolder(tmp_path / "orphan"), FLAT).action == "restart"  # files without summary.json
+
+
+def _megatron_ckpt(root, step, tracker=True, iter_dir=True, name=None):
+    """A checkpoint as ms-swift's Megatron trainer writes it (swift/megatron/trainers/base.py: save_checkpoint):
+    ``<output_dir>/checkpoint-<N>/iter_<N:07d>/`` then ``latest_checkpointed_iteration.txt`` last."""
+    path = root / "swift" / (name or f"checkpoint-{step}")
+    (path / "args.json").parent.mkdir(parents=True)
+    (path / "args.json").write_text("{}")
+    if iter_dir:
+        (path / f"iter_{step:07d}").mkdir()
+        (path / f"iter_{step:07d}" / "common.pt").write_bytes(b"x")
+    if tracker:
+        (path / "latest_checkpointed_iteration.txt").write_text(str(step))
+    return path
+
+
+def test_megatron_checkpoints_are_found_and_resumed_with_mcore_model(tmp_path):
+    """Issue 31: a requeued Megatron run continues from its newest complete checkpoint (ms-swift's load flags:
+    --mcore_model DIR --finetune false loads weights, optimizer, scheduler and iteration); one cut short before its
+    tracker was written, or whose tracker names a missing iteration, and LoRA's -merged export are skipped."""
+    assert resume_args(True, tmp_path) == []
+    _megatron_ckpt(tmp_path, 4)
+    best = _megatron_ckpt(tmp_path, 8)
+    _megatron_ckpt(tmp_path, 12, tracker=False)  # the time limit hit during the save
+    _megatron_ckpt(tmp_path, 16, iter_dir=False)
+    _megatron_ckpt(tmp_path, 20, name="checkpoint-20-merged")
+    assert latest_checkpoint(tmp_path) == best
+    assert resume_args(True, tmp_path) == ["--mcore_model", str(best), "--finetune", "false"]
+    folder = _folder(tmp_path / "run", "failed")
+    ckpt = _megatron_ckpt(folder.path, 6)
+    attempt = _decide(folder, FLAT, resume=True)
+    assert attempt.action == "resume" and attempt.checkpoint_step == 6
+    assert attempt.resume_args == ["--mcore_model", str(ckpt), "--finetune", "false"]
