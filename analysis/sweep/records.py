@@ -8,14 +8,19 @@ all import from here; this module imports none of them).
 * ``runs``: one row per run, keyed by ``run``; config columns with their dotted names (``loss.precision``,
   ``loss.beta_form``, ``gkd.beta``, ``gkd.temperature``, ``gkd.topk``, ``run.seed``, ``backend.name``, ...),
   the dtypes seen at the loss boundary (``dtype.student``, ``dtype.teacher``), ``status`` as the run reported
-  it, and ``outcome`` in {completed, failed, incomplete, missing}. Failed or incomplete runs are kept and
-  marked; a completed run whose log lacks a step that ``run.max_steps`` and ``run.logging_steps`` promise is
-  incomplete (the problems name the steps); ``missing`` is a point the sweep planned that has no run folder.
+  it, and ``outcome`` in {completed, failed, incomplete, missing, tampered}. Failed or incomplete runs are kept
+  and marked; a completed run whose log lacks a step that ``run.max_steps`` and ``run.logging_steps`` promise is
+  incomplete (the problems name the steps); ``missing`` is a point the sweep planned that has no run folder;
+  ``tampered``: a metrics record breaks the record types (:mod:`analysis.sweep.metrics`; the problems name the
+  lines, which are left out). Counted apart: ``n_planned`` (steps ``run.max_steps``/``run.logging_steps``
+  promise), ``n_logged`` (training steps logged), ``n_evals`` (held-out evaluation records).
   ``low_precision``: a BF16/FP16 side reaches the loss (``mixed_dtypes``: the two sides differ as well).
 * ``history``: one row per (run, step) with one column per metric name (``train/loss``, ``spot/grad_rel_l2``,
   ...). Several lines logged for the same step are merged (later non-null values win, except counts and error
   maxima, where the worst copy wins) and reported in the run's problems. NaN and ±Inf stay as
-  they were logged; a metric a step did not log is also NaN there.
+  they were logged; a metric a step did not log is also NaN there. An evaluation record sits on the row of its
+  step (its ``eval/*`` columns) without being a second copy of a training step.
+* ``evals``: one row per held-out evaluation record (``run, step`` and its metrics), apart from training steps.
 * ``nonfinite``: one row per logged value that was NaN or ±Inf (columns ``run, step, metric, value``), so a
   logged NaN can be told apart from a metric that was not logged at that step.
 """
@@ -25,9 +30,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
+import numpy as np
 import pandas as pd
 
-from harness.contract import (MIN_TOKEN_JSD, NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, NEG_TOKEN_FRAC,
+from analysis.sweep.metrics import MetricsTable, table_from_frame, table_from_rows
+from harness.contract import (METRICS_FILE, MIN_TOKEN_JSD, NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, NEG_TOKEN_FRAC,
                               NONFINITE_CALLS_TOTAL, SPOT_GRAD_REL_L2, SPOT_LOSS_ABS_ERR, SPOT_LOSS_REL_ERR,
                               SPOT_PARAM_GRAD_REL_L2, SPOT_SIGN_MISMATCH)
 
@@ -78,9 +85,9 @@ class UnusableInput(Exception):
 class RunRecord:
     """One run before tabulation.
 
-    config: flat dotted keys. history: list of metric dicts (each with an int ``step``), or a DataFrame with a
-    ``step`` column; for a DataFrame (where a NaN and a missing value look alike) ``nonfinite`` lists the
-    logged NaN/±Inf values as ``(step, metric, value)``.
+    config: flat dotted keys. history: a :class:`~analysis.sweep.metrics.MetricsTable` (run folders), a list of
+    metric dicts (each with an int ``step``), or a DataFrame with a ``step`` column; for a DataFrame (where a NaN
+    and a missing value look alike) ``nonfinite`` lists the logged NaN/±Inf values as ``(step, metric, value)``.
     """
 
     name: str
@@ -107,12 +114,15 @@ def _empty_nonfinite() -> pd.DataFrame:
 @dataclass
 class Sweep:
     """A loaded sweep. ``runs``: one row per run. ``history``: one row per (run, step).
-    ``nonfinite``: every logged NaN/±Inf value, ``[run, step, metric, value]``."""
+    ``nonfinite``: every logged NaN/±Inf value, ``[run, step, metric, value]``. ``evals``: one row per held-out
+    evaluation record, ``[run, step, metrics]``."""
 
     source: str
     runs: pd.DataFrame
     history: pd.DataFrame
     nonfinite: pd.DataFrame = field(default_factory=_empty_nonfinite)
+    evals: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"run": pd.Series([], dtype=object),
+                                                                      "step": pd.Series([], dtype="int64")}))
 
     def run_history(self, run: str) -> pd.DataFrame:
         """History of one run, indexed by step ``[steps, metrics]``."""
@@ -184,17 +194,13 @@ def _is_low_precision(student: Optional[str], teacher: Optional[str]) -> bool:
     return bool(student in _LOW_PRECISION or teacher in _LOW_PRECISION)
 
 
-def _nonfinite_rows(name: str, rec: RunRecord) -> list:
-    """``(run, step, metric, value)`` for every logged float that is NaN or ±Inf: scanned in a list-of-dicts
-    history, taken from ``rec.nonfinite`` for a DataFrame history."""
-    if isinstance(rec.history, pd.DataFrame) or not rec.history:
-        return [(name, int(step), metric, float(v)) for step, metric, v in rec.nonfinite]
-    out = []
-    for row in rec.history:
-        for k, v in row.items():
-            if isinstance(v, float) and not math.isfinite(v):
-                out.append((name, row["step"], k, v))
-    return out
+def _metrics_table(rec: RunRecord) -> MetricsTable:
+    """The run's records as a :class:`~analysis.sweep.metrics.MetricsTable`, whatever the loader gave."""
+    if isinstance(rec.history, MetricsTable):
+        return rec.history
+    if isinstance(rec.history, pd.DataFrame):
+        return table_from_frame(rec.history, rec.nonfinite)
+    return table_from_rows(rec.history or [])
 
 
 #: Metrics where a larger value is worse (counts, error maxima): duplicate copies of a step keep the largest.
@@ -204,23 +210,29 @@ _WORST_IS_MAX = (NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, NONFINITE_CALLS_TOTAL, NE
 _WORST_IS_MIN = (MIN_TOKEN_JSD,)
 
 
-def _history_frame(rec: RunRecord) -> tuple:
-    """-> (history ``[steps, metrics]`` one row per step, problems). Copies of one step are merged: the later
+def _duplicates(steps, what: str) -> list:
+    """``[problem]`` naming the steps ``steps`` holds more than once (empty when none)."""
+    s = pd.Series(steps)
+    counts = s[s.duplicated(keep=False)].value_counts().sort_index()
+    if not len(counts):
+        return []
+    return [f"{what}: " + ", ".join(f"step {int(x)} x{int(n)}" for x, n in counts.head(20).items())
+            + (f" ... ({len(counts)} steps)" if len(counts) > 20 else "")]
+
+
+def _history_frame(t: MetricsTable) -> tuple:
+    """-> (history ``[steps, metrics]`` one row per step, problems). Training records and evaluation records are
+    counted apart: an evaluation at a training step joins that step's row. Copies of one step are merged: the later
     non-null value wins, except for counts and error maxima (the worst copy wins, so a negative or a large
-    error in any copy counts); each duplicated step is reported."""
-    if isinstance(rec.history, pd.DataFrame):
-        df = rec.history
-    elif not rec.history:
-        return pd.DataFrame({"step": pd.Series([], dtype="int64")}), []
-    else:
-        df = pd.DataFrame.from_records(rec.history)
-    problems = []
-    dup = df["step"].duplicated(keep=False)
-    if dup.any():
-        counts = df.loc[dup, "step"].value_counts().sort_index()
-        problems.append("duplicate logged steps (worst copy counted for counts and errors): "
-                        + ", ".join(f"step {int(s)} x{int(n)}" for s, n in counts.head(20).items())
-                        + (f" ... ({len(counts)} steps)" if len(counts) > 20 else ""))
+    error in any copy counts); each duplicated training step, and each evaluation logged twice at one step, is
+    reported."""
+    df = t.frame()
+    problems = (_duplicates(t.steps[~t.evaluation], "duplicate logged steps (worst copy counted for counts and "
+                                                     "errors)")
+                + _duplicates(t.steps[t.evaluation], "duplicate evaluation records"))
+    if len(df) and bool((np.diff(t.steps) > 0).all()):
+        return df, problems
+    if df["step"].duplicated().any():
         g = df.groupby("step", sort=True)
         merged = g.last()  # last non-null per column
         for col in _WORST_IS_MAX:
@@ -231,8 +243,15 @@ def _history_frame(rec: RunRecord) -> tuple:
                 merged[col] = pd.to_numeric(df[col], errors="coerce").groupby(df["step"]).min()
         df = merged.reset_index()
     else:
-        df = df.sort_values("step", kind="stable")
+        df = df.sort_values("step", kind="stable", ignore_index=True)
     return df, problems
+
+
+def _evals_frame(name: str, t: MetricsTable) -> pd.DataFrame:
+    """The run's evaluation records ``[run, step, metrics]`` (only the metrics they log)."""
+    rows = t.evaluation
+    cols = {k: v[rows] for k, v in t.columns.items() if rows.any() and pd.notna(v[rows]).any()}
+    return pd.DataFrame({"run": name, "step": t.steps[rows], **cols})
 
 
 def _int_or_none(x: Any) -> Optional[int]:
@@ -280,12 +299,14 @@ def step_gaps(logged: Iterable[int], cfg: Mapping, status: str, last_step: Optio
     return [s for s in want if s not in logged]
 
 
-def _outcome(rec: RunRecord, cfg: Mapping, last_step: Optional[int], n_logged: int) -> tuple:
+def _outcome(rec: RunRecord, cfg: Mapping, last_step: Optional[int], n_logged: int, tampered: bool = False) -> tuple:
     """-> (outcome, extra problems) from the reported status, the steps logged and ``run.max_steps``."""
     problems = []
     max_steps = cfg.get("run.max_steps")
     if rec.status == "missing":
         return "missing", problems
+    if tampered:  # a record breaks the record types: the log cannot be trusted, whatever the run reported
+        return "tampered", problems
     if rec.status == "failed":
         return "failed", problems
     if rec.status == "interrupted":  # a stop signal (preemption, time-out, Ctrl-C): never a completed run
@@ -311,7 +332,7 @@ def _outcome(rec: RunRecord, cfg: Mapping, last_step: Optional[int], n_logged: i
 
 def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
     """RunRecords -> :class:`Sweep` (runs, history and non-finite tables). Run names are made unique."""
-    rows, frames, bad, seen = [], [], [], {}
+    rows, frames, evals, bad, seen = [], [], [], [], {}
     for rec in records:
         name, copy_of = rec.name, None
         if name in seen:
@@ -320,23 +341,30 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
         else:
             seen[name] = 0
         cfg = _canonical_config(rec.config)
-        bad += _nonfinite_rows(name, rec)
-        h, dup_problems = _history_frame(rec)
+        t = _metrics_table(rec)
+        bad += [(name, int(step), metric, float(v)) for step, metric, v in t.nonfinite]
+        h, dup_problems = _history_frame(t)
         h.insert(0, "run", name)
         frames.append(h)
-        n_logged = int(len(h))
-        last_logged = int(h["step"].max()) if n_logged else None
+        if t.evaluation.any():
+            evals.append(_evals_frame(name, t))
+        trained = np.unique(t.steps[~t.evaluation])
+        n_logged = int(len(trained))
+        last_logged = int(trained[-1]) if n_logged else (int(h["step"].max()) if len(h) else None)
         last_step = rec.last_step if rec.last_step is not None else last_logged
         student = _dtype_name(rec.dtypes_seen.get("student", cfg.get("dtypes_seen.student")))
         teacher = _dtype_name(rec.dtypes_seen.get("teacher", cfg.get("dtypes_seen.teacher")))
-        outcome, more = _outcome(rec, cfg, last_step, n_logged)
-        gaps = step_gaps(h["step"], cfg, rec.status, last_step) if rec.status != "missing" and n_logged else []
+        outcome, more = _outcome(rec, cfg, last_step, n_logged, tampered=bool(t.tampered))
+        if t.tampered:
+            more.append(f"tampered records in {METRICS_FILE} (left out): " + "; ".join(t.tampered[:5])
+                        + (f" ... ({len(t.tampered)} records)" if len(t.tampered) > 5 else ""))
+        gaps = step_gaps(trained, cfg, rec.status, last_step) if rec.status != "missing" and n_logged else []
         if gaps:
             more.append(f"steps {_ranges(gaps)} not logged (run.max_steps={cfg.get('run.max_steps')}, logging "
                         f"every {cfg.get('run.logging_steps') or 1} step(s); {n_logged} steps logged)")
             if outcome == "completed":
                 outcome = "incomplete"
-        more += dup_problems
+        more += list(t.problems) + dup_problems
         row = {
             "run": name,
             "group": rec.group if rec.group is not None else cfg.get("group"),
@@ -345,7 +373,10 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
             "error": rec.error,
             "problems": "; ".join(list(rec.problems) + more),
             "last_step": last_step,
+            "n_planned": len(expected_steps(_int_or_none(cfg.get("run.max_steps")),
+                                            _int_or_none(cfg.get("run.logging_steps")))),
             "n_logged": n_logged,
+            "n_evals": int(t.evaluation.sum()),
             "dtype.student": student,
             "dtype.teacher": teacher,
             "mixed_dtypes": _is_mixed(student, teacher),
@@ -372,4 +403,7 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
     if bad:
         nonfinite["step"] = nonfinite["step"].astype("int64")
         nonfinite["value"] = nonfinite["value"].astype("float64")
-    return Sweep(source=source, runs=runs, history=history, nonfinite=nonfinite)
+    out = Sweep(source=source, runs=runs, history=history, nonfinite=nonfinite)
+    if evals:
+        out.evals = pd.concat(evals, ignore_index=True, sort=False)
+    return out

@@ -6,28 +6,21 @@ error) leaves only Hydra's ``.hydra/`` folder, with ``job_return.json`` saying F
 
 Problems that make the input unusable (missing sweep, a run folder without ``summary.json``, unparseable
 JSON, a metrics line without ``step``) raise :class:`~analysis.sweep.records.UnusableInput` naming the file.
-NaN and ±Inf written by Python's ``json`` (``NaN``, ``Infinity``) are read as themselves.
+``metrics.jsonl`` is read in one pass into columns by :mod:`analysis.sweep.metrics` (typed records: a record of
+the wrong type makes the run ``tampered``); NaN and ±Inf written by Python's ``json`` (``NaN``, ``Infinity``) are
+read as themselves.
 """
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-
-from analysis.sweep.records import RunRecord, Sweep, UnusableInput, int_step, tabulate
+from analysis.sweep.metrics import read_metrics_file
+from analysis.sweep.records import RunRecord, Sweep, UnusableInput, tabulate
 from harness.config.flat import flatten
 from harness.contract import ARCHIVE_DIR, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, SWEEP_MANIFEST_FILE
-
-try:  # msgspec decodes JSON lines ~3x faster than json; both give identical Python objects.
-    import msgspec
-
-    _decode = msgspec.json.decode
-    _DecodeError = (msgspec.DecodeError, UnicodeDecodeError)
-except ImportError:  # pragma: no cover
-    _decode = json.loads
-    _DecodeError = (json.JSONDecodeError, UnicodeDecodeError)
 
 __all__ = ["find_run_folders", "load_run_folder", "load_sweep", "planned_points"]
 
@@ -97,90 +90,6 @@ def find_run_folders(sweep: os.PathLike) -> list:
     return found
 
 
-def _decode_line(raw: bytes) -> Any:
-    """One JSON line; msgspec first, Python's json for what it rejects (NaN/Infinity, which Python writes)."""
-    try:
-        return _decode(raw)
-    except _DecodeError:
-        return json.loads(raw)
-
-
-def _read_metrics_strict(path: Path, status: str) -> tuple:
-    """Parse ``metrics.jsonl`` line by line -> (rows, problems), naming the first bad line.
-
-    A truncated last line (no newline) is tolerated only for a run that did not report completion: it is what
-    a killed writer leaves."""
-    lines = path.read_bytes().split(b"\n")
-    rows, problems = [], []
-    last = len(lines) - 1
-    for i, raw in enumerate(lines):
-        if not raw.strip():
-            continue
-        where = f"{path}:{i + 1}"
-        try:
-            obj = _decode_line(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            if i == last and status != "completed":
-                problems.append(f"truncated last line in {path.name} ignored")
-                continue
-            raise UnusableInput(f"{where}: not valid JSON ({e})") from None
-        if not isinstance(obj, dict):
-            raise UnusableInput(f"{where}: expected a JSON object per line, got {type(obj).__name__}")
-        if "step" not in obj:
-            raise UnusableInput(f"{where}: metrics line has no 'step'")
-        obj["step"] = int_step(obj["step"], where)
-        rows.append(obj)
-    return rows, problems
-
-
-def _read_metrics_fast(path: Path) -> Optional[tuple]:
-    """The common case (a well-formed file of numeric metrics) through pyarrow's JSON reader ->
-    ``(DataFrame, nonfinite)`` where ``nonfinite`` lists the logged NaN/±Inf as ``(step, metric, value)``
-    (in the DataFrame they look like a missing value); None when the file needs the strict line-by-line
-    parser (any parse/type problem, or no pyarrow)."""
-    try:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-        import pyarrow.json as pj
-    except ImportError:  # pragma: no cover
-        return None
-    size = path.stat().st_size
-    if size == 0:
-        return None
-    try:
-        table = pj.read_json(path, read_options=pj.ReadOptions(block_size=max(1 << 20, size + 1), use_threads=False))
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError):
-        return None
-    if "step" not in table.column_names or table.num_rows == 0:
-        return None
-    for f in table.schema:
-        if not (pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type)
-                or pa.types.is_null(f.type)):
-            return None  # strings, nested values: let the strict path handle them
-    if not pa.types.is_integer(table.schema.field("step").type) or table.column("step").null_count:
-        return None
-    nonfinite = []
-    steps = table.column("step")
-    for f in table.schema:
-        if not pa.types.is_floating(f.type):
-            continue
-        col = table.column(f.name)
-        mask = pc.fill_null(pc.and_(pc.is_valid(col), pc.invert(pc.is_finite(col))), False)
-        if pc.any(mask).as_py():
-            nonfinite += [(s, f.name, v) for s, v in zip(steps.filter(mask).to_pylist(),
-                                                         col.filter(mask).to_pylist())]
-    return table.to_pandas(), nonfinite
-
-
-def _read_metrics(path: Path, status: str) -> tuple:
-    """-> (rows as a DataFrame or a list of dicts, problems, nonfinite of a DataFrame)."""
-    fast = _read_metrics_fast(path)
-    if fast is not None:
-        return fast[0], [], fast[1]
-    rows, problems = _read_metrics_strict(path, status)
-    return rows, problems, []
-
-
 def _read_config_yaml(path: Path) -> dict:
     import yaml
 
@@ -232,9 +141,11 @@ def load_run_folder(path: os.PathLike) -> RunRecord:
         for k, v in _read_config_yaml(cfg_yaml).items():
             config.setdefault(k, v)
     metrics_path = path / METRICS_FILE
-    problems, nonfinite = [], []
+    problems = []
     if metrics_path.exists():
-        history, problems, nonfinite = _read_metrics(metrics_path, status)
+        history = read_metrics_file(metrics_path, completed=status == "completed")
+        if history.unusable:
+            raise UnusableInput(history.unusable)
     elif status == "completed":
         raise UnusableInput(f"run folder {path}: metrics.jsonl missing although summary.json says completed")
     else:
@@ -253,7 +164,6 @@ def load_run_folder(path: os.PathLike) -> RunRecord:
         last_step=summary.get("last_step"),
         wall_s=summary.get("wall_s"),
         problems=problems,
-        nonfinite=nonfinite,
     )
 
 
