@@ -252,6 +252,27 @@ def test_full_disk_gives_one_clear_error_records_failed_and_leaves_no_tmp(small_
     assert [r["step"] for r in read_metrics(folder.metrics_path)] == [1, 2]
 
 
+def test_a_failure_on_a_full_disk_records_the_last_step_metrics_jsonl_holds(small_fs):
+    """Issue 32 item 3: the rank appended a 4th metrics line, then could not replace summary.json (full disk);
+    the in-place fallback kept last_step=3 while metrics.jsonl held 4 lines. The error says ENOSPC and exit 1
+    (the run failed; no path to change)."""
+    folder = RunFolder(small_fs / "run").create()
+    folder.start_summary("r", None, FLAT)
+    writer = MetricsWriter(folder.metrics_path)
+    for step in (1, 2, 3):
+        writer.write({"step": step, "train/loss": 1.0 / step})
+        folder.update_summary(last_step=step)
+    writer.write({"step": 4, "train/loss": 0.25})
+    _fill(small_fs)
+    with pytest.raises(RunFolderError) as err:
+        folder.update_summary(last_step=4, dtypes_seen={"student": "float32"})
+    assert "ENOSPC" in str(err.value) and err.value.exit_code == 1 and not err.value.path_error
+    assert folder.record_failure("RunFolderError: disk full") is True
+    summary = folder.read_summary()
+    rows = read_metrics(folder.metrics_path)
+    assert summary["status"] == "failed" and summary["last_step"] == rows[-1]["step"] == 4
+
+
 def test_failed_write_through_dev_full_removes_its_tmp(tmp_path):
     """The same without root: the temporary file is /dev/full (every write fails with ENOSPC)."""
     folder = RunFolder(tmp_path / "run").create()
@@ -277,6 +298,7 @@ def test_read_only_folder_names_run_output_dir(tmp_path):
             folder.update_summary(status="completed")
         assert "run.output_dir" in str(err.value) and str(folder.path) in str(err.value)
         assert "EROFS" in str(err.value) and "\n" not in str(err.value)
+        assert err.value.exit_code == 2 and err.value.path_error  # the user must change the path
         with pytest.raises(RunFolderError, match=rf"cannot create run\.output_dir {mnt / 'new'}"):
             RunFolder(mnt / "new").create()
         with pytest.raises(RunFolderError, match=r"\.lock|run\.output_dir"):
