@@ -90,8 +90,9 @@ def negatives_table(sweep: Sweep) -> pd.DataFrame:
                            ).reset_index(drop=True)
 
 
-def spot_table(sweep: Sweep, rtol: float = 1e-4, atol: float = 2e-6) -> pd.DataFrame:
-    """One row per logged spot check, with the tolerance ``rtol·|FP64| + atol`` and whether the loss meets it.
+def spot_table(sweep: Sweep, rtol: float, atol: float) -> pd.DataFrame:
+    """One row per logged spot check, with the tolerance ``rtol·|FP64| + atol`` and whether the loss meets it
+    (``rtol``/``atol``: the criteria file's ``spot_tolerance.loss_rtol``/``loss_atol``, their one home).
 
     ``abs_err`` is the logged ``spot/loss_abs_err`` where present, else ``|spot/loss − spot/loss_fp64|``.
     A spot check is a step that logged any ``spot/`` metric, NaN or ±Inf included (``sweep.nonfinite``); a

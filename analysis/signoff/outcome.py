@@ -114,14 +114,21 @@ def _key(row: pd.Series) -> tuple:
     return tuple("nan" if (isinstance(row[c], float) and math.isnan(row[c])) else str(row[c]) for c in PAIR_COLUMNS)
 
 
-def paired_differences(finals: pd.DataFrame, original_precision: str = "native",
-                       patched_precisions: Iterable[str] = ("fp32", "candidate"),
+def paired_differences(finals: pd.DataFrame, original_precision: Optional[str] = None,
+                       patched_precisions: Optional[Iterable[str]] = None,
                        metrics: Iterable[str] = OUTCOME_METRICS) -> pd.DataFrame:
     """Per (patched variant, seed): the original run of the same seed, β form and training config, and for each
     metric ``<m>:diff`` = patched − original and ``<m>:rel`` = (patched − original) / original.
 
-    Columns ``[variant, seed, original_run, patched_run, ...]``; empty when no run pairs.
+    ``original_precision`` / ``patched_precisions``: default the precisions whose role
+    (:func:`harness.contract.role_of`) is original / patched. Columns ``[variant, seed, original_run,
+    patched_run, ...]``; empty when no run pairs.
     """
+    from analysis.sweep.evidence import precisions_of
+    from harness.contract import ORIGINAL, PATCHED
+
+    original_precision = original_precision or precisions_of(ORIGINAL)[0]
+    patched_precisions = precisions_of(PATCHED) if patched_precisions is None else patched_precisions
     metrics = list(metrics)
     orig = finals[finals["precision"] == original_precision]
     pats = finals[finals["precision"].isin(list(patched_precisions))]

@@ -304,7 +304,7 @@ _SPOT_TITLES = {"rel_err": "loss: |loss − FP64| / |FP64|", "grad_rel_l2": "d l
                 "param_grad_rel_l2": "parameter gradient: relative L2"}
 
 
-def plot_spot_errors(spots: pd.DataFrame, path: Path, grad_tol: float = 1e-3, loss_rtol: Optional[float] = None,
+def plot_spot_errors(spots: pd.DataFrame, path: Path, grad_tol: float, loss_rtol: Optional[float] = None,
                      param_grad_tol: Optional[float] = None) -> Optional[Path]:
     """Spot-check errors on a log scale, per variant and dtype mix: loss relative error, logit-gradient and
     parameter-gradient relative L2 (dimensionless). Boxes show the spread, points every check; zeros are

@@ -20,6 +20,7 @@ judges the candidate against upstream alone; otherwise every patched and referen
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import numpy as np
@@ -87,11 +88,8 @@ def annotate(sweep: Sweep) -> Sweep:
     r["variant_key"] = ["|".join(f"{k}={_text(row[k])}" for k in VARIANT_KEYS) for _, row in
                         r.reindex(columns=list(VARIANT_KEYS)).iterrows()]
     r["variant_label"] = [variant_label(row) for _, row in r.iterrows()]
-    out = Sweep(source=sweep.source, runs=r, history=sweep.history, nonfinite=sweep.nonfinite)
-    for k, v in vars(sweep).items():  # tables a loader adds (e.g. evals) travel along
-        if k not in ("source", "runs", "history", "nonfinite"):
-            setattr(out, k, v)
-    return out
+    r["variant"] = r["role"]  # the loaders' role column, from its one definition
+    return dataclasses.replace(sweep, runs=r)  # every other table (history, nonfinite, evals) travels along
 
 
 def variant_label(row) -> str:

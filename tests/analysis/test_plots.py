@@ -18,6 +18,7 @@ from PIL import Image
 from analysis.signoff import plots
 from analysis.signoff.betacurve import fp64_beta_curve, beta_defect_inputs, training_beta_curve
 from analysis.signoff.compare import negatives_table, spot_table
+from analysis.signoff.criteria_file import load_criteria
 from analysis.load import load_sweep
 from bench.synthetic import write_run
 
@@ -169,8 +170,9 @@ def test_negatives_labels_zero_and_missing(synthetic_sweep_dir, tmp_path, figs):
 
 
 def test_spot_errors_figure(synthetic_sweep_dir, tmp_path, figs):
-    spots = spot_table(load_sweep(synthetic_sweep_dir))
-    png = plots.plot_spot_errors(spots, tmp_path / "spot.png")
+    st = load_criteria().spot_tolerance
+    spots = spot_table(load_sweep(synthetic_sweep_dir), st.loss_rtol, st.loss_atol)
+    png = plots.plot_spot_errors(spots, tmp_path / "spot.png", st.grad_rel_l2_max)
     fig = figs[png.name]
     _check_common(fig, png)
     entries = _legend_entries(fig)
@@ -209,7 +211,7 @@ def test_beta_curve_panels_need_two_betas(synthetic_sweep_dir, smoke_like, tmp_p
 
 def test_nothing_to_plot_returns_none(tmp_path):
     assert plots.plot_negatives(pd.DataFrame(columns=["neg_loss_calls"]), tmp_path / "n.png") is None
-    assert plots.plot_spot_errors(pd.DataFrame(), tmp_path / "s.png") is None
+    assert plots.plot_spot_errors(pd.DataFrame(), tmp_path / "s.png", 1e-3) is None
     assert not (tmp_path / "n.png").exists() and not (tmp_path / "s.png").exists()
 
 
