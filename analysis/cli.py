@@ -17,8 +17,6 @@ import traceback
 from pathlib import Path
 from typing import Optional
 
-from analysis.sweep.records import UnusableInput
-
 __all__ = ["main"]
 
 EXIT_UNUSABLE = 2  # = analysis.signoff.report.EXIT_UNUSABLE (not imported here: --help stays fast)
@@ -60,13 +58,9 @@ examples:
   gkd-analyze --verify report"""
 
 
-def _version() -> str:
-    from harness.store.provenance import harness_version
-
-    return harness_version()
-
-
 def _parser() -> argparse.ArgumentParser:
+    from harness.store.provenance import version_line
+
     p = argparse.ArgumentParser(prog="gkd-analyze", description=_DESCRIPTION, epilog=_EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sweep", metavar="SWEEP", nargs="?", default=None,
@@ -91,12 +85,13 @@ def _parser() -> argparse.ArgumentParser:
                         "trees (commits, or dirty and clean) or a variant with two loss sources together (refused "
                         "otherwise: exit 2); recorded in verdict.json and shown in the banner")
     p.add_argument("--verbose", action="store_true", help="print the Python traceback of an error")
-    p.add_argument("--version", action="version", version=f"gkd-analyze (gkd-harness {_version()})")
+    p.add_argument("--version", action="version", version=version_line("gkd-analyze"))
     return p
 
 
 def _load(source: str, sweep: str, group):
     from analysis.sweep.offline import load_wandb_offline
+    from analysis.sweep.records import UnusableInput
     from analysis.sweep.runs import load_sweep
     from analysis.sweep.wandb_api import load_wandb_sweep
 
@@ -121,6 +116,7 @@ def _run(args) -> int:
     from analysis.signoff.criteria import build_evidence
     from analysis.signoff.criteria_file import load_criteria
     from analysis.signoff.report import build_report
+    from analysis.sweep.records import UnusableInput
 
     if args.sweep is None or args.report is None:
         raise UnusableInput("give SWEEP and --report DIR (or --verify REPORT_DIR)")
@@ -177,8 +173,15 @@ def _verify(args) -> int:
 
 
 def main(argv: Optional[list] = None) -> int:
-    """Entry point of ``gkd-analyze``; returns the exit code (0 pass, 1 fail, 2 unusable input / error)."""
-    args = _parser().parse_args(argv)  # a usage error exits 2 (argparse)
+    """Entry point of ``gkd-analyze``; returns the exit code (0 pass, 1 fail, 2 unusable input / error), also for
+    ``--help`` / ``--version`` (0) and a usage error (2, after argparse's one line): a notebook's
+    ``main([...])`` gets the code, never ``SystemExit``. Nothing heavy is imported before the arguments parse."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as e:  # argparse's exits: --help, --version, a usage error
+        return e.code if isinstance(e.code, int) else EXIT_UNUSABLE
+    from analysis.sweep.records import UnusableInput
+
     try:
         return _verify(args) if args.verify is not None else _run(args)
     except UnusableInput as e:

@@ -561,10 +561,10 @@ def _loadavg() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from harness.store.provenance import harness_version
+    from harness.store.provenance import version_line
 
     p = argparse.ArgumentParser(prog="gkd-bench", description=__doc__.split("\n\n")[0].replace("``", ""))
-    p.add_argument("--version", action="version", version=f"gkd-bench (gkd-harness {harness_version()})")
+    p.add_argument("--version", action="version", version=version_line("gkd-bench"))
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--quick", action="store_true", help="small sizes and few repetitions (for the test)")
     p.add_argument("--out", default=None, help="write the Markdown table here (e.g. docs/performance.md)")

@@ -30,6 +30,12 @@ def _version() -> str:
     return harness_version()
 
 
+def _version_line() -> str:
+    from harness.store.provenance import version_line
+
+    return version_line("gkd-dashboard")
+
+
 def _parser() -> argparse.ArgumentParser:
     doc = __doc__.split("\n\n")
     p = argparse.ArgumentParser(prog="gkd-dashboard", description="\n\n".join(doc[:3]),
@@ -46,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--criteria", type=Path, metavar="FILE",
                    help="criteria YAML merged over configs/signoff/default.yaml (tolerance lines, verdict)")
     p.add_argument("--name", help="workspace name (default: 'gkd-harness GROUP')")
-    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    p.add_argument("--version", action="version", version=_version_line())
     return p
 
 

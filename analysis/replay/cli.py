@@ -26,10 +26,10 @@ from harness.contract import BETA_FORMS, DTYPE_NAMES
 
 def parser() -> argparse.ArgumentParser:
     """``gkd-replay``'s arguments (torch-free: ``--help`` and ``--version`` answer at once)."""
-    from harness.store.provenance import harness_version
+    from harness.store.provenance import version_line
 
     p = argparse.ArgumentParser(prog="gkd-replay", description=__doc__.split("\n\n")[0].replace("``", ""))
-    p.add_argument("--version", action="version", version=f"gkd-replay (gkd-harness {harness_version()})")
+    p.add_argument("--version", action="version", version=version_line("gkd-replay"))
     p.add_argument("inputs", nargs="+", help="'synthetic', or capture files / run folders / sweep folders")
     p.add_argument("--beta-form", choices=BETA_FORMS, default=None,
                    help="β form to replay (default: the capture's, or paper for synthetic)")

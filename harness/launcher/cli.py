@@ -23,7 +23,7 @@ from harness.config.schema import ConfigError
 from harness.launcher import run as run_mod
 from harness.launcher.process import Interrupted, TrainingFailed
 from harness.launcher.run import _is_multirun, train
-from harness.store.provenance import harness_version
+from harness.store.provenance import version_line
 
 log = logging.getLogger("gkd_harness.train")
 EXIT_FAILED, EXIT_CONFIG = 1, 2
@@ -265,7 +265,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ``run.dry_run=true`` composes the config and prints the plan without creating a run folder."""
     args = list(sys.argv[1:] if argv is None else argv)
     if "--version" in args:
-        print(f"gkd-train (gkd-harness) {harness_version()}")
+        print(version_line("gkd-train"))
         return
     from harness.config.secrets import secret_overrides, secret_refusal
 

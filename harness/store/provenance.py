@@ -23,7 +23,8 @@ from typing import Any, Dict, Optional
 
 from harness.config.source_files import source_file
 
-__all__ = ["provenance", "git_state", "loss_code_path", "sha256_path", "harness_version", "package_versions"]
+__all__ = ["provenance", "git_state", "loss_code_path", "sha256_path", "harness_version", "version_line",
+           "package_versions"]
 
 PACKAGE = "gkd-harness"
 
@@ -39,6 +40,11 @@ def harness_version() -> str:
         return version(PACKAGE)
     except PackageNotFoundError:
         return "unknown"
+
+
+def version_line(prog: str) -> str:
+    """What every entry point's ``--version`` prints: ``gkd-train 0.1.0 (gkd-harness)``."""
+    return f"{prog} {harness_version()} ({PACKAGE})"
 
 
 def package_versions() -> Dict[str, Optional[str]]:
