@@ -77,7 +77,7 @@ def write_run(folder: Path, *, beta: float, beta_form: str, precision: str, seed
     neg_total = calls_total = nonfinite = 0
     lines = []
     for step in range(1, last + 1):
-        decay = 0.985 ** step
+        decay = max(0.985 ** step, 1e-30)  # no underflow to 0 in long runs (10⁶ steps); unchanged up to step 4,500
         jsd = level * decay * (1.0 + 0.02 * rng.standard_normal())
         grad = 2.0 * math.sqrt(max(level, 1e-12)) * decay * (1.0 + 0.05 * rng.standard_normal())
         calls = 4

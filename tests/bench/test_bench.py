@@ -38,14 +38,17 @@ def test_quantiles_and_judge():
     q = quantiles([4.0, 1.0, 3.0, 2.0, 5.0])
     assert (q["median"], q["q1"], q["q3"], q["min"], q["max"], q["n"]) == (3.0, 2.0, 4.0, 1.0, 5.0, 5)
     rows = [{"name": "topk/fp32", "time_ratio": 0.79}, {"name": "full/fp32", "time_ratio": 0.81, "mem_ratio": 0.49},
-            {"name": "analysis/report", "seconds": 12.0}, {"name": "instr_topk/instrumented", "time_ratio": 1.01,
-                                                           "syncs_added": 2},
+            {"name": "analysis/report", "time_ratio": 4.5}, {"name": "analysis/load", "time_ratio": 0.9},
+            {"name": "analysis_rss/load", "peak_mib": 1100.0},
+            {"name": "instr_topk/instrumented", "time_ratio": 1.01, "syncs_added": 2},
             {"name": "instr_topk/monitor_off", "syncs_added": 0}]
     status = {(g["name"], g["metric"]): g["status"] for g in bench.judge(rows)}
     assert status[("topk/fp32", "time_ratio")] == "met"
     assert status[("full/fp32", "time_ratio")] == "NOT met"
     assert status[("full/fp32", "mem_ratio")] == "met"
-    assert status[("analysis/report", "seconds")] == "NOT met"
+    assert status[("analysis/report", "time_ratio")] == "NOT met"
+    assert status[("analysis/load", "time_ratio")] == "met"
+    assert status[("analysis_rss/load", "peak_mib")] == "NOT met"
     assert status[("instr_topk/instrumented", "time_ratio")] == "met"
     assert status[("instr_topk/instrumented", "syncs_added")] == "NOT met"  # an exact count: 2 is not 1
     assert status[("instr_topk/monitor_off", "syncs_added")] == "met"
