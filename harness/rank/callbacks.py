@@ -197,11 +197,18 @@ def _make_hf_callback():
     return HarnessCallback
 
 
+#: The prefix ms-swift's Megatron trainer gives its evaluation logs (``BaseMegatronTrainer.evaluate``:
+#: ``self.on_log(logs=eval_metrics, prefix='eval_')``)
+MEGATRON_EVAL_PREFIX = "eval_"
+
+
 def _eval_only(logs: Dict[str, Any]) -> bool:
-    """A record of the held-out evaluation only (the instrument's training window is not read for it)."""
+    """A record of an evaluation only: the harness's held-out ``eval/*`` metrics, or ms-swift's Megatron
+    evaluation (every key ``eval_*``). The instrument's training window is not read for it, so it neither writes a
+    second record of the training counters at that step nor empties the window of the next training log."""
     from harness.contract import EVAL_METRICS
 
-    return bool(logs) and set(logs) <= set(EVAL_METRICS)
+    return bool(logs) and all(k in EVAL_METRICS or k.startswith(MEGATRON_EVAL_PREFIX) for k in logs)
 
 
 def _megatron_writer() -> bool:
