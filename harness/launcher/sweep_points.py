@@ -30,7 +30,9 @@ def sweep_points(config: DictConfig) -> list[list[str]]:
 
 
 def point_name(job_overrides: Iterable[str], config: DictConfig) -> str:
-    """Hydra's ``override_dirname`` for one point (same exclusions and separators as the config)."""
+    """The point's folder name: Hydra's ``override_dirname`` (same exclusions and separators as the config), or
+    the stand-in Hydra's ``sweep.subdir`` gives an unsafe one (:func:`harness.config.name_rules.run_folder_name`)."""
+    from harness.config.name_rules import run_folder_name
     from harness.launcher.compose import override_dirname
 
-    return override_dirname(job_overrides, config.hydra)
+    return run_folder_name(override_dirname(job_overrides, config.hydra))
