@@ -109,6 +109,12 @@ def _sq(x: torch.Tensor) -> float:
 Piece = Tuple[torch.Tensor, TeacherOutput, torch.Tensor, dict]
 
 
+def _copy_teacher(t: TeacherOutput) -> TeacherOutput:
+    copy = lambda x: None if x is None else x.detach().clone()  # noqa: E731
+    return TeacherOutput(full_logits=copy(t.full_logits), topk_logprobs=copy(t.topk_logprobs),
+                         topk_indices=copy(t.topk_indices), labels=copy(t.labels))
+
+
 def spot_inputs(student_logits, teacher_output, labels, max_tokens: int, *args, **kwargs) -> List[Piece]:
     """Copies of the capped problem (:func:`_spot_pieces`, every chunk at once), to take before the loss call.
 
@@ -152,7 +158,10 @@ def spot_check_pieces(run_terms: Callable, ref_terms: Callable, pieces, beta, te
             continue
         n += s.shape[1]
         s = s.detach()  # a fresh gather / row copy: the run's leaf needs no clone of it
-        run_total, grad = _total_and_grad(run_terms, s.requires_grad_(True), teacher, lab, beta, temperature, kw)
+        # the run's variant gets its own copy of the teacher: a loss that writes into its inputs must not change
+        # what the FP64 evaluation below sees (one chunk's teacher at a time)
+        run_total, grad = _total_and_grad(run_terms, s.requires_grad_(True), _copy_teacher(teacher), lab, beta,
+                                          temperature, kw)
         s = s.detach()
         x64 = s.to(torch.float64)
         ref_total, exact = _total_and_grad(ref_terms, (x64.detach() if x64 is s else x64).requires_grad_(True),
@@ -199,11 +208,7 @@ class ParamGradInputs:
     trainer's tensor: the check needs its graph to reach the parameters."""
 
     def __init__(self, teacher_output: TeacherOutput, labels: torch.Tensor, args: tuple, kwargs: dict):
-        copy = lambda x: None if x is None else x.detach().clone()  # noqa: E731
-        self.teacher = TeacherOutput(full_logits=copy(teacher_output.full_logits),
-                                     topk_logprobs=copy(teacher_output.topk_logprobs),
-                                     topk_indices=copy(teacher_output.topk_indices),
-                                     labels=copy(teacher_output.labels))
+        self.teacher = _copy_teacher(teacher_output)
         self.labels, self.extra = labels.detach().clone(), loss_kwargs(args, kwargs)
 
 
@@ -226,8 +231,8 @@ def param_grad_rel_l2(run_terms: Callable, ref_terms: Callable, student_logits: 
     grads = []
     for terms, dtype in ((run_terms, student_logits.dtype), (ref_terms, torch.float64)):
         x = student_logits.detach().to(dtype).requires_grad_(True)
-        with torch.enable_grad():
-            out = terms(x, inputs.teacher, inputs.labels, beta, temperature, **inputs.extra)
+        with torch.enable_grad():  # each evaluation on its own copy of the teacher (the run's may write into it)
+            out = terms(x, _copy_teacher(inputs.teacher), inputs.labels.clone(), beta, temperature, **inputs.extra)
             n = int(out.num_valid)
             if not n:
                 return None

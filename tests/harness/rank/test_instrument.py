@@ -415,3 +415,40 @@ def test_instrument_adds_one_host_sync_per_loss_call_and_monitor_off_adds_none(t
     off, none = build_loss(settings, cfg)
     assert none is None
     assert count_host_syncs(off, *args) == bare
+
+
+@pytest.mark.parametrize("mode", ["full", "topk"])
+def test_a_loss_that_writes_into_its_teacher_does_not_fool_the_spot_check(mode):
+    """Issue 30 item 1: the spot check is built from copies taken before the loss call. A loss that is right on the
+    tensor it leaves behind but halves the caller's teacher in place (``mul_(0.5)``) first: judged against the
+    caller's inputs, its loss and gradient are far off FP64; built after the call, the check compared it with FP64
+    on the halved tensor and passed (~1e-6)."""
+    from harness.loss.candidate import candidate_terms
+
+    fp32 = make_gkd_loss("fp32")
+
+    def writes_into_teacher(student_logits, teacher_output, labels, beta, temperature, *args, **kwargs):
+        t = teacher_output.full_logits if teacher_output.full_logits is not None else teacher_output.topk_logprobs
+        t.mul_(0.5)  # "stabilising" the caller's tensor
+        return fp32(student_logits, teacher_output, labels, beta, temperature, *args, **kwargs)
+
+    g = torch.Generator().manual_seed(3)
+    s = torch.randn(1, 6, 32, generator=g) * 2
+    t = (s + 0.5 * torch.randn(1, 6, 32, generator=g)).bfloat16()
+    labels = torch.zeros(1, 6, dtype=torch.long)
+    teacher = TeacherOutput(full_logits=t.clone(), labels=labels)
+    if mode == "topk":
+        teacher = teacher.to_topk(8)
+    original = teacher.full_logits.clone() if mode == "full" else teacher.topk_logprobs.clone()
+    inst = LossInstrument(candidate_terms(writes_into_teacher), make_gkd_loss_terms("fp64"),
+                          build_metrics(), spot_every=1, spot_max_tokens=64)
+    inst(s.clone().requires_grad_(True), teacher, labels, 0.5, 0.9)
+    after = teacher.full_logits if mode == "full" else teacher.topk_logprobs
+    assert torch.equal(after, original * 0.5)  # the loss did write into the caller's tensor
+    vals = computed(inst.metrics)
+    # the independent reference on the caller's inputs, against what the loss computed on the halved tensor
+    kw = ({"teacher_full": original} if mode == "full" else
+          {"teacher_topk": (original, teacher.topk_indices)})
+    ref_total, n, _ = reference_gkd(s, labels, 0.5, 0.9, **kw)
+    assert vals["spot/loss_fp64"] == pytest.approx(ref_total / n, rel=1e-9)
+    assert vals["spot/loss_rel_err"] > 0.1 and vals["spot/grad_rel_l2"] > 0.1, vals
