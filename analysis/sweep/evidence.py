@@ -163,8 +163,13 @@ def judged_runs(runs: pd.DataFrame) -> tuple:
                + (f"; {len(others)} other patched/reference runs are not judged" if len(others) else ""))
         return cand, originals, why
     judged = runs[role.isin([PATCHED, REFERENCE])]
-    precs = ", ".join(sorted(set(judged["loss.precision"].dropna().astype(str)))) or "none"
-    return judged, originals, f"{len(judged)} patched and reference runs (loss.precision {precs})"
+    parts = []
+    for r, noun in ((PATCHED, "patched"), (REFERENCE, "reference")):
+        sel = judged[role[judged.index] == r]
+        if len(sel):
+            precs = ", ".join(sorted(set(sel["loss.precision"].dropna().astype(str))))
+            parts.append(f"{len(sel)} {noun} run{'s' if len(sel) > 1 else ''} ({precs})")
+    return judged, originals, " and ".join(parts) or "no patched or reference run"
 
 
 def precisions_of(role: str) -> tuple:
