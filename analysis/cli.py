@@ -186,6 +186,10 @@ def main(argv: Optional[list] = None) -> int:
         return _verify(args) if args.verify is not None else _run(args)
     except UnusableInput as e:
         print(f"gkd-analyze: unusable input: {e}", file=sys.stderr)
+    except OSError as e:  # a report folder on a read-only or full disk: the path and the cause, not "internal error"
+        from harness.store.files import os_error_line
+
+        print(f"gkd-analyze: unusable path: {os_error_line(e)}", file=sys.stderr)
     except Exception as e:  # gkd-analyze's own failure: exit 2, never 1 (which means a FAIL verdict)
         hint = "" if args.verbose else " (--verbose shows the traceback)"
         print(f"gkd-analyze: internal error: {type(e).__name__}: {e}{hint}", file=sys.stderr)
