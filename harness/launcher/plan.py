@@ -99,7 +99,7 @@ def resolve_inputs(cfg: TrainConfig, build: bool) -> ResolvedInputs:
 
         spec = EmbeddedSpec(**dataclasses.asdict(cfg.model.embedded))
         if build:
-            assets = prepare_embedded(spec)
+            assets = prepare_embedded(spec, label=_model_choice())  # a build says so: "building the tiny_distill ..."
             paths = (assets.student_dir, assets.teacher_dir, assets.dataset_path)
         else:
             paths = asset_paths(spec)
@@ -108,6 +108,16 @@ def resolve_inputs(cfg: TrainConfig, build: bool) -> ResolvedInputs:
         dataset = str(paths[2]) if dataset is None else dataset
     return ResolvedInputs(student=student, teacher=teacher, dataset=str(dataset),
                           val_dataset=_held_out(cfg, dataset, build))
+
+
+def _model_choice() -> Optional[str]:
+    """The ``model=`` preset of the running Hydra app (None outside one), which names an embedded build."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return HydraConfig.get().runtime.choices.get("model")
+    except Exception:  # noqa: BLE001 - not inside a Hydra app
+        return None
 
 
 def _held_out(cfg: TrainConfig, dataset: str, build: bool) -> Optional[str]:
