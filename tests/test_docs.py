@@ -183,3 +183,83 @@ def test_config_dir_settings_reach_the_plan(tmp_path):
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "--seed 7" in proc.stdout and "WANDB_ENTITY=my-team" in proc.stdout
+
+
+def test_cluster_doc_sweep_commands_exit_as_documented(tmp_path):
+    """docs/cluster.md's sweep listings: every ``$ gkd-train ...  # ...; exit status N`` runs, exits N and prints
+    the lines shown under it (before: the doc said a sweep whose points all fail validation exits 1; it exits 2)."""
+    doc = (REPO / "docs" / "cluster.md").read_text()
+    block = doc[doc.index("$ gkd-train -m experiment=smoke"):].split("```", 1)[0]
+    runs = re.findall(r"^\$ (gkd-train[^#\n]*?)\s+#[^\n]*exit status (\d)\n(.*?)(?=^\$ |\Z)", block, flags=re.M | re.S)
+    assert runs, "no documented exit status"
+    for cmd, code, shown in runs:
+        argv = cmd.split()
+        proc = subprocess.run([entry_point(argv[0]), *argv[1:]], capture_output=True, text=True, timeout=600,
+                              cwd=tmp_path, env=dict(os.environ, GKD_OUTPUT_ROOT="outputs"))
+        assert proc.returncode == int(code), cmd + "\n" + proc.stdout[-2000:] + proc.stderr[-2000:]
+        for line in (ln for ln in shown.splitlines() if ln.strip() and ln.strip() != "…"):
+            assert line in proc.stdout, (line, proc.stdout[-3000:])
+
+
+def test_piped_log_gets_a_line_a_minute_as_documented():
+    """docs/cluster.md: in a log, a new line when a point starts or ends, and otherwise one a minute (before, the
+    doc said a line only when a point starts or ends)."""
+    import io
+
+    from harness.launcher.progress import ProgressDisplay, Running, Snapshot
+
+    assert "and otherwise one a minute" in " ".join((REPO / "docs" / "cluster.md").read_text().split())
+    now = [0.0]
+    out = io.StringIO()
+    display = ProgressDisplay(stream=out, live=False, clock=lambda: now[0])  # the default cadence
+    for t in range(0, 181, 10):  # one point, a step every 10 s for 3 minutes
+        now[0] = float(t)
+        display.update(Snapshot(label="s", total=2, done=0, failed=0, running=(Running("a", t // 10, 100),)))
+    now[0] = 185.0
+    display.update(Snapshot(label="s", total=2, done=1, failed=0, running=(Running("b", 0, 100),)))
+    steps = [re.search(r"\| (\S+) step (\d+)/", ln).groups() for ln in out.getvalue().splitlines()]
+    assert steps == [("a", "0"), ("a", "6"), ("a", "12"), ("a", "18"), ("b", "0")]
+
+
+def test_python_api_claims_hold():
+    """docs/python-api.md: point_config raises ConfigError for an unknown key or a wrongly typed value; a value out
+    of range (gkd.beta=1.5) composes and validate_config / train raise ConfigError naming it (before, the doc said
+    point_config raises it); gkd_analyze returns its exit code, a bad flag 2, and never raises SystemExit."""
+    import contextlib
+    import io
+
+    from analysis.cli import main as gkd_analyze
+    from harness.config.schema import ConfigError
+    from harness.config.validate import validate_config
+    from harness.launcher.compose import point_config
+    from harness.launcher.run import train
+
+    for overrides, key in ((["gkd.nope=1"], "gkd.nope"), (["gkd.beta=abc"], "gkd.beta")):
+        with pytest.raises(ConfigError) as e:
+            point_config(overrides)
+        assert e.value.key == key
+    cfg, _ = point_config(["gkd.beta=1.5", "run.output_dir=/nonexistent/never-written"])
+    assert cfg.gkd.beta == 1.5
+    for check in (validate_config, train):
+        with pytest.raises(ConfigError, match=r"^gkd\.beta: must lie in \[0, 1\], got 1\.5$") as e:
+            check(cfg)
+        assert e.value.key == "gkd.beta"
+    doc = " ".join((REPO / "docs" / "python-api.md").read_text().split())
+    assert "a bad flag returns 2" in doc and "never raises `SystemExit`" in doc
+    with contextlib.redirect_stderr(io.StringIO()) as err, contextlib.redirect_stdout(io.StringIO()):
+        assert gkd_analyze(["--no-such-flag"]) == 2
+        assert gkd_analyze(["--version"]) == 0 and gkd_analyze(["--help"]) == 0
+    assert "unrecognized arguments: --no-such-flag" in err.getvalue()
+
+
+#: a repository path in a config file's comments: a file with an extension under a top-level folder
+CONFIG_PATH = re.compile(r"(?<![\w./-])((?:configs|harness|launch|analysis|bench|tests|docs)/[\w/-]+\.(?:py|md|yaml|sh))")
+
+
+def test_paths_named_in_configs_exist():
+    """Every repository file a config names in its comments exists (before: submitit_slurm.yaml cited
+    launch/resume.py; the resume logic is harness/launcher/resume.py)."""
+    missing = [f"{p.relative_to(REPO)}: {m}" for p in sorted((REPO / "configs").rglob("*.yaml"))
+               for m in CONFIG_PATH.findall(p.read_text())
+               if not (REPO / m).exists() and not m.startswith("configs/local/default")]  # git-ignored, the user's
+    assert not missing, missing
