@@ -24,8 +24,8 @@ the contract with a value that is not a number is dropped (named once in the pro
 
 Evaluation records are kept apart from training records: a record whose metrics are all held-out evaluation
 metrics (:data:`harness.contract.EVAL_METRICS`, as ``harness.rank.callbacks`` writes them; ``eval_*`` for logs
-that keep transformers' own evaluation prefix) is an evaluation record (:attr:`MetricsTable.evaluation`), so an
-evaluation at a training step is not a second copy of that step.
+that keep transformers' own evaluation prefix, ``eval/*`` as wandb writes them) is an evaluation record
+(:attr:`MetricsTable.evaluation`), so an evaluation at a training step is not a second copy of that step.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 import msgspec
 import numpy as np
 
-from harness.contract import ALL_METRICS, EVAL_METRICS, ROLLOUT_METRICS, TRAIN_GLOBAL_STEP
+from harness.contract import ALL_METRICS, EVAL_JSD, EVAL_METRICS, ROLLOUT_METRICS, TRAIN_GLOBAL_STEP
 
 __all__ = ["MetricsTable", "KNOWN_METRICS", "read_metrics_file", "table_from_rows", "table_from_frame",
            "is_evaluation_record"]
@@ -47,17 +47,21 @@ __all__ = ["MetricsTable", "KNOWN_METRICS", "read_metrics_file", "table_from_row
 #: The metric names of the contract: each holds a number in every record that logs it.
 KNOWN_METRICS = frozenset(ALL_METRICS + ROLLOUT_METRICS + (TRAIN_GLOBAL_STEP,))
 _EVAL_METRICS = frozenset(EVAL_METRICS)
-_HF_EVAL_PREFIX = "eval_"  # transformers' metric_key_prefix of an evaluation log (eval_loss, eval_runtime)
+#: Evaluation prefixes: the contract's (``eval/``), and transformers' metric_key_prefix of an evaluation log
+#: (``eval_loss``; Megatron's and HF's own logs), which wandb's HF integration rewrites to ``eval/loss``.
+_EVAL_PREFIXES = (EVAL_JSD.split("/")[0] + "/", "eval_")
 _STEP = "step"
+#: Keys that place a record rather than measure anything (transformers adds its step and epoch to every log).
+_PLACE_KEYS = frozenset((_STEP, TRAIN_GLOBAL_STEP, "train/epoch"))
 #: The record type: a JSON object of numbers (msgspec refuses bools, strings, null and nested values for it).
 _DECODE = msgspec.json.Decoder(Dict[str, Union[int, float]]).decode
 _DecodeError = msgspec.DecodeError
 
 
 def is_evaluation_record(keys: Iterable[str]) -> bool:
-    """True when the metric keys of one record (``step`` aside) are all held-out evaluation metrics."""
-    metric_keys = [k for k in keys if k != _STEP]
-    return bool(metric_keys) and all(k in _EVAL_METRICS or k.startswith(_HF_EVAL_PREFIX) for k in metric_keys)
+    """True when the metric keys of one record (its step and epoch aside) are all held-out evaluation metrics."""
+    metric_keys = [k for k in keys if k not in _PLACE_KEYS]
+    return bool(metric_keys) and all(k in _EVAL_METRICS or k.startswith(_EVAL_PREFIXES) for k in metric_keys)
 
 
 @dataclass

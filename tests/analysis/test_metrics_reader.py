@@ -158,3 +158,18 @@ def test_unreadable_lines_still_make_the_folder_unusable(tmp_path):
     (run / METRICS_FILE).write_text("\n".join([lines[0], "[1, 2]", *lines[2:]]) + "\n")
     with pytest.raises(UnusableInput, match=r"metrics.jsonl:2: expected a JSON object per line, got list"):
         load_sweep(tmp_path)
+
+
+def test_wandb_rows_keep_evaluation_apart_too():
+    """A wandb history (HF's integration writes ``eval/loss`` with ``train/global_step`` and ``train/epoch``) gives
+    the same counts as a run folder: the evaluation at step 2 is no duplicate of training step 2."""
+    from analysis.sweep.records import RunRecord, tabulate
+
+    rows = [{"step": 1, TRAIN_LOSS: 0.5}, {"step": 2, TRAIN_LOSS: 0.4},
+            {"step": 2, EVAL_JSD: 0.1, "eval/loss": 0.3, "train/global_step": 2, "train/epoch": 0.5}]
+    sw = tabulate([RunRecord("w", "completed", {"run.max_steps": 2}, rows)], "t")
+    row = sw.runs.iloc[0]
+    assert "duplicate" not in row["problems"] and row["outcome"] == "completed"
+    assert (row["n_planned"], row["n_logged"], row["n_evals"]) == (2, 2, 1)
+    assert sw.evals[["step", EVAL_JSD]].values.tolist() == [[2, 0.1]]
+    assert sw.run_history("w").loc[2, [TRAIN_LOSS, EVAL_JSD]].tolist() == [0.4, 0.1]
