@@ -7,7 +7,8 @@ config -> run folder (config.yaml, summary.json "running") -> plugin settings (t
 ``swift rlhf`` / ``megatron rlhf`` as a subprocess (output to ``swift.log``) -> summary.json "completed", or
 "failed" with the error.
 
-Exit codes: 0 completed (or skipped), 1 the run failed, 2 a config or input error, 128 + the signal's number
+Exit codes: 0 completed (or skipped), 1 the run failed (a full disk included), 2 a config or input error (a run
+folder or output root that is read-only or not allowed included), 128 + the signal's number
 when stopped by SIGTERM (143), SIGHUP (129) or SIGINT (130): the run is then recorded as "interrupted".
 """
 from __future__ import annotations
