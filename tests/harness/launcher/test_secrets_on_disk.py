@@ -63,3 +63,23 @@ def test_a_credential_from_a_config_file_is_scrubbed_from_the_sweep_files(tmp_pa
     out = tmp_path / "out"
     assert (out / "multirun" / "default" / "multirun.yaml").is_file()  # Hydra wrote it; the job scrubbed it
     assert _files_holding(out, TOKEN) == []
+
+
+def test_log_records_are_redacted_and_a_failing_log_write_prints_no_traceback():
+    """What Hydra logs (its launch line "#0 : key=value ...", the job's log) goes through redact_text."""
+    import logging
+
+    from harness.launcher.cli import _redact_log_records
+
+    before, raise_before = logging.getLogRecordFactory(), logging.raiseExceptions
+    try:
+        _redact_log_records()
+        _redact_log_records()  # idempotent: one redacting layer
+        record = logging.getLogger("hydra.test").makeRecord("hydra.test", logging.INFO, __file__, 1,
+                                                             "\t#%d : %s", (0, f"run.extra_args=[--hub_token,{TOKEN}]"),
+                                                             None)
+        assert record.getMessage() == "\t#0 : run.extra_args=[--hub_token,<redacted>]"
+        assert logging.raiseExceptions is False
+    finally:
+        logging.setLogRecordFactory(before)
+        logging.raiseExceptions = raise_before
