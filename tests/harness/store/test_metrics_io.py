@@ -32,3 +32,18 @@ def test_readers_count_only_integer_steps(tmp_path):
     assert [r["step"] for r in read_metrics(path)] == [3, "7", 8.0]  # read as stored; judged by the readers
     assert [record_step(r) for r in read_metrics(path)] == [3, None, None]
     assert last_metrics_step(tmp_path / "absent.jsonl") == 0
+
+
+def test_metrics_stream_is_line_per_step_and_survives_a_torn_tail(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    MetricsWriter(path).write({"step": 1, "gkd/neg_loss_calls": 0.0})
+    with open(path, "a") as f:
+        f.write('{"step": 2, "gkd/neg')  # what a SIGKILL mid-write could leave
+    assert read_metrics(path) == [{"step": 1, "gkd/neg_loss_calls": 0.0}]
+
+
+def test_metrics_keep_nan_and_inf_as_themselves(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    MetricsWriter(path).write({"step": 1, "train/grad_norm": float("nan"), "spot/loss": float("inf")})
+    [row] = read_metrics(path)
+    assert row["train/grad_norm"] != row["train/grad_norm"] and row["spot/loss"] == float("inf")
