@@ -99,7 +99,7 @@ def validate_extra_args(extra_args: Sequence[str], megatron: bool = False) -> No
     for flag, values in flag_groups(list(extra_args)):
         name = flag_name(flag)
         values = values + ([flag.partition("=")[2]] if "=" in flag else [])
-        if is_secret_key(name) or any(map(looks_like_credential, values)):
+        if is_secret_key(name) or any(looks_like_credential(v, hex40=True) for v in values):
             raise ConfigError(KEY, f"--{name} looks like a credential: pass it through the environment "
                               "(HF_TOKEN, WANDB_API_KEY), never on the command line, where it would reach the logs")
         key = harness_key(name)

@@ -23,17 +23,21 @@ REDACTED_NAME = "REDACTED"
 from harness.config.flat import _as_mapping
 
 #: credential-looking text whatever key or flag holds it: a Hugging Face token (``hf_`` + 34 letters and digits),
-#: an OpenAI-style key, a wandb v1 key; as a whole value also a 40-hex wandb API key
+#: an OpenAI-style key, a wandb v1 key
 _CREDENTIAL_TOKEN = r"hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|wandb_v1_\w+"
 _CREDENTIAL_IN_TEXT_RE = re.compile(rf"(?<![\w-])(?:{_CREDENTIAL_TOKEN})(?![\w-])")
-_CREDENTIAL_VALUE_RE = re.compile(r"^[0-9a-f]{40}$")
+#: a whole value of 40 hex digits: a wandb API key, but also a git commit (summary.json's provenance), so it counts
+#: only where a flag's value is checked (``run.extra_args``), never when a config tree or a text is redacted
+_HEX40_RE = re.compile(r"^[0-9a-f]{40}$")
 
 
-def looks_like_credential(value: Any) -> bool:
+def looks_like_credential(value: Any, hex40: bool = False) -> bool:
     """Is ``value`` (a string) a credential, or does it hold one? ``"hf_" + 34 alphanumerics`` anywhere in it,
-    ``sk-...``, ``wandb_v1_...``, or the whole value 40 hex digits (a wandb key)."""
-    return isinstance(value, str) and bool(_CREDENTIAL_IN_TEXT_RE.search(value) or
-                                           _CREDENTIAL_VALUE_RE.match(value.strip().strip("'\"")))
+    ``sk-...``, ``wandb_v1_...``; with ``hex40`` also a whole value of 40 hex digits (a wandb key, as a flag's
+    value)."""
+    if not isinstance(value, str):
+        return False
+    return bool(_CREDENTIAL_IN_TEXT_RE.search(value) or (hex40 and _HEX40_RE.match(value.strip().strip("'\""))))
 
 
 def _strings(value: Any) -> List[str]:

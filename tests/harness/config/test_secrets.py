@@ -82,10 +82,14 @@ def test_a_credential_looking_value_is_a_secret_under_any_key():
     assert TOKEN not in json.dumps(redact(tree)) and redact(tree)["run"]["name"] == "hf_dataset_name"
     assert redact_text(f"- run.dataset={TOKEN}\n  dataset: {TOKEN}\n#0 : run.extra_args=[--hub_token,{TOKEN}]") == \
         f"- run.dataset={REDACTED}\n  dataset: {REDACTED}\n#0 : run.extra_args=[--hub_token,{REDACTED}]"
-    for value in (TOKEN, "sk-" + "a1" * 12, "wandb_v1_abc", "0123456789abcdef0123456789abcdef01234567"):
+    for value in (TOKEN, "sk-" + "a1" * 12, "wandb_v1_abc"):
         assert looks_like_credential(value), value
     for value in ("hf_dataset_name", "hf_x", "qwen3", "/data/train.jsonl", "max_tokens", "0123abc"):
         assert not looks_like_credential(value), value
+    # 40 hex digits: a wandb key as a flag's value, but a git commit in summary.json's provenance is kept
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    assert looks_like_credential(commit, hex40=True) and not looks_like_credential(commit)
+    assert redact({"provenance": {"harness_commit": commit}}) == {"provenance": {"harness_commit": commit}}
     msg = secret_refusal("run.dataset")
     assert "looks like a credential" in msg and "HF_TOKEN" in msg and "\n" not in msg
 
