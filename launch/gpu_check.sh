@@ -13,7 +13,8 @@
 # Checks (each bounded by `timeout`; a failing check never stops the next one). Timeout = 2 x estimate + 60 s;
 # the estimates are for an H100/H200 with a warm page cache and have not been measured yet (no GPU was lent to
 # the sessions that wrote this): expected total ~11 min, worst case (every check at its timeout) ~27 min.
-#   repro          est  20 s  the synthetic repro of the precision defect on CUDA: upstream jsd_loss negative, fp32 == FP64
+#   repro          est  20 s  the seed report's synthetic repro made on CUDA, against harness/loss/reference.py: the
+#                             defect a finding (repro/defect FOUND / NOT FOUND), fp32 a check (repro/fix PASS / FAIL)
 #   megatron/*     est 240 s  tiny Megatron-backend GKD in BF16, TP1, loss=original and loss=fp32 (one 2-point
 #                             sweep): the dtypes that arrive at the loss are FP32 student (Float16Module) / BF16
 #                             teacher; fp32 has zero negative calls, original is expected to have some
@@ -28,6 +29,8 @@
 #                                            # carried ms-swift wheel only; the project NOT installed): the
 #                                            # loss-level proof of launch/gpu_bare.py from this checkout with
 #                                            # PYTHONPATH=. -> $GKD_CHECK_DIR/{rows.jsonl,bare_checks.json,bare_checks.md}
+#                                            # rewritten after every row; defect rows are findings, every other
+#                                            # row a check against harness/loss/reference.py
 #                                            # (GKD_CHECK_DEVICE=cpu: a CPU rehearsal). See docs/cluster.md.
 set -u -o pipefail
 
@@ -37,7 +40,7 @@ for arg in "$@"; do
     --dry-run) DRY=1 ;;
     --install) INSTALL=1 ;;
     --bare) BARE=1 ;;
-    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done

@@ -155,7 +155,7 @@ def _make_hf_callback():
         def on_train_begin(self, args, tstate, control, **kwargs):
             import torch.distributed as dist
 
-            from harness.rank.plugin import check_rebound
+            from harness.rank.call_site import check_rebound
 
             check_rebound()  # never train on upstream's loss unnoticed
             inst = state.STATE.instrument
@@ -270,7 +270,7 @@ def _make_megatron_callback():
             import torch.distributed as dist
             from swift.utils import get_current_device
 
-            from harness.rank.plugin import check_rebound
+            from harness.rank.call_site import check_rebound
 
             check_rebound()  # never train on upstream's loss unnoticed
             inst = state.STATE.instrument

@@ -8,9 +8,9 @@ On import it reads its settings (a JSON file named by ``$GKD_HARNESS_PLUGIN_SETT
    BF16-teacher case of Megatron, made on purpose on the HF backend) and records the dtypes that arrived, and,
    unless ``monitor=off``, wrapped by :class:`harness.rank.instrument.LossInstrument`;
 2. rebinds ``gkd_loss`` where ms-swift's HF, Megatron and Ray GKD trainers imported it; a module that cannot
-   import on this machine is skipped with a warning, and at train begin (:func:`check_rebound`, called by the
-   callbacks) the active backend's call site must hold the configured loss, or the run stops at once naming the
-   module and its import error (:class:`LossNotInstalledError`): never a "completed" run on upstream's loss;
+   import on this machine is skipped with a warning, and at train begin (``harness.rank.call_site.check_rebound``,
+   called by the callbacks) the active backend's call site must hold the configured loss, or the run stops at once
+   naming the module and its import error (``LossNotInstalledError``): never a "completed" run on upstream's loss;
 3. registers the ``gkd_harness`` trainer callback (``--callbacks gkd_harness``) that puts the instrument's
    metrics into the trainer's ``custom_metrics`` (so they reach ms-swift's ``logging.jsonl``, the console and
    wandb), keeps the instrument's step current, and on the rank that owns the wandb run (global rank 0 on HF,
@@ -36,24 +36,11 @@ from harness.config.schema import from_dict
 from harness.contract import CANDIDATE, CAPTURES_DIR, PLUGIN_MODULE, SETTINGS_ENV, PluginSettings
 from harness.rank import state
 from harness.rank.boundary import DtypeBoundary
+from harness.rank.call_site import (ACTIVE_CALL_SITE, TRAINER_MODULES, LossNotInstalledError,  # noqa: F401 - re-exported
+                                    check_rebound)
 from harness.rank.callbacks import register_callbacks
 from harness.rank.state import PluginState, global_rank, logger
 from harness.rank.wandb_run import keep_harness_names_in_wandb
-
-#: Modules that did ``from swift.rlhf_trainers.gkd_loss import gkd_loss``.
-TRAINER_MODULES = (
-    "swift.rlhf_trainers.gkd_trainer",
-    "swift.megatron.trainers.gkd_trainer",
-    "swift.ray.megatron.loss.gkd",
-)
-#: The call site each backend trains through (``backend.name`` -> module of :data:`TRAINER_MODULES`).
-ACTIVE_CALL_SITE = {"hf": TRAINER_MODULES[0], "megatron": TRAINER_MODULES[1]}
-
-
-class LossNotInstalledError(RuntimeError):
-    """The active backend's ``gkd_loss`` call site does not hold the configured loss (its module did not import
-    when the plugin loaded, or something rebound it since): training would run upstream's loss."""
-
 
 def load_settings(path: Optional[str] = None) -> Optional[PluginSettings]:
     """The settings file named by ``path`` or ``$GKD_HARNESS_PLUGIN_SETTINGS``; None without either."""
@@ -119,33 +106,6 @@ def rebind_gkd_loss(loss: Callable, modules=TRAINER_MODULES) -> Dict[str, str]:
         result[name] = "rebound"
         logger.info(f"gkd_loss rebound in {name}")
     return result
-
-
-def check_rebound(st=None) -> str:
-    """At train begin: the active backend's call site (:data:`ACTIVE_CALL_SITE`) holds the installed loss;
-    returns the module's name.
-
-    Raises:
-        LossNotInstalledError: naming the module, the configured variant, and why (the import error the plugin
-            met, or what the module's ``gkd_loss`` is now).
-    """
-    import sys
-
-    st = st or state.STATE
-    name = ACTIVE_CALL_SITE[st.config.backend.name]
-    mod = sys.modules.get(name)
-    if mod is not None and getattr(mod, "gkd_loss", None) is st.boundary:
-        return name
-    if st.rebound.get(name, "").startswith("skipped"):
-        why = st.rebound[name]
-    elif mod is None:
-        why = "the module is not imported in this process"
-    else:
-        found = getattr(mod, "gkd_loss", None)
-        why = f"its gkd_loss is {getattr(found, '__module__', '?')}.{getattr(found, '__qualname__', found)!s}"
-    raise LossNotInstalledError(
-        f"loss.precision={st.config.loss.precision} is not installed in {name}, which backend="
-        f"{st.config.backend.name} trains through ({why}): training would use ms-swift's own gkd_loss; stopping")
 
 
 def _record_sft_term() -> None:
