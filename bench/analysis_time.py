@@ -10,7 +10,7 @@ repetition, so drift on a shared machine hits every variant alike):
   imports, loading, criteria, tables, plots, Markdown/HTML/verdict), its CPU read from the child's rusage.
 
 Each is process CPU time; the ratios are medians over the baseline's median, the spread the q1-q3 of the ratios of
-one repetition's pair. Peak memory, each in a fresh process (its ``ru_maxrss``), over one run of 10⁶ metric lines:
+one repetition's pair. Peak memory, each in a fresh process (its ``VmHWM``), over one run of 10⁶ metric lines:
 
 * ``analysis_rss/json_loads`` (baseline): the same imports as the loader, then a ``json.loads`` pass over the file;
 * ``analysis_rss/load``: ``load_sweep`` of that run.
@@ -81,7 +81,7 @@ def _read_all(sweep: Path) -> int:
 
 
 def _child(code: List[str], env=None) -> Dict:
-    """Run a fresh interpreter; -> ``{"cpu_s", "wall_s", "peak_mib", "rc", "out"}`` from its own rusage."""
+    """Run a fresh interpreter; -> ``{"cpu_s", "wall_s", "rc", "out", "err"}``, its CPU from its own rusage."""
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, *code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -91,24 +91,31 @@ def _child(code: List[str], env=None) -> Dict:
     err = proc.stderr.read().decode(errors="replace")
     proc.stdout.close()
     proc.stderr.close()
-    return {"cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": wall, "peak_mib": usage.ru_maxrss / 1024.0,
-            "rc": proc.returncode, "out": out, "err": err}
+    return {"cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": wall, "rc": proc.returncode, "out": out,
+            "err": err}
 
 
+#: The child's own peak RSS: ``VmHWM`` of its address space. Not the rusage's ``ru_maxrss``, which keeps the peak of
+#: the image the child was forked from (Linux carries it across ``execve``): the worker's, after it loaded a sweep.
+_PEAK = ("\ndef _peak_kib():\n    for line in open('/proc/self/status'):\n"
+         "        if line.startswith('VmHWM:'):\n            return int(line.split()[1])\n")
 _RSS_CODE = {
     # the same imports as the loader's process, then one json.loads pass keeping nothing
     "json_loads": ("import json, sys\nimport analysis.load\nn = 0\nwith open(sys.argv[1]) as f:\n"
-                   "    for line in f:\n        json.loads(line)\n        n += 1\nprint(n)\n"),
-    "load": ("import sys\nfrom analysis.load import load_sweep\nsw = load_sweep(sys.argv[2])\n"
-             "print(int(sw.runs['n_logged'].iloc[0]))\n"),
+                   "    for line in f:\n        json.loads(line)\n        n += 1\n" + _PEAK
+                   + "print(n, _peak_kib())\n"),
+    "load": ("import sys\nfrom analysis.load import load_sweep\nsw = load_sweep(sys.argv[2])\n" + _PEAK
+             + "print(int(sw.runs['n_logged'].iloc[0]), _peak_kib())\n"),
 }
 
 
 def _rss(variant: str, run: Path) -> Dict:
+    """Peak RSS (MiB) of a fresh process running ``variant`` over the long run, and the lines it saw."""
     res = _child(["-c", _RSS_CODE[variant], str(run / METRICS_FILE), str(run)])
     if res["rc"] != 0:
         raise RuntimeError(f"analysis_rss/{variant} exited {res['rc']}: {res['err'][-2000:]}")
-    return {"peak_mib": res["peak_mib"], "lines": int(res["out"].split()[-1])}
+    lines, peak_kib = res["out"].split()[-2:]
+    return {"peak_mib": int(peak_kib) / 1024.0, "lines": int(lines)}
 
 
 def measure_analysis(variant: str, quick: bool, work_dir: str, warmup: int, reps: int) -> Dict:
