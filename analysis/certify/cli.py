@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="The loss-level certificate of a candidate GKD loss fix, no training: every family runs "
                     "through the candidate's gkd_loss against the independent FP64 reference.",
         epilog="Exit codes: 0 every required family passes, 1 one fails, 2 unusable input. docs/certify.md.")
-    p.add_argument("candidate", help="PATH.py | package.module[:attr] | fp32 | fp64 | native")
+    p.add_argument("candidate", nargs="?", help="PATH.py | package.module[:attr] | fp32 | fp64 | native")
     p.add_argument("--name", help="label of the candidate (default: the file or module name)")
     p.add_argument("--beta-form", choices=("paper", "continuous"), default="paper",
                    help="the β form the candidate computes (default: paper, upstream's)")
@@ -45,11 +45,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--family", action="append", default=[], help="only families whose name contains this")
     p.add_argument("--version", action="version", version=f"gkd-certify (gkd-harness {harness_version()})")
     p.add_argument("--out", type=Path, help=f"write {CERTIFICATE_MD} and {CERTIFICATE_JSON} here")
+    p.add_argument("--export-pytest", type=Path, metavar="PATH",
+                   help="write the regression suite as one self-contained pytest module (imports only torch, pytest, "
+                        "the standard library and --target) and exit; no CANDIDATE needed")
+    p.add_argument("--target", default=None, metavar="MODULE|PATH.py",
+                   help="with --export-pytest: the module under test (default swift.rlhf_trainers.gkd_loss)")
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.export_pytest is not None:
+        from analysis.certify.export import DEFAULT_TARGET, export_pytest
+
+        path = export_pytest(args.export_pytest, args.target or DEFAULT_TARGET)
+        print(f"wrote {path} (target {args.target or DEFAULT_TARGET})")
+        sys.exit(0)
+    if args.candidate is None:
+        print("gkd-certify: CANDIDATE: required (or --export-pytest PATH)", file=sys.stderr)
+        sys.exit(2)
+    if args.target is not None:
+        print("gkd-certify: --target: only with --export-pytest", file=sys.stderr)
+        sys.exit(2)
     from harness.loss.candidate import CandidateError
 
     pairs = {"float32", "bfloat16", "float16", "float64"}
