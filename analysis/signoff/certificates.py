@@ -55,6 +55,7 @@ def _certificate(source: str, name: Optional[str], beta_form: str, cache_root: O
 def certificate_rows(runs, sweep_dir: Optional[str], quick: bool = False,
                      strict: bool = False) -> Tuple[str, str, str, List[str], str]:
     """``(status, threshold, measured, details, applies)`` of ``candidate_certified`` for the sweep's runs table."""
+    from analysis.certify.certificate import why
     from harness.loss.candidate import CandidateError, loss_source_sha256
 
     if "loss.precision" not in runs:
@@ -92,9 +93,7 @@ def certificate_rows(runs, sweep_dir: Optional[str], quick: bool = False,
             failed.append(label)
             for f in required:
                 if not f["passed"]:
-                    worst = f["failing"][0] if f["failing"] else {}
-                    details.append(f"{label}: {f['name']}: {f['failures']} of {f['cases']} cases fail "
-                                   f"(worst {worst.get('case')!r}: {worst.get('note')})")
+                    details.append(f"{label}: {why(f)}")  # worst case, err/tol, severity, recognised cause
             details += [f"{label}: {x}" for x in cert.get("failed_families", []) if x.startswith("cannot")]
         else:
             details.append(f"{label}: PASS ({len(required)} required families"
