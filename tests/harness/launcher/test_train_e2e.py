@@ -266,7 +266,8 @@ def test_sigkill_mid_training_keeps_metrics_and_marks_failed_then_resumes(embedd
         if proc.poll() is None:
             proc.kill()
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "failed" and "failed with" in summary["error"]
+    assert summary["status"] == "failed" and "killed by SIGKILL" in summary["error"]  # issue 32: named, with
+    assert "out of memory?" in summary["error"]  # the OOM killer's signal pointed out
     rows = read_metrics(out / "metrics.jsonl")
     assert len(rows) >= 3 and [r["step"] for r in rows] == list(range(1, len(rows) + 1))
     assert summary["last_step"] >= 3
