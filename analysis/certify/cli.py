@@ -21,7 +21,7 @@ from analysis.certify.certificate import (CERTIFICATE_JSON, CERTIFICATE_MD, STRI
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from harness.store.provenance import harness_version
+    from harness.store.provenance import version_line
 
     p = argparse.ArgumentParser(
         prog="gkd-certify",
@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dtype pair on which the candidate claims bit-identity with the installed ms-swift, e.g. "
                         "float32/float32 (repeatable; default: the file's GKD_CERTIFY_UNCHANGED)")
     p.add_argument("--family", action="append", default=[], help="only families whose name contains this")
-    p.add_argument("--version", action="version", version=f"gkd-certify (gkd-harness {harness_version()})")
+    p.add_argument("--version", action="version", version=version_line("gkd-certify"))
     p.add_argument("--out", type=Path, help=f"write {CERTIFICATE_MD} and {CERTIFICATE_JSON} here")
     p.add_argument("--export-pytest", type=Path, metavar="PATH",
                    help="write the regression suite as one self-contained pytest module (imports only torch, pytest, "
