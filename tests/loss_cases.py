@@ -1,6 +1,5 @@
-"""Deterministic loss-suite inputs shared by the tests and tests/measure_tolerances.py: the certificate's own
-generator (analysis/certify/cases.py, one home for both), re-exported under the names the tests use."""
+"""The loss tests' inputs are the certificate's: analysis/certify/cases.py is their one home (``problem`` makes
+every set of inputs; ``make_case`` wraps it for the tests, ``make`` for the certificate's cases). This module
+only re-exports it under the path the tests and tests/measure_tolerances.py import."""
 from analysis.certify.cases import (BETAS, DTYPE_PAIRS, DTYPES, FORMS, MODES, TEMPERATURES, Problem,  # noqa: F401
                                     grid, make_case, seed_of)
-
-Case = Problem  # the name the tests used for a set of inputs

@@ -10,8 +10,9 @@ A :class:`Case` is one call of the candidate's ``gkd_loss`` (``student [B, S, V]
 * ``differ`` / ``symmetric``: TRL's qualitative pins (two losses differ; β = 0.5 symmetric bit for bit);
 * ``identity``: bit-identical value and gradient with the installed ms-swift ``gkd_loss``.
 
-Inputs follow tests/loss_cases.py: student = BF16-rounded ``randn·2`` (a BF16 model's output), teacher = student
-+ noise (0.03: near-identical distributions, where upstream goes negative; 1.0: different ones).
+Every input comes from :func:`problem`: student = BF16-rounded ``randn·2`` (a BF16 model's output), teacher =
+student + noise (0.03: near-identical distributions, where upstream goes negative; 1.0: different ones). The loss
+tests use the same generator (:func:`make_case`; tests/loss_cases.py re-exports this module, it defines nothing).
 """
 from __future__ import annotations
 

@@ -1,9 +1,17 @@
-"""harness.losses against an independent FP64 reference (harness/loss/reference.py), and against upstream ms-swift."""
+"""The loss's unit checks that the certificate cannot express (issue 30: one definition of "the loss is right").
+
+Whether ``fp32`` / ``fp64`` compute the right loss and gradient over the grid (dtype pairs, β, T, forms, top-k and
+full vocabulary, near-identical and different distributions, empty masks, chunking, vocab mismatch, TRL's pins and
+the β defect's table, injected primitives by behaviour, and the hard regimes) is one test:
+test_certificate.py runs ``gkd-certify --strict`` on both variants in both β forms (analysis/certify/families.py).
+What stays here is what a certificate case cannot say: ``native`` is upstream bit for bit (and keeps its bug),
+``fp64`` agrees with the reference to FP64 precision (it is the spot check's reference), the forms agree bit for bit
+where they must, the empty batch stays on the graph, the per-position values and the recompute switch, the memory
+contract, no clamp, and the argument checks.
+"""
 import inspect
-import math
 import re
 
-import numpy as np
 import pytest
 import torch
 
@@ -11,7 +19,7 @@ import harness.losses as losses
 from harness.losses import make_gkd_loss, make_gkd_loss_terms, make_jsd_loss
 from swift.rlhf_trainers import gkd_loss as upstream
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
-from tests.loss_cases import DTYPES, grid, make_case, seed_of
+from tests.loss_cases import DTYPES, make_case, seed_of
 from harness.loss.reference import reference_gkd, reference_jsd
 from harness.loss.tolerances import FP64_GRAD_REL_L2, FP64_RTOL, grad_tol, loss_tol
 
@@ -28,29 +36,13 @@ def _grad_rel(grad, ref):
     return float((grad.double() - ref).norm() / ref.norm())
 
 
-GRID = list(grid())
-
-
-@pytest.mark.parametrize("pair,beta,temp,form,mode,near", GRID,
-                         ids=[f"{a}-{b}-b{be}-T{t}-{f}-{m}-{'near' if n else 'far'}"
-                              for (a, b), be, t, f, m, n in GRID])
-def test_fp32_variant_matches_fp64_reference(pair, beta, temp, form, mode, near):
-    sd, td = pair
-    case = make_case(sd, td, mode, near, seed_of(sd, td, beta, temp, form, mode, near))
-    ref_total, ref_n, ref_grad = reference_gkd(case.student, case.labels, beta, temp, form, **case.ref_kwargs)
-    total, n, grad = _run(make_gkd_loss("fp32", form), case, beta, temp)
-    assert n == ref_n
-    assert total >= -1e-6 * n, f"negative loss {total}"
-    assert abs(total - ref_total) <= loss_tol(ref_total, n), (total, ref_total)
-    assert grad.dtype == case.student.dtype
-    assert _grad_rel(grad, ref_grad) <= grad_tol(ref_grad, case.student.dtype)
-
-
 @pytest.mark.parametrize("form", ["paper", "continuous"])
 @pytest.mark.parametrize("mode", ["full", "topk"])
 @pytest.mark.parametrize("beta", [0.0, 1e-3, 0.5, 0.999, 1.0])
-@pytest.mark.parametrize("pair", [("fp32", "bf16"), ("bf16", "bf16"), ("fp16", "fp16")])
-def test_fp64_variant_is_the_reference(pair, beta, mode, form):
+def test_fp64_variant_is_the_reference(beta, mode, form):
+    """To FP64 precision (the certificate holds ``fp64`` only to the suite's FP32-level tolerances): the spot check
+    and gkd-replay judge ``fp32`` against it. The student/teacher dtypes only change the inputs' values."""
+    pair = ("fp32", "bf16")
     case = make_case(*pair, mode, True, seed_of("fp64", pair, beta, mode, form))
     ref_total, _, ref_grad = reference_gkd(case.student, case.labels, beta, 0.9, form, **case.ref_kwargs)
     s = case.student.clone().requires_grad_(True)
@@ -166,32 +158,6 @@ class TestNativeReproducesTheBug:
 
 # --------------------------------------------------------------------------------------------- pinned objective
 
-# Report 001's numpy example: its table is the objective's signature. Values computed by the report.
-REPORT_001 = {  # beta: (paper, continuous), 4 decimals
-    0.0: (1.9262, 1.9262), 0.001: (0.0019, 1.9069), 0.1: (0.1454, 1.0605), 0.5: (0.3492, 0.3492),
-    0.9: (0.1474, 1.0635), 0.999: (0.0020, 2.0119), 1.0: (2.0450, 2.0450)}
-
-
-def _report_001_logits():
-    rng = np.random.default_rng(7)
-    z = rng.normal(0, 1.5, 300)
-    w = rng.normal(0, 1.5, 300) + 0.3
-    w[:3] += 2.0
-    return torch.tensor(z)[None], torch.tensor(w)[None]
-
-
-@pytest.mark.parametrize("precision", ["fp32", "fp64"])
-@pytest.mark.parametrize("beta", sorted(REPORT_001))
-def test_pinned_objective_report_001(beta, precision):
-    """Any change that moves these numbers changes the objective (as TRL pins its losses)."""
-    z, w = _report_001_logits()
-    dtype = torch.float32 if precision == "fp32" else torch.float64
-    for form, expected in zip(("paper", "continuous"), REPORT_001[beta]):
-        got = float(make_jsd_loss(precision, form)(z.to(dtype), w.to(dtype), beta))
-        assert got == pytest.approx(expected, abs=5e-5), (form, beta, got)
-        assert got == pytest.approx(float(reference_jsd(z.to(dtype), w.to(dtype), beta, form)[0]), rel=1e-5)
-
-
 def test_forms_agree_at_endpoints_and_half_and_continuous_form_is_continuous():
     case = make_case("fp32", "bf16", "full", False, 5)
     f = {form: make_gkd_loss("fp32", form) for form in ("paper", "continuous")}
@@ -211,39 +177,6 @@ def test_forms_agree_at_endpoints_and_half_and_continuous_form_is_continuous():
 # ------------------------------------------------------------------------------------------ pipeline edge cases
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp64"])
-def test_topk_positions_with_all_minus_inf_are_dropped(precision):
-    case = make_case("fp32", "bf16", "topk", True, 3)
-    lp = case.teacher.topk_logprobs.clone()
-    lp[0, 5] = float("-inf")
-    lp[1, 7] = float("-inf")
-    teacher = TeacherOutput(topk_logprobs=lp, topk_indices=case.teacher.topk_indices, labels=case.labels)
-    ref_total, ref_n, ref_grad = reference_gkd(case.student, case.labels, 0.5, 0.9, "paper",
-                                               teacher_topk=(lp, case.teacher.topk_indices))
-    up_total, up_n = upstream.gkd_loss(case.student, teacher, case.labels, 0.5, 0.9)
-    s = case.student.clone().requires_grad_(True)
-    total, n = make_gkd_loss(precision, "paper")(s, teacher, case.labels, 0.5, 0.9)
-    assert int(n) == ref_n == int(up_n) == int((case.labels != -100).sum()) - 2
-    assert abs(float(total) - ref_total) <= loss_tol(ref_total, ref_n)
-    (total / n).backward()
-    assert _grad_rel(s.grad, ref_grad) <= grad_tol(ref_grad, s.dtype)
-
-
-@pytest.mark.parametrize("precision", ["fp32", "fp64", "native"])
-@pytest.mark.parametrize("vocabs", [(96, 110), (110, 96)])
-def test_full_vocab_with_different_student_and_teacher_vocab(vocabs, precision):
-    sv, tv = vocabs
-    case = make_case("fp32", "bf16", "full", False, 9, vocab=sv, teacher_vocab=tv)
-    ref_total, n, ref_grad = reference_gkd(case.student, case.labels, 0.3, 0.9, "continuous", **case.ref_kwargs)
-    total, got_n, grad = _run(make_gkd_loss(precision, "continuous"), case, 0.3, 0.9)
-    assert got_n == n
-    if precision == "native":  # mixed-dtype native is the bug; only check it runs to a finite number
-        assert math.isfinite(total)
-        return
-    assert abs(total - ref_total) <= loss_tol(ref_total, n)
-    assert _grad_rel(grad, ref_grad) <= grad_tol(ref_grad, case.student.dtype)
-
-
 @pytest.mark.parametrize("precision", ["native", "fp32", "fp64"])
 @pytest.mark.parametrize("mode", ["full", "topk"])
 def test_all_masked_batch(precision, mode):
@@ -258,7 +191,7 @@ def test_all_masked_batch(precision, mode):
     assert s.grad is not None and float(s.grad.abs().sum()) == 0.0
 
 
-@pytest.mark.parametrize("pair", [("bf16", "bf16"), ("fp32", "bf16"), ("fp32", "fp32")])
+@pytest.mark.parametrize("pair", [("bf16", "bf16"), ("fp32", "bf16")])
 @pytest.mark.parametrize("recompute", [True, False])
 def test_positions_crossing_chunk_boundaries(pair, recompute):
     # 2×700 - 2×3 masked = 1394 positions: several 512-row (or 256-row, for BF16 inputs promoted) chunks.
@@ -297,34 +230,6 @@ def test_full_vocab_fp32_never_saves_a_whole_fp32_copy_of_bf16_inputs():
     big_fp32 = [x for x in saved if x[0] == torch.float32 and x[1] >= n * v // 2]
     assert not big_fp32, saved
     assert s.grad.dtype == torch.bfloat16
-
-
-def test_injected_primitives_are_used():
-    calls = {"gather": 0, "lsf": 0, "kl": 0}
-
-    def gather(logits, idx):
-        calls["gather"] += 1
-        return torch.gather(logits, -1, idx)
-
-    def lsf(x):
-        calls["lsf"] += 1
-        return torch.log_softmax(x, -1)
-
-    def kl(inp, target):
-        calls["kl"] += 1
-        return (target.exp() * (target - inp)).sum(-1)
-
-    for mode in ("topk", "full"):
-        case = make_case("fp32", "bf16", mode, True, 8, seq=40, vocab=2048)
-        s = case.student.clone().requires_grad_(True)
-        ref_total, n, ref_grad = reference_gkd(case.student, case.labels, 0.5, 0.9, "paper", **case.ref_kwargs)
-        total, num = make_gkd_loss("fp32", "paper")(s, case.teacher, case.labels, 0.5, 0.9, gather_fn=gather,
-                                                    log_softmax_fn=lsf, kl_div_fn=kl)
-        (total / num).backward()
-        assert abs(float(total) - ref_total) <= loss_tol(ref_total, n)
-        assert _grad_rel(s.grad, ref_grad) <= 5e-3  # the textbook formula through injected primitives
-    assert calls["gather"] == 1  # top-k: gather injected, softmax/KL default (as upstream)
-    assert calls["lsf"] >= 4 and calls["kl"] >= 2  # full vocab: forward and the backward recompute
 
 
 def test_beta_is_not_rounded_to_the_input_dtype():

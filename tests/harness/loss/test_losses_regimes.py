@@ -1,17 +1,19 @@
-"""Issue 13: the four regimes where the patched loss used to be less accurate than it should be.
+"""Issue 13's regimes: the checks the certificate's hard families do not already make.
 
-Each family is checked against the independent FP64 reference in ``harness/loss/reference.py`` (log-space mixture,
-``0·log 0 = 0``) with the suite's tolerances (``harness/loss/tolerances.py``): loss value ``1e-5·|ref| + 1e-6·N``,
-student-logit gradient relative L2 ``1e-4`` for FP32 students, and ``1e-4 + 2×`` the dtype's own rounding of the
-reference gradient for BF16/FP16 students. Where it is meaningful the patched value is also compared with the
-textbook formula in FP32 on the same inputs (upstream's arithmetic, ``native``): never more than 2× less
-accurate, above FP32's own rounding (1e-6 relative).
+The certificate (test_certificate.py: ``gkd-certify --strict`` on ``fp32`` and ``fp64``, both β forms) holds the
+patched loss to the suite's tolerances in the hard regimes: logits of ±1e2 … ±1e4 and the issue's ±1e4 repro
+("extreme logits"), β ∈ {1e-6, 1e-3, 0.999, 1 − 1e-6} ("beta near an endpoint"), FP16 students under a 2^16 loss
+scale, partially −inf top-k rows, independent logits of std 10 and 30, vocab-sharded primitives and a BF16
+gradient of ``total / num_valid``. What stays here (loss value ``1e-5·|ref| + 1e-6·N``, student-logit gradient
+relative L2 ``1e-4`` for FP32 students, ``1e-4 + 2×`` the dtype's own rounding for BF16/FP16; the FP64 reference
+``harness/loss/reference.py``):
 
-1. scaled logits in the thousands (logits ±1e4 at T = 1, a logit-scale sweep 1 … 1e4, ordinary logits at
-   T ∈ {1e-3, 100});
-2. β within 1e-6 of an endpoint, both forms;
-3. FP16 students under a loss scale of 2^16 (the fused path stores ∂JSD/∂z before the scale reaches it);
-4. top-k rows in which some, not all, teacher log-probs are −inf (upstream: NaN; exact: finite, 0·log 0 = 0).
+1. shifted logits (a row offset of ±L: the ``|κ| > 8`` path) and T ∈ {1e-3, 100}, which no family has, each also
+   never more than 2× less accurate than textbook FP32;
+2. β = 1e-6 / 1 − 1e-6 on independent logits of std 8 against textbook FP32 (the issue's figures);
+3. FP16 under a loss scale where a certificate case cannot go: the explicit ``recompute`` path, V = 32,768, and
+   "no representable entry comes back 0";
+4. partially −inf rows: reverse KL is +inf like the reference; ``native`` keeps upstream's NaN.
 """
 import math
 
@@ -50,35 +52,6 @@ def _ref_jsd_and_grad(s, t, beta, form):
 # ------------------------------------------------------------------------------------- 1. scaled logits
 
 
-@pytest.mark.parametrize("form", ["paper", "continuous"])
-def test_issue_repro_logits_1e4(form):
-    """The issue's repro: s = [1e4, 1e4, -1e4, -1e4], t = [-1e4, 1e4, 1e4, -1e4], β = 0 gave 9997.878 (exact 1e4)."""
-    s = torch.tensor([[1e4, 1e4, -1e4, -1e4]])
-    t = torch.tensor([[-1e4, 1e4, 1e4, -1e4]])
-    val, _ = _jsd_and_grad(make_jsd_loss("fp32", form), s, t, 0.0)
-    ref = float(reference_jsd(s, t, 0.0, form).sum())
-    assert ref == pytest.approx(1e4, rel=1e-12)
-    assert abs(val - ref) <= loss_tol(ref, 1), val
-    for beta in (0.5, 1.0, 1e-6):
-        val, _ = _jsd_and_grad(make_jsd_loss("fp32", form), s, t, beta)
-        ref = float(reference_jsd(s, t, beta, form).sum())
-        assert abs(val - ref) <= loss_tol(ref, 1), (beta, val, ref)
-
-
-def _levels(scale: float, seed: int, rows: int = 16, vocab: int = 64):
-    """Logits ``scale·b + 2·randn`` with ``b ∈ {−1, +1}``; the teacher flips 20 % of the levels.
-
-    At every scale each row keeps several entries within O(1) of its maximum, so the distributions (and their
-    gradients) stay non-degenerate while the logits reach ±scale.
-    """
-    g = torch.Generator().manual_seed(seed)
-    bs = torch.randint(0, 2, (rows, vocab), generator=g).float() * 2 - 1
-    bt = torch.where(torch.rand(rows, vocab, generator=g) < 0.2, -bs, bs)
-    s = scale * bs + 2 * torch.randn(rows, vocab, generator=g)
-    t = scale * bt + 2 * torch.randn(rows, vocab, generator=g)
-    return s, t
-
-
 def _shifted(scale: float, seed: int, rows: int = 16, vocab: int = 64):
     """Near-identical distributions whose logits carry a row offset of ``scale`` (student) and ``−scale``
     (teacher): ``t − s`` rounds at ulp(2·scale), the log-softmaxes do not."""
@@ -87,15 +60,17 @@ def _shifted(scale: float, seed: int, rows: int = 16, vocab: int = 64):
     return base + scale, base + 0.03 * torch.randn(rows, vocab, generator=g) - scale
 
 
-SCALES = [1.0, 10.0, 100.0, 300.0, 1e3, 3e3, 1e4]
+#: β and form: the forms are identical at β ∈ {0, 0.5, 1}.
+BETA_FORMS = [(0.0, "paper"), (1e-3, "paper"), (1e-3, "continuous"), (0.5, "paper"), (0.9, "paper"),
+              (0.9, "continuous"), (1.0, "paper")]
 
 
-@pytest.mark.parametrize("family", ["levels", "shifted"])
-@pytest.mark.parametrize("form", ["paper", "continuous"])
-@pytest.mark.parametrize("beta", [0.0, 1e-3, 0.5, 0.9, 1.0])
-@pytest.mark.parametrize("scale", SCALES)
-def test_logit_scale_sweep(scale, beta, form, family):
-    s, t = (_levels if family == "levels" else _shifted)(scale, seed_of("scale", scale, family))
+@pytest.mark.parametrize("beta,form", BETA_FORMS)
+@pytest.mark.parametrize("scale", [1.0, 300.0, 1e4])
+def test_shifted_logits(scale, beta, form):
+    """The certificate's "extreme logits" family has level logits ``L·(±1) + 2·randn``; shifted ones (|κ| = 2L)
+    take the ``d = log T − log S`` rows, which it never reaches."""
+    s, t = _shifted(scale, seed_of("scale", scale, "shifted"))
     n = s.shape[0]
     ref, ref_g = _ref_jsd_and_grad(s, t, beta, form)
     val, g = _jsd_and_grad(make_jsd_loss("fp32", form), s, t, beta)
@@ -108,11 +83,10 @@ def test_logit_scale_sweep(scale, beta, form, family):
 
 
 @pytest.mark.parametrize("near", [True, False])
-@pytest.mark.parametrize("form", ["paper", "continuous"])
-@pytest.mark.parametrize("beta", [0.0, 1e-6, 0.5, 1 - 1e-6, 1.0])
+@pytest.mark.parametrize("beta,form", [(0.0, "paper"), (1e-6, "paper"), (1e-6, "continuous"), (0.5, "paper"),
+                                       (1 - 1e-6, "paper"), (1 - 1e-6, "continuous"), (1.0, "paper")])
 @pytest.mark.parametrize("temp", [1e-3, 100.0])
-@pytest.mark.parametrize("pair", [("fp32", "fp32"), ("fp32", "bf16")])
-def test_extreme_temperatures(pair, temp, beta, form, near):
+def test_extreme_temperatures(temp, beta, form, near):
     """Ordinary logits at T = 1e-3 (scaled logits of thousands, nearly one-hot rows) and T = 100.
 
     On the FP32 temperature-scaled tensors themselves (the ``jsd_loss`` contract) the suite's tolerances hold.
@@ -125,6 +99,7 @@ def test_extreme_temperatures(pair, temp, beta, form, near):
     gradient is ~1e-22 (mpmath, 60 digits, gives ±4.17e-22 on such a row) and FP64 autograd returns ±7.1e-16
     there, so the FP64 reference cannot judge the gradient; only the value is checked for those.
     """
+    pair = ("fp32", "bf16")
     case = make_case(*pair, "full", near, seed_of("temp", pair, temp, beta, form, near))
     # 1. the loss on the FP32-scaled tensors, against FP64 on exactly those tensors
     scaled = (case.student.float() / temp, case.teacher.full_logits.float() / temp)
@@ -156,24 +131,6 @@ def test_extreme_temperatures(pair, temp, beta, form, near):
 # -------------------------------------------------------------------------------- 2. β near an endpoint
 
 
-@pytest.mark.parametrize("mode", ["full", "topk"])
-@pytest.mark.parametrize("noise", [0.03, 1.0, 8.0])
-@pytest.mark.parametrize("form", ["paper", "continuous"])
-@pytest.mark.parametrize("beta", [1e-6, 1 - 1e-6])
-@pytest.mark.parametrize("pair", [("fp32", "bf16"), ("fp32", "fp32"), ("bf16", "bf16")])
-def test_beta_within_1e6_of_an_endpoint(pair, beta, form, noise, mode):
-    """Teacher = student + noise·randn; noise 8 puts teacher mass where the student has e^-14 or less (the
-    mixture ratio M/T ≈ β: ``1 + u`` cancels in the ψ form)."""
-    case = make_case(*pair, mode, noise == 0.03, seed_of("beta-end", pair, beta, form, noise, mode),
-                     noise_far=noise)
-    ref_total, n, ref_grad = reference_gkd(case.student, case.labels, beta, 0.9, form, **case.ref_kwargs)
-    s = case.student.clone().requires_grad_(True)
-    total, num = make_gkd_loss("fp32", form)(s, case.teacher, case.labels, beta, 0.9)
-    (total / num).backward()
-    assert abs(float(total) - ref_total) <= loss_tol(ref_total, n), (float(total), ref_total)
-    assert _rel_l2(s.grad, ref_grad) <= grad_tol(ref_grad, s.dtype)
-
-
 @pytest.mark.parametrize("beta,form", [(1e-6, "continuous"), (1 - 1e-6, "paper"), (1e-6, "paper"),
                                        (1 - 1e-6, "continuous")])
 def test_issue_repro_beta_endpoints_vs_textbook(beta, form):
@@ -195,21 +152,18 @@ def test_issue_repro_beta_endpoints_vs_textbook(beta, form):
 # ---------------------------------------------------------------------------- 3. FP16 under a loss scale
 
 
-# the recompute switch is a jsd_per_position argument: it is exercised on the full vocabulary only
-@pytest.mark.parametrize("mode,recompute", [("full", None), ("topk", None), ("full", True)])
 @pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
-def test_fp16_student_under_loss_scale(beta, mode, recompute):
-    """``(total / N) · 2^16`` backward: FP16 gradient entries FP16 can represent must not come back as 0."""
-    case = make_case("fp16", "fp16", mode, True, seed_of("fp16-scale", beta, mode))
+def test_fp16_student_under_loss_scale_recompute(beta):
+    """``(total / N) · 2^16`` backward through ``jsd_per_position(recompute=True)`` (a switch the certificate cannot
+    reach; its "FP16 under loss scaling" family covers the default path, full vocabulary and top-k): FP16 gradient
+    entries FP16 can represent must not come back as 0."""
+    case = make_case("fp16", "fp16", "full", True, seed_of("fp16-scale", beta, "full"))
     ref_total, n, ref_grad = reference_gkd(case.student, case.labels, beta, 0.9, "paper", **case.ref_kwargs)
     ref_grad = ref_grad * LOSS_SCALE
     s = case.student.clone().requires_grad_(True)
-    if recompute:
-        rows = case.labels != -100
-        _, total = jsd_per_position(s[rows], case.teacher.full_logits[rows], beta, precision="fp32",
-                                    temperature=0.9, recompute=True)
-    else:
-        total, _ = make_gkd_loss("fp32", "paper")(s, case.teacher, case.labels, beta, 0.9)
+    rows = case.labels != -100
+    _, total = jsd_per_position(s[rows], case.teacher.full_logits[rows], beta, precision="fp32", temperature=0.9,
+                                recompute=True)
     (total / n * LOSS_SCALE).backward()
     assert s.grad.dtype == torch.float16
     representable = ref_grad.half() != 0
@@ -262,24 +216,6 @@ def _partial_inf_case(student):
     return lp, idx, labels, TeacherOutput(topk_logprobs=lp, topk_indices=idx, labels=labels)
 
 
-@pytest.mark.parametrize("form", ["paper", "continuous"])
-@pytest.mark.parametrize("beta", [0.0, 1e-6, 0.5, 0.9, 1 - 1e-6])
-@pytest.mark.parametrize("precision", ["fp32", "fp64"])
-def test_issue_repro_partially_minus_inf_topk_row(precision, beta, form):
-    """Some (not all) teacher log-probs −inf: finite, exact value (0·log 0 = 0) and finite gradients."""
-    student = torch.tensor([[[1.0, 0.5, -0.3]]])
-    lp, idx, labels, teacher = _partial_inf_case(student)
-    ref_total, ref_n, ref_grad = reference_gkd(student, labels, beta, 1.0, form, teacher_topk=(lp, idx))
-    assert math.isfinite(ref_total)
-    s = student.clone().requires_grad_(True)
-    total, n = make_gkd_loss(precision, form)(s, teacher, labels, beta, 1.0)
-    (total / n).backward()
-    assert math.isfinite(float(total)) and float(total) >= 0
-    assert abs(float(total) - ref_total) <= loss_tol(ref_total, 1)
-    assert bool(torch.isfinite(s.grad).all())
-    assert _rel_l2(s.grad, ref_grad) <= grad_tol(ref_grad, s.dtype)
-
-
 @pytest.mark.parametrize("precision", ["fp32", "fp64"])
 def test_partially_minus_inf_reverse_kl_is_infinite_like_the_reference(precision):
     """β = 1 is KL(S‖T), +inf when the teacher gives probability 0 where the student does not: the exact value."""
@@ -297,26 +233,3 @@ def test_native_keeps_upstreams_nan_on_partially_minus_inf_rows():
     assert make_gkd_loss("native", "paper") is upstream.gkd_loss
     for beta in (0.0, 0.5):
         assert math.isnan(float(upstream.gkd_loss(student, teacher, labels, beta, 1.0)[0]))
-
-
-@pytest.mark.parametrize("form", ["paper", "continuous"])
-@pytest.mark.parametrize("beta", [0.0, 1e-3, 0.5, 0.999])
-@pytest.mark.parametrize("precision", ["fp32", "fp64"])
-def test_partially_minus_inf_rows_in_a_batch(precision, beta, form):
-    """A realistic top-k batch where some positions have trailing −inf log-probs (fewer than k candidates)."""
-    case = make_case("fp32", "bf16", "topk", True, seed_of("partial-inf", beta, form))
-    lp = case.teacher.topk_logprobs.clone()
-    lp[0, 5, 10:] = float("-inf")
-    lp[1, 7, 1:] = float("-inf")
-    lp[1, 9] = float("-inf")  # a fully -inf row is still dropped
-    teacher = TeacherOutput(topk_logprobs=lp, topk_indices=case.teacher.topk_indices, labels=case.labels)
-    ref_total, ref_n, ref_grad = reference_gkd(case.student, case.labels, beta, 0.9, form,
-                                               teacher_topk=(lp, case.teacher.topk_indices))
-    s = case.student.clone().requires_grad_(True)
-    terms = make_gkd_loss_terms(precision, form)(s, teacher, case.labels, beta, 0.9)
-    assert int(terms.num_valid) == ref_n
-    assert bool(torch.isfinite(terms.per_position).all())
-    assert abs(float(terms.total) - ref_total) <= loss_tol(ref_total, ref_n)
-    (terms.total / terms.num_valid).backward()
-    assert bool(torch.isfinite(s.grad).all())
-    assert _rel_l2(s.grad, ref_grad) <= grad_tol(ref_grad, s.dtype)
