@@ -67,6 +67,8 @@ def _case(rel: str):
         return [], "train"
     if parts[:2] == ("hydra", "launcher"):
         return [f"hydra/launcher={parts[2]}"], "train"
+    if parts[:2] == ("hydra", "job_logging"):  # chosen by hydra/default.yaml: composed with train.yaml
+        return [f"hydra/job_logging={parts[2]}"], "train"
     if parts[0] == "rollout" and parts[1] != "none":  # on-policy engines need on-policy batches (+ their inputs)
         extra = {"vllm_colocate": ["model=tiny_vllm"],
                  "vllm_server": ["model=tiny_vllm", "rollout.vllm.server.base_url=http://127.0.0.1:8000"]}.get(parts[1], [])
@@ -92,6 +94,9 @@ def test_every_config_composes(rel):
             assert load_criteria() is not None  # typed through its own schema
         return
     master = compose(overrides)
+    if overrides and overrides[0].startswith("hydra/job_logging="):  # no log file opened in a run folder
+        handlers = OmegaConf.to_container(master.hydra.job_logging, resolve=True)["handlers"]
+        assert [h["class"] for h in handlers.values()] == ["logging.StreamHandler"]
     if overrides and overrides[0].startswith("hydra/launcher="):
         from hydra.utils import instantiate
 

@@ -36,11 +36,15 @@ def evaluate_variants(student_logits: torch.Tensor, teacher_output: TeacherOutpu
     """
     grads, out = {}, {}
     for precision in VARIANTS:
-        s = student_logits.detach().clone().requires_grad_(True)
+        # the FP64 variant on an FP64 leaf: its exact gradient, rounded once to the student's dtype below (the
+        # spot check's g64); every other variant on a leaf in the student's dtype
+        s = (student_logits.detach().to(torch.float64) if precision == "fp64" else
+             student_logits.detach().clone()).requires_grad_(True)
         terms = make_gkd_loss_terms(precision, beta_form)(s, teacher_output, labels, beta, temperature)
         n = int(terms.num_valid)
         (grad, ) = torch.autograd.grad(terms.total, s, allow_unused=True)
-        grads[precision] = torch.zeros_like(s, dtype=torch.float64) if grad is None else grad.double()
+        grads[precision] = (torch.zeros_like(s, dtype=torch.float64) if grad is None else
+                            grad.to(student_logits.dtype).double())
         total = float(terms.total.detach().double())
         out[precision] = {"loss": total / n if n else 0.0 * total, "num_valid": n}
     ref = grads["fp64"]

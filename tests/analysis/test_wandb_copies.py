@@ -77,7 +77,7 @@ def test_run_folder_copied_is_two_runs_and_refused(one_run, tmp_path, capsys):
     report = tmp_path / "report"
     assert main([str(sweep), "--source", "wandb-offline", "--report", str(report)]) == 2
     err = capsys.readouterr().err
-    assert "is not one sweep" in err and "appears 2 times" in err and "--allow-mixed" in err
+    assert "is not one comparison" in err and "appears 2 times" in err and "--allow-mixed" in err
     assert not report.exists()
     assert main([str(sweep), "--source", "wandb-offline", "--report", str(report), "--allow-mixed"]) in (0, 1)
     v = json.loads((report / "verdict.json").read_text())
