@@ -1,7 +1,8 @@
 """Provenance of a run: which harness tree and which loss code produced it (summary.json ``provenance``).
 
 * ``harness_commit`` / ``harness_dirty``: ``git rev-parse HEAD`` and whether ``git status --porcelain`` lists
-  anything, in the tree this package was imported from (None for an installed wheel: no git tree);
+  anything, in the tree this package was imported from; for an installed wheel (no git tree), the short commit and
+  dirty flag its build recorded (``gkd_harness/_version.py``, setuptools-scm), None where there is none;
 * ``loss_sha256``: sha256 of the loss implementation the run used. ``native``: upstream's installed
   ``swift/rlhf_trainers/gkd_loss.py`` (found through the ms-swift distribution, without importing swift); every
   other precision: the harness's own ``harness/loss/*.py`` (names and contents, in name order); ``candidate``: the
@@ -32,14 +33,39 @@ _HARNESS_DIR = Path(__file__).resolve().parents[1]  # harness/
 _UPSTREAM_LOSS = "swift/rlhf_trainers/gkd_loss.py"
 
 
-def harness_version() -> str:
-    """The installed gkd-harness version (``"unknown"`` when the package is not installed)."""
+def _built_version() -> Dict[str, Any]:
+    """What the build wrote into ``gkd_harness/_version.py`` (setuptools-scm): ``version``, ``commit``
+    (``"g<short sha>"``) and ``dirty``; empty where it is absent (a checkout never installed)."""
+    try:
+        from gkd_harness import _version  # written at build or install time, git-ignored
+    except ImportError:
+        return {}
+    return {k: getattr(_version, k, None) for k in ("version", "commit", "dirty")}
+
+
+def _installed_version() -> Optional[str]:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version(PACKAGE)
     except PackageNotFoundError:
-        return "unknown"
+        return _built_version().get("version")
+
+
+def harness_version() -> str:
+    """This harness's version (summary.json, the resume fingerprint, every ``--version``).
+
+    From a git checkout: the installed version's public part and the tree as it is now, ``0.1.dev5+g1a2b3c4d5``
+    (``.dirty`` with uncommitted changes), since an editable install's metadata keeps the version of the commit it
+    was installed at. From an installed wheel: the version it was built with (setuptools-scm,
+    ``0.1.devN+g<commit>`` between tags). ``"unknown"`` when neither is known.
+    """
+    installed = _installed_version()
+    state = git_state()
+    if state["harness_commit"] is None:
+        return installed or "unknown"
+    public = (installed or "0").split("+")[0]
+    return f"{public}+g{state['harness_commit'][:9]}{'.dirty' if state['harness_dirty'] else ''}"
 
 
 def version_line(prog: str) -> str:
@@ -69,9 +95,12 @@ def git_state(root: Path = _HARNESS_DIR.parent) -> Dict[str, Any]:
             return None
         return out.stdout if out.returncode == 0 else None
 
-    commit = git("rev-parse", "HEAD")
-    if not commit:
-        return {"harness_commit": None, "harness_dirty": None}
+    commit = git("rev-parse", "HEAD") if (root / ".git").exists() else None
+    if not commit:  # an installed wheel: the commit it was built from, as its build recorded it
+        built = _built_version() if root == _HARNESS_DIR.parent else {}
+        node = built.get("commit")
+        return {"harness_commit": node[1:] if node and node.startswith("g") else node,
+                "harness_dirty": built.get("dirty")}
     status = git("status", "--porcelain", "--untracked-files=no")
     return {"harness_commit": commit.strip(), "harness_dirty": None if status is None else bool(status.strip())}
 

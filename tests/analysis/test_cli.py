@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
 from analysis.cli import main
+from harness.store.provenance import harness_version
 
 
 def _analyze(*args) -> subprocess.CompletedProcess:
@@ -104,7 +104,7 @@ def test_help_in_plain_words_lists_exit_codes(capsys):
 
 def test_version_prints_the_harness_version(capsys):
     assert main(["--version"]) == 0
-    assert capsys.readouterr().out.strip() == f"gkd-analyze {version('gkd-harness')} (gkd-harness)"
+    assert capsys.readouterr().out.strip() == f"gkd-analyze {harness_version()} (gkd-harness)"
 
 
 def test_usage_error_is_exit_2(capsys):
