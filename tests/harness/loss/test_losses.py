@@ -156,7 +156,9 @@ class TestNativeReproducesTheBug:
         assert float(fixed.per_position.min()) >= 0
 
 
-# --------------------------------------------------------------------------------------------- pinned objective
+# ------------------------------------------------------------------------------- the two forms, bit for bit
+# (report 001's table pins each form's values: the certificate's "pinned (TRL style)" family)
+
 
 def test_forms_agree_at_endpoints_and_half_and_continuous_form_is_continuous():
     case = make_case("fp32", "bf16", "full", False, 5)
