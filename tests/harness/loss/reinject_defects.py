@@ -40,7 +40,8 @@ DEFECTS = {
           "    cd = compute_dtype(precision, s_logits.dtype, t_logits.dtype)\n    width")]),
     "textbook-fp32": (
         "4bb5ca6", "fp32 = promote, then the textbook formula (the loss before issue 13)",
-        [(V, '    if (recompute is None and precision == "fp32"', '    if (False and recompute is None and precision == "fp32"'),
+        [(V, '    if (recompute is None and precision == "fp32"',
+          '    if (False and recompute is None and precision == "fp32"'),
          (V, _FUSED_OR_INJECTED, _FUSED_OR_INJECTED.replace("if recompute", 'if precision == "fp64" and recompute')),
          (C, '    stable = precision == "fp32" and log_softmax_fn', "    stable = False and log_softmax_fn")]),
     "kappa-logsumexp": (
@@ -86,7 +87,8 @@ DEFECTS = {
           "        per_position = _FusedChunkedJSD.apply")]),
     "double-rounding": (
         "b0ff85d", "BF16 ∂JSD/∂z rounded in forward, then scaled by 1/num_valid (rounded twice)",
-        [(C, "               if need and torch.finfo(s.dtype).bits", "               if False and torch.finfo(s.dtype).bits")]),
+        [(C, "               if need and torch.finfo(s.dtype).bits",
+          "               if False and torch.finfo(s.dtype).bits")]),
 }
 
 
@@ -110,6 +112,11 @@ def run(name: str) -> str:
             return f"patch does not apply: {e}"
         env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                    HF_HUB_OFFLINE="1", WANDB_MODE="offline")
+        probe = "import harness, analysis; print(harness.__file__, analysis.__file__)"
+        where = subprocess.run([sys.executable, "-c", probe], cwd=tree, env=env, capture_output=True,
+                               text=True).stdout.split()
+        if not where or not all(w.startswith(str(tree)) for w in where):
+            return f"the worktree's packages are not the ones imported: {where}"
         args = [sys.executable, "-m", "pytest", "tests/harness/loss", "-q", "-p", "no:randomly", "-p",
                 "no:cacheprovider", "-W", "ignore", "--ignore=tests/harness/loss/test_candidate.py"]
         if name != "injected-textbook":
@@ -117,7 +124,7 @@ def run(name: str) -> str:
         out = subprocess.run(args, cwd=tree, env=env, capture_output=True, text=True).stdout
         failed = sorted({m.split("::")[0].rsplit("/", 1)[-1] + "::" + m.split("::")[1].split("[")[0]
                          for m in re.findall(r"^FAILED (\S+)", out, re.M)})
-        return f"{out.strip().splitlines()[-1]} | " + ", ".join(failed)
+        return f"{out.strip().splitlines()[-1]}: " + ", ".join(failed)
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
 
