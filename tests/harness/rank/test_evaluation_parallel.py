@@ -92,6 +92,7 @@ def _check_topk(inp: dict, vals: torch.Tensor, ids: torch.Tensor, k: int) -> Non
     assert torch.equal(vals.sort(-1, descending=True).values, torch.topk(inp["teacher"], k, -1).values)
 
 
+@pytest.mark.parallel  # one torchrun job, 2 gloo ranks
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c["name"])
 def test_eval_on_two_ranks_matches_the_fp64_full_vocabulary_reference(parallel_eval, case):
     inputs, ranks = parallel_eval
@@ -122,6 +123,7 @@ def test_the_cross_shard_tie_is_resolved_to_the_first_maximum():
 CALLBACK_WORKER = Path(__file__).with_name("eval_megatron_callback_worker.py")
 
 
+@pytest.mark.parallel  # a torchrun job, 2 gloo ranks
 def test_megatron_callback_records_the_tp_reduced_evaluation(tmp_path):
     """One evaluation through the plugin as installed and the harness's real Megatron callback (``on_eval_begin``,
     the dtype boundary and EvalTap on TP=2 shards, ``on_eval_end``'s collective, ``on_log``) on 2 gloo ranks: the last
