@@ -11,6 +11,7 @@ The constraints, read from ms-swift's source and restated here independently of 
 """
 from __future__ import annotations
 
+import copy
 import itertools
 from pathlib import Path
 
@@ -35,19 +36,39 @@ def _swift_accepts(world: int, tp: int, pp: int, cp: int, micro: int, gbs: int, 
     return not on_policy or (gen // dp) % mp == 0
 
 
-def _cfg(experiment, tmp_path, *extra):
+def _base(experiment, tmp_path):
     base = [f"experiment={experiment}", "run.dataset=x/y", "monitor.eval.dataset=x/val", f"run.output_dir={tmp_path / 'run'}"]
     if not isinstance(point_config(base)[0].backend, MegatronBackendConfig):  # an HF preset, laid out on Megatron
         base.append("backend=megatron_seed")
-    return point_config([*base, *extra])
+    return base
+
+
+def _cfg(experiment, tmp_path, *extra):
+    return point_config([*_base(experiment, tmp_path), *extra])
+
+
+@pytest.fixture(scope="module")
+def layout_configs(tmp_path_factory):
+    """{experiment: [(tp, pp, cp, cfg, run_dir)]}, each preset's 8 layouts composed once for both node counts (the
+    composition does not depend on the node count; it was done twice, and the HF-or-Megatron check once per layout)."""
+    root, cache = tmp_path_factory.mktemp("layouts"), {}
+
+    def get(experiment):
+        if experiment not in cache:
+            base = _base(experiment, root / experiment)
+            cache[experiment] = [(tp, pp, cp, *point_config([*base, f"backend.tensor_model_parallel_size={tp}",
+                                                             f"backend.pipeline_model_parallel_size={pp}",
+                                                             f"backend.context_parallel_size={cp}"]))
+                                 for tp, pp, cp in LAYOUTS]
+        return cache[experiment]
+    return get
 
 
 @pytest.mark.parametrize("nodes", [1, 2])
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
-def test_every_preset_and_layout_gets_a_global_batch_ms_swift_accepts(experiment, nodes, tmp_path):
-    for tp, pp, cp in LAYOUTS:
-        cfg, run_dir = _cfg(experiment, tmp_path, f"backend.tensor_model_parallel_size={tp}",
-                            f"backend.pipeline_model_parallel_size={pp}", f"backend.context_parallel_size={cp}")
+def test_every_preset_and_layout_gets_a_global_batch_ms_swift_accepts(experiment, nodes, layout_configs):
+    for tp, pp, cp, cfg, run_dir in layout_configs(experiment):
+        cfg = copy.deepcopy(cfg)  # the plan gets a config of its own, as after a fresh composition
         plan = node_plan(cfg, run_dir, 0, nodes, 8)
         gbs = int(plan.argv[plan.argv.index("--global_batch_size") + 1])
         assert "--generation_batch_size" not in plan.argv and "--steps_per_generation" not in plan.argv
