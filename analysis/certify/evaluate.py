@@ -153,6 +153,18 @@ def _ratios(value: float, grad: torch.Tensor, case: Case, ref) -> Tuple[float, f
     return v_ratio, g_ratio
 
 
+def zeroed(grad: torch.Tensor, case: Case, ref) -> Tuple[int, int]:
+    """``(zeroed, representable)`` for an FP16/BF16 student: entries whose (loss-scaled) FP64 gradient is at least
+    the dtype's smallest subnormal in magnitude, and those of them the candidate returned as exactly 0. A relative
+    L2 does not see them when a few large entries dominate the norm (FP16, V = 32,768: a loss that stores ∂JSD/∂z
+    unscaled in FP16 returned 63 % of them as 0 within the L2 tolerance). ``(0, 0)`` for wider students."""
+    if not case.judge_grad or case.student.dtype not in (torch.float16, torch.bfloat16):
+        return 0, 0
+    tiny = torch.finfo(case.student.dtype).smallest_normal * torch.finfo(case.student.dtype).eps
+    representable = (ref[2] * case.loss_scale).abs() >= tiny
+    return int(((grad == 0) & representable).sum()), int(representable.sum())
+
+
 def reference_of(case: Case):
     """The FP64 reference ``(total, n, grad)`` of a case, on its original inputs."""
     return reference_gkd(case.student, case.labels, case.beta, case.temperature, case.form, **case.ref)
@@ -170,6 +182,9 @@ def _textbook_fp32(upstream: Callable, case: Case, ref) -> Tuple[float, str]:
     if n != ref[1]:
         return math.inf, f"upstream in FP32 num_valid {n}"
     r = max(_ratios(value, grad, case, ref))
+    z, rep = zeroed(grad, case, ref)
+    if z:
+        return math.inf, f"upstream in FP32 zeroes {z} of {rep} representable gradient entries"
     return r, f"upstream in FP32 {r:.3g}x tol"
 
 
@@ -190,10 +205,13 @@ def _reference_check(fn: Callable, case: Case, upstream: Optional[Callable] = No
             return CaseResult(case.id, math.inf, False, negative, True, f"non-finite, as {up_note}", value, n)
         return CaseResult(case.id, math.inf, True, negative, True, f"non-finite total {value} or gradient", value, n)
     v_ratio, g_ratio = _ratios(value, grad, case, ref)
-    ratio = max(v_ratio, g_ratio)
+    z, rep = zeroed(grad, case, ref)
+    ratio = math.inf if z else max(v_ratio, g_ratio)
     note = ""
     if ratio > bar:
-        note = (f"value {value:.6g} vs FP64 {ref[0]:.6g} ({v_ratio:.3g}x tol)" if v_ratio >= g_ratio else
+        note = (f"{z} of {rep} representable gradient entries zeroed ({100 * z / rep:.3g} %; gradient rel-L2 "
+                f"{g_ratio:.3g}x tol)" if z else
+                f"value {value:.6g} vs FP64 {ref[0]:.6g} ({v_ratio:.3g}x tol)" if v_ratio >= g_ratio else
                 f"gradient rel-L2 {g_ratio:.3g}x tol")
         if up_note:
             note += f"; {up_note}"

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
-from analysis.certify.cases import Case, make, rows_case, seed_of, sharded_primitives
+from analysis.certify.cases import Case, make, problem, rows_case, seed_of, sharded_primitives
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,8 +244,15 @@ def beta_endpoints(form: str, quick: bool) -> List[Case]:
 
 
 def fp16_loss_scale(form: str, quick: bool) -> List[Case]:
-    return [make(f"fp16/fp16 {m} loss x 2^16 b={b}", "fp16", "fp16", m, NEAR, b, 1.0, form, loss_scale=2.0**16)
-            for b, m in itertools.product(_pick(quick, [0.0, 0.5, 1.0], [0.5]), MODES)]
+    """FP16 students under a 2^16 loss scale; V = 32,768 puts most ∂JSD/∂z entries below FP16's smallest subnormal
+    before the scale multiplies them: besides the relative L2 (which the few large entries dominate), no entry the
+    scaled FP64 gradient has at or above FP16's smallest subnormal may come back 0 (``zeroed``)."""
+    out = [make(f"fp16/fp16 {m} loss x 2^16 b={b}", "fp16", "fp16", m, NEAR, b, 1.0, form, loss_scale=2.0**16)
+           for b, m in itertools.product(_pick(quick, [0.0, 0.5, 1.0], [0.5]), MODES)]
+    out += [make(f"fp16/fp16 full V=32768 loss x 2^16 b={b} T=0.9", "fp16", "fp16", "full", NEAR, b, 0.9, form,
+                 loss_scale=2.0**16, batch=1, seq=8, masked_prefix=0, vocab=32768)
+            for b in _pick(quick, [0.0, 0.5, 1.0], [0.5])]
+    return out
 
 
 def partial_inf(form: str, quick: bool) -> List[Case]:
@@ -271,6 +278,40 @@ def confident_disagreement(form: str, quick: bool) -> List[Case]:
     return out
 
 
+def _shifted(scale: float, seed: int, rows: int = 16, vocab: int = 64):
+    """Near-identical rows whose logits carry a row offset of ``+scale`` (student) and ``-scale`` (teacher), as
+    tests/harness/loss/test_losses_regimes.py's: ``t - s`` rounds at ulp(2·scale), the log-softmaxes do not."""
+    g = torch.Generator().manual_seed(seed)
+    base = 2 * torch.randn(rows, vocab, generator=g)
+    off = scale * torch.where(torch.rand(rows, 1, generator=g) < 0.5, -1.0, 1.0)
+    return base + off, base + 0.03 * torch.randn(rows, vocab, generator=g) - off
+
+
+def shifted_logits(form: str, quick: bool) -> List[Case]:
+    """Student and teacher logits offset by a large per-row constant (±300, ±1e4 with opposite signs): softmax
+    does not see it, so any correct formula (textbook FP32 included: ``x - max`` is exact there) stays within
+    tolerance; a loss that forms ``t - s`` for the log-ratio loses it at ulp(2·offset)."""
+    return [rows_case(f"row offset +-{sc:g} b={b}", *_shifted(sc, seed_of("shifted", sc)), b, 1.0, form)
+            for sc, b in itertools.product(_pick(quick, [300.0, 1e4], [1e4]),
+                                           _pick(quick, [0.0, 0.1, 0.5, 0.9, 1.0], [0.1, 0.9]))]
+
+
+def one_hot_rows(form: str, quick: bool) -> List[Case]:
+    """Near-identical distributions (teacher = student + 0.03 noise, BF16; the loss tests' generator) divided by
+    T = 1e-3 in FP32 beforehand and judged at T = 1 on exactly those tensors: scaled logits of thousands, nearly
+    one-hot rows. At the argmax the gradient ``p·h − p·Σ p·h`` cancels (p ≈ 1): it must come from the other
+    entries' zero-sum instead (reverse KL and β within 1e-6 of an endpoint show it)."""
+    out = []
+    for be, seed_form in itertools.product(_pick(quick, [0.0, 1e-6, 0.5, 1 - 1e-6, 1.0], [1e-6, 1.0]),
+                                           ["paper", "continuous"]):
+        s, t, labels, _ = problem("fp32", "bf16", "full", NEAR,
+                                  seed_of("temp", ("fp32", "bf16"), 1e-3, be, seed_form, True))
+        rows = labels != -100
+        out.append(rows_case(f"fp32/bf16 logits / 1e-3 at T=1 b={be:g} (seed {seed_form})", s[rows].float() / 1e-3,
+                             t.full_logits[rows].float() / 1e-3, be, 1.0, form))
+    return out
+
+
 def vocab_parallel(form: str, quick: bool) -> List[Case]:
     lsf, kdf = sharded_primitives(2)
     return [make(f"{a}/{b} 2 vocab shards b={be}", a, b, "full", NEAR, be, 1.0, form,
@@ -292,6 +333,8 @@ REQUIRED_FAMILIES = [
     Family("chunking", True, "600 positions (> chunk 512); chunk_size 1, 7, 64", chunking),
     Family("vocab mismatch", True, "student and teacher vocabularies differ (upstream's alignment)", vocab_mismatch),
     Family("pinned (TRL style)", True, "TRL's generalized_jsd pins; the β defect's table (docs/defects.md)", pinned),
+    Family("shifted logits", True, "student and teacher rows offset by ±300 or ±1e4 (opposite signs)",
+           shifted_logits),
     Family("injected primitives (2 vocab-parallel ranks)", True,
            "gather_fn / log_softmax_fn / kl_div_fn by keyword, as Megatron passes them; each rank holds half the "
            "vocabulary, so a candidate that does not call them is wrong", injected),
@@ -300,9 +343,13 @@ REQUIRED_FAMILIES = [
 HARD_FAMILIES = [
     Family("extreme logits", False, "logits of ±1e2 … ±1e4 at T = 1", extreme_logits),
     Family("beta near an endpoint", False, "β ∈ {1e-6, 1e-3, 0.999, 1 − 1e-6}", beta_endpoints),
-    Family("FP16 under loss scaling", False, "FP16 student, loss × 2^16", fp16_loss_scale),
+    Family("FP16 under loss scaling", False, "FP16 student, loss × 2^16 (V = 96 and 32,768); no representable "
+           "gradient entry zeroed", fp16_loss_scale),
     Family("partially -inf top-k rows", False, "some (not all) teacher log-probs −inf", partial_inf),
     Family("confident disagreement", False, "independent logits of std 10 and 30", confident_disagreement),
+    Family("nearly one-hot rows (logits / 1e-3)", False, "near-identical distributions divided by T = 1e-3 "
+           "beforehand (scaled logits of thousands), β ∈ {0, 1e-6, 0.5, 1 − 1e-6, 1}",
+           one_hot_rows),
     Family("vocab-parallel primitives", False, "log-softmax / KL over 2 vocabulary shards", vocab_parallel),
     Family("BF16 gradient of total / num_valid", False, "a BF16 student's gradient under a non-power-of-two scale "
            "(num_valid 60 and 3) is rounded once", scaled_backward),

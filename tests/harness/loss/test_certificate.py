@@ -14,3 +14,35 @@ def test_the_certificate_passes_strict(variant, beta_form):
     failing = {f["name"]: f["failing"][:2] for f in cert["families"] if not f["passed"]}
     assert cert["verdict"] == "PASS", failing
     assert all(f["gating"] for f in cert["families"]) and len(cert["families"]) >= 19
+
+
+#: (defect of tests/harness/loss/reinject_defects.py, the family that must fail on it): the three past defects
+#: only unit tests caught before the certificate had these cases (docs/loss_accuracy.md).
+CERTIFICATE_GAPS = [("shifted-rows", "shifted logits"), ("fp16-row-scale", "FP16 under loss scaling"),
+                    ("argmax-zero-sum", "nearly one-hot rows")]
+
+
+@pytest.mark.parametrize("defect,family", CERTIFICATE_GAPS)
+def test_the_certificate_fails_a_reinjected_defect_naming_the_family(defect, family, tmp_path):
+    """The harness package copied, the defect re-injected into the copy, and ``gkd-certify fp32 --strict
+    --strict-bar tolerance --family FAMILY`` run on it (the copy first on PYTHONPATH): exit 1 naming the family.
+    The same command on the harness as it is passes (test_the_certificate_passes_strict)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.harness.loss.reinject_defects import ROOT, inject
+
+    shutil.copytree(ROOT / "harness", tmp_path / "harness", ignore=shutil.ignore_patterns("__pycache__"))
+    inject(tmp_path, defect)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", WANDB_MODE="offline")
+    probe = subprocess.run([sys.executable, "-c", "import harness; print(harness.__file__)"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True)
+    assert Path(probe.stdout.strip()).is_relative_to(tmp_path), probe.stdout + probe.stderr
+    proc = subprocess.run([sys.executable, "-m", "analysis.certify.cli", "fp32", "--strict", "--strict-bar",
+                           "tolerance", "--family", family], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"verdict: FAIL (failed: {family}" in proc.stdout, proc.stdout[-2000:]
