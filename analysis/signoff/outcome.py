@@ -73,9 +73,12 @@ def final_values(sweep, metrics: Iterable[str] = OUTCOME_METRICS) -> pd.DataFram
     runs without any of them are left out). ``step`` is the step of the last ``eval/jsd``."""
     metrics = list(metrics)
     hist = sweep.history
+    hist = hist[["run", "step", *dict.fromkeys(m for m in metrics if m in hist.columns)]]
+    by_run = dict(tuple(hist.groupby("run", sort=False)))  # one pass over the history, not one per run
+    empty = hist.iloc[0:0]
     rows = []
     for _, r in sweep.runs.iterrows():
-        h = hist[hist["run"] == r["run"]]
+        h = by_run.get(r["run"], empty)
         row = {"run": r["run"], "variant": variant_of(r), "role": role_of(r.get("loss.precision")),
                "precision": r.get("loss.precision"), "beta_form": r.get("loss.beta_form"),
                "seed": r.get("run.seed"), "step": math.nan}

@@ -27,7 +27,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-__all__ = ["DPI", "METRIC_UNITS", "variant_style", "variant_label", "plot_curves", "plot_negatives",
+__all__ = ["DPI", "METRIC_UNITS", "envelope", "variant_style", "variant_label", "plot_curves", "plot_negatives",
            "plot_spot_errors", "plot_beta_curve"]
 
 #: Resolution of every PNG.
@@ -41,6 +41,8 @@ METRIC_UNITS = {
 _DIFF_UNITS = {TRAIN_LOSS: "nats per position", JSD_LOSS: "nats per position",
                TRAIN_GRAD_NORM: "L2 norm"}
 _LOG_FLOOR = 1e-12
+#: Most points drawn per line: longer lines are drawn through their min/max envelope (:func:`envelope`).
+_MAX_DRAWN_POINTS = 4000
 _MAX_MARKED_RUNS = 3  # runs of one variant in a panel drawn individually with markers; more: median + faint
 _RC = {"font.size": 10, "axes.titlesize": 10, "axes.labelsize": 10, "legend.fontsize": 9,
        "xtick.labelsize": 9, "ytick.labelsize": 9, "figure.titlesize": 11}
@@ -94,8 +96,18 @@ def _variants(df: pd.DataFrame) -> list:
 
 
 def _save(fig, path: Path) -> Path:
+    """Write ``fig`` as a PNG at :data:`DPI` and close it.
+
+    The constrained layout is computed once, here, at the PNG's resolution, and then switched off: ``savefig``
+    with a layout engine would draw the whole figure twice (a layout pass with rendering disabled, then the
+    PNG). The pixels are the same either way."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    fig.set_dpi(DPI)
+    engine = fig.get_layout_engine()
+    if engine is not None:
+        engine.execute(fig)
+        fig.set_layout_engine(None)
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
@@ -109,9 +121,27 @@ def _legend(fig, handles: Sequence, labels: Sequence[str]) -> None:
         fig.legend(handles, labels, loc="outside lower center", ncol=min(4, len(handles), fits), frameon=False)
 
 
-def _paired_difference(sweep, runs: pd.DataFrame, metric: str) -> list:
+def _series_by_run(h: pd.DataFrame, metric: str) -> dict:
+    """``{run: (steps [n], values [n])}`` of ``metric``'s logged (non-NaN) values, each run sorted by step.
+
+    One sort of the whole column, then a split at the run boundaries: no per-run DataFrame."""
+    data = h[["run", "step", metric]]
+    values = data[metric].to_numpy(dtype=float)
+    keep = ~np.isnan(values) & data["run"].notna().to_numpy() & data["step"].notna().to_numpy()
+    codes, names = pd.factorize(data["run"].to_numpy()[keep])
+    steps, values = data["step"].to_numpy()[keep], values[keep]
+    order = np.lexsort((steps, codes))
+    codes, steps, values = codes[order], steps[order], values[order]
+    cuts = np.flatnonzero(np.diff(codes)) + 1
+    starts = np.concatenate(([0], cuts))
+    ends = np.concatenate((cuts, [len(codes)]))
+    return {names[codes[a]]: (steps[a:b], values[a:b]) for a, b in zip(starts, ends) if b > a}
+
+
+def _paired_difference(sweep, runs: pd.DataFrame, metric: str, by_run: Optional[dict] = None) -> list:
     """Native − fp32 of ``metric`` on common steps for runs equal in every other config key.
 
+    ``by_run``: :func:`_series_by_run` of the sweep's history, when the caller has it already.
     Returns ``[(beta, form, steps [n], diff [n])]``.
     """
     from analysis.signoff.compare import paired_runs
@@ -119,40 +149,90 @@ def _paired_difference(sweep, runs: pd.DataFrame, metric: str) -> list:
     pairs = paired_runs(runs, "loss.precision", "native", "fp32")
     if not pairs:
         return []
-    h = sweep.history[["run", "step", metric]].dropna()
-    by_run = dict(tuple(h.groupby("run", sort=False)))
-    empty = h.iloc[0:0]
+    if by_run is None:
+        by_run = _series_by_run(sweep.history, metric)
+    row_of: dict = {}
+    for i, name in enumerate(runs["run"]):
+        row_of.setdefault(name, i)  # the first row of a run, as a boolean selection's .iloc[0]
     out = []
     for native, fp32 in pairs:
-        a, b = by_run.get(native, empty)[["step", metric]], by_run.get(fp32, empty)[["step", metric]]
-        m = a.merge(b, on="step", suffixes=("_n", "_f")).sort_values("step")
-        if m.empty:
+        if native not in by_run or fp32 not in by_run:
             continue
-        r = runs.loc[runs["run"] == native].iloc[0]
-        out.append((r["gkd.beta"], str(r["loss.beta_form"]), m["step"].to_numpy(),
-                    (m[f"{metric}_n"] - m[f"{metric}_f"]).to_numpy(dtype=float)))
+        (sa, va), (sb, vb) = by_run[native], by_run[fp32]
+        # history holds one row per (run, step): steps are unique per run, so this is the inner join on step
+        common, ia, ib = np.intersect1d(sa, sb, assume_unique=True, return_indices=True)
+        if not len(common):
+            continue
+        r = runs.iloc[row_of[native]]
+        out.append((r["gkd.beta"], str(r["loss.beta_form"]), common, va[ia] - vb[ib]))
     return out
+
+
+def envelope(x: np.ndarray, y: np.ndarray, max_points: int = None) -> tuple:
+    """The points of the line ``(x, y)`` that drawing needs, at most about ``max_points`` of them.
+
+    A line of ``n <= max_points`` points is returned unchanged. A longer one (``x`` ascending) is cut into
+    ``max_points // 4`` bins of equal width in ``x`` (more bins than a panel has pixel columns at :data:`DPI`),
+    and each bin keeps its first and last point and the points of its minimum and maximum, in ``x`` order: the
+    min/max envelope of the line per bin. Every extreme survives (a single negative value among 10⁶ points
+    is still drawn, at its own step and value), and every non-finite point (NaN, ±Inf) is kept as well.
+    """
+    max_points = _MAX_DRAWN_POINTS if max_points is None else int(max_points)
+    x, y = np.asarray(x), np.asarray(y, dtype=float)
+    n = len(x)
+    if n <= max(max_points, 8):
+        return x, y
+    bins = max(2, max_points // 4)
+    xf = x.astype(float)
+    span = xf[-1] - xf[0]
+    if not span > 0:
+        b = np.zeros(n, dtype=np.int64)
+    else:
+        b = np.minimum(((xf - xf[0]) * (bins / span)).astype(np.int64), bins - 1)
+    finite = np.isfinite(y)
+    yk = np.where(finite, y, 0.0)  # non-finite points are kept below; they must not be a bin's min or max
+    order = np.lexsort((yk, b))  # by bin, then by value: each bin's first entry is its minimum, last its maximum
+    sb = b[order]
+    first_of = np.flatnonzero(np.r_[True, sb[1:] != sb[:-1]])
+    last_of = np.r_[first_of[1:] - 1, n - 1]
+    # the first/last point of each bin (x is ascending, so bins are contiguous runs of indices)
+    edges = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
+    keep = np.concatenate((order[first_of], order[last_of], edges, np.r_[edges[1:] - 1, n - 1],
+                           np.flatnonzero(~finite)))
+    keep = np.unique(keep)
+    return x[keep], y[keep]
 
 
 def _draw_series(ax, series: list, style: dict):
     """Draw ``[(steps [n], values [n])]`` of one variant on ``ax``; returns the line for the legend (or None).
 
     Up to :data:`_MAX_MARKED_RUNS` series: each with the variant's markers. More: each as a faint line, plus
-    the median over the series per step with markers, so that many seeds stay readable."""
+    the median over the series per step with markers, so that many seeds stay readable. Long lines are drawn
+    through their min/max :func:`envelope` (every extreme kept)."""
     if not series:
         return None
     marked = dict(style)
     if len(series) <= _MAX_MARKED_RUNS:
         ln = None
         for x, y in series:
+            x, y = envelope(x, y)
             (ln,) = ax.plot(x, y, lw=1.0, alpha=0.9, markevery=max(1, len(x) // 10), **marked)
         return ln
     faint = {k: v for k, v in style.items() if k in ("color", "linestyle")}
     for x, y in series:
-        ax.plot(x, y, lw=0.6, alpha=0.25, **faint)
-    table = pd.concat([pd.Series(y, index=x) for x, y in series], axis=1)
-    med = table.median(axis=1).sort_index()
-    (ln,) = ax.plot(med.index.to_numpy(), med.to_numpy(), lw=1.6, markevery=max(1, len(med) // 10), **marked)
+        ax.plot(*envelope(x, y), lw=0.6, alpha=0.25, **faint)
+    x0 = series[0][0]
+    if all(len(x) == len(x0) and np.array_equal(x, x0) for x, _ in series[1:]):  # the usual case: same steps
+        mx, my = np.asarray(x0), np.nanmedian(np.vstack([y for _, y in series]), axis=0)
+        if not np.all(np.diff(mx) > 0):
+            o = np.argsort(mx, kind="stable")
+            mx, my = mx[o], my[o]
+    else:
+        table = pd.concat([pd.Series(y, index=x) for x, y in series], axis=1)
+        med = table.median(axis=1).sort_index()
+        mx, my = med.index.to_numpy(), med.to_numpy()
+    mx, my = envelope(mx, my)
+    (ln,) = ax.plot(mx, my, lw=1.6, markevery=max(1, len(mx) // 10), **marked)
     return ln
 
 
@@ -170,7 +250,8 @@ def plot_curves(sweep, metric: str, path: Path, max_panels: int = 16) -> Optiona
     runs = sweep.runs
     betas = sorted(runs["gkd.beta"].dropna().unique().tolist())
     shown = betas[:max_panels]
-    diffs = [d for d in _paired_difference(sweep, runs, metric) if d[0] in shown]
+    by_run = _series_by_run(h, metric)
+    diffs = [d for d in _paired_difference(sweep, runs, metric, by_run) if d[0] in shown]
     n = len(shown)
     cols = min(3, n)
     grid_rows = int(np.ceil(n / cols))
@@ -178,8 +259,6 @@ def plot_curves(sweep, metric: str, path: Path, max_panels: int = 16) -> Optiona
     ratios = ([3, 1.3] if diffs else [1]) * grid_rows
     width = min(_MAX_WIDTH_IN, max(6.5, 3.7 * cols))
     height = sum(ratios) * (1.0 if diffs else 3.0) + 1.4
-    data = h[["run", "step", metric]].dropna()
-    by_run = {k: v.sort_values("step") for k, v in data.groupby("run", sort=False)}
     with plt.rc_context(_RC):
         fig = plt.figure(figsize=(width, height), layout="constrained")
         gs = fig.add_gridspec(grid_rows * per_row, cols, height_ratios=ratios)
@@ -191,8 +270,7 @@ def plot_curves(sweep, metric: str, path: Path, max_panels: int = 16) -> Optiona
             for prec, form in _variants(sel):
                 st = variant_style(prec, form)
                 grp = sel[(sel["loss.precision"].astype(str) == prec) & (sel["loss.beta_form"].astype(str) == form)]
-                series = [(by_run[r]["step"].to_numpy(), by_run[r][metric].to_numpy(dtype=float))
-                          for r in grp["run"] if r in by_run]
+                series = [by_run[r] for r in grp["run"] if r in by_run]
                 ln = _draw_series(ax, series, st)
                 if ln is not None:
                     handles.setdefault(variant_label(prec, form), ln)
