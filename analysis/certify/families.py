@@ -48,8 +48,14 @@ PAIRS = [("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32"), ("fp64", "fp64"),
 def dtype_pairs(form: str, quick: bool) -> List[Case]:
     pairs = _pick(quick, PAIRS, [("bf16", "bf16"), ("fp32", "fp32"), ("fp64", "bf16")])
     betas = _pick(quick, [0.0, 0.5, 1.0], [0.5])
-    return [make(f"{a}/{b} {m} b={be}", a, b, m, NEAR, be, 1.0, form)
-            for (a, b), be, m in itertools.product(pairs, betas, MODES)]
+    out = [make(f"{a}/{b} {m} b={be}", a, b, m, NEAR, be, 1.0, form)
+           for (a, b), be, m in itertools.product(pairs, betas, MODES)]
+    # An FP16 student at V = 32,768 under a 2^16 loss scale: most ∂JSD/∂z entries lie below FP16's smallest
+    # subnormal until the scale multiplies them; the relative L2 (a few large entries dominate it) does not see
+    # them come back 0, the zeroed-entries measure does (evaluate.zeroed).
+    out += [make(f"fp16/fp16 full V=32768 loss x 2^16 b={be} T=0.9", "fp16", "fp16", "full", NEAR, be, 0.9, form,
+                 loss_scale=2.0**16, batch=1, seq=8, masked_prefix=0, vocab=32768) for be in betas]
+    return out
 
 
 def near_identical(form: str, quick: bool) -> List[Case]:
@@ -244,15 +250,10 @@ def beta_endpoints(form: str, quick: bool) -> List[Case]:
 
 
 def fp16_loss_scale(form: str, quick: bool) -> List[Case]:
-    """FP16 students under a 2^16 loss scale; V = 32,768 puts most ∂JSD/∂z entries below FP16's smallest subnormal
-    before the scale multiplies them: besides the relative L2 (which the few large entries dominate), no entry the
-    scaled FP64 gradient has at or above FP16's smallest subnormal may come back 0 (``zeroed``)."""
-    out = [make(f"fp16/fp16 {m} loss x 2^16 b={b}", "fp16", "fp16", m, NEAR, b, 1.0, form, loss_scale=2.0**16)
-           for b, m in itertools.product(_pick(quick, [0.0, 0.5, 1.0], [0.5]), MODES)]
-    out += [make(f"fp16/fp16 full V=32768 loss x 2^16 b={b} T=0.9", "fp16", "fp16", "full", NEAR, b, 0.9, form,
-                 loss_scale=2.0**16, batch=1, seq=8, masked_prefix=0, vocab=32768)
-            for b in _pick(quick, [0.0, 0.5, 1.0], [0.5])]
-    return out
+    """FP16 students under a 2^16 loss scale: besides the relative L2, no entry whose scaled FP64 gradient is at
+    least FP16's smallest subnormal may come back 0 (``evaluate.zeroed``, every FP16/BF16 student)."""
+    return [make(f"fp16/fp16 {m} loss x 2^16 b={b}", "fp16", "fp16", m, NEAR, b, 1.0, form, loss_scale=2.0**16)
+            for b, m in itertools.product(_pick(quick, [0.0, 0.5, 1.0], [0.5]), MODES)]
 
 
 def partial_inf(form: str, quick: bool) -> List[Case]:
@@ -290,10 +291,11 @@ def _shifted(scale: float, seed: int, rows: int = 16, vocab: int = 64):
 def shifted_logits(form: str, quick: bool) -> List[Case]:
     """Student and teacher logits offset by a large per-row constant (±300, ±1e4 with opposite signs): softmax
     does not see it, so any correct formula (textbook FP32 included: ``x - max`` is exact there) stays within
-    tolerance; a loss that forms ``t - s`` for the log-ratio loses it at ulp(2·offset)."""
+    tolerance; a loss that forms ``t - s`` for the log-ratio loses it at ulp(2·offset). β exact in BF16: the
+    failures are in the gradient, which the value-based causes (analysis.certify.causes) must not claim."""
     return [rows_case(f"row offset +-{sc:g} b={b}", *_shifted(sc, seed_of("shifted", sc)), b, 1.0, form)
             for sc, b in itertools.product(_pick(quick, [300.0, 1e4], [1e4]),
-                                           _pick(quick, [0.0, 0.1, 0.5, 0.9, 1.0], [0.1, 0.9]))]
+                                           _pick(quick, [0.0, 0.25, 0.5, 0.75, 1.0], [0.25, 1.0]))]
 
 
 def one_hot_rows(form: str, quick: bool) -> List[Case]:
@@ -322,8 +324,8 @@ def vocab_parallel(form: str, quick: bool) -> List[Case]:
 
 REQUIRED_FAMILIES = [
     Family("mixed FP32/BF16 (the defect)", True, "FP32 student, BF16 teacher; near-identical and different", mixed),
-    Family("dtype pairs", True, "bf16/bf16, fp16/fp16, fp32/fp32, fp64/fp64, fp64/bf16, bf16/fp32, fp32/fp16",
-           dtype_pairs),
+    Family("dtype pairs", True, "bf16/bf16, fp16/fp16, fp32/fp32, fp64/fp64, fp64/bf16, bf16/fp32, fp32/fp16; "
+           "fp16/fp16 at V = 32,768 under loss × 2^16 (no representable gradient entry zeroed)", dtype_pairs),
     Family("near-identical distributions", True, "teacher = student + 0.03 noise", near_identical),
     Family("different distributions", True, "teacher = student + 1 or 3 noise", different),
     Family("beta 0, 0.5, 1 and interior", True, "β ∈ {0, 0.1, 0.25, 0.5, 0.75, 0.9, 1}", betas),
@@ -343,8 +345,8 @@ REQUIRED_FAMILIES = [
 HARD_FAMILIES = [
     Family("extreme logits", False, "logits of ±1e2 … ±1e4 at T = 1", extreme_logits),
     Family("beta near an endpoint", False, "β ∈ {1e-6, 1e-3, 0.999, 1 − 1e-6}", beta_endpoints),
-    Family("FP16 under loss scaling", False, "FP16 student, loss × 2^16 (V = 96 and 32,768); no representable "
-           "gradient entry zeroed", fp16_loss_scale),
+    Family("FP16 under loss scaling", False, "FP16 student, loss × 2^16; no representable gradient entry zeroed",
+           fp16_loss_scale),
     Family("partially -inf top-k rows", False, "some (not all) teacher log-probs −inf", partial_inf),
     Family("confident disagreement", False, "independent logits of std 10 and 30", confident_disagreement),
     Family("nearly one-hot rows (logits / 1e-3)", False, "near-identical distributions divided by T = 1e-3 "
