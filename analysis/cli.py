@@ -19,7 +19,7 @@ from typing import Optional
 
 __all__ = ["main"]
 
-EXIT_UNUSABLE = 2  # = analysis.signoff.report.EXIT_UNUSABLE (not imported here: --help stays fast)
+EXIT_UNUSABLE = 2  # = gkd_harness.analysis.signoff.report.EXIT_UNUSABLE (not imported here: --help stays fast)
 
 _DESCRIPTION = """\
 Read the runs of one sweep, check them against the sign-off criteria, and write
@@ -59,7 +59,7 @@ examples:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from harness.store.provenance import version_line
+    from gkd_harness.harness.store.provenance import version_line
 
     p = argparse.ArgumentParser(prog="gkd-analyze", description=_DESCRIPTION, epilog=_EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -90,10 +90,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _load(source: str, sweep: str, group):
-    from analysis.sweep.offline import load_wandb_offline
-    from analysis.sweep.records import UnusableInput
-    from analysis.sweep.runs import load_sweep
-    from analysis.sweep.wandb_api import load_wandb_sweep
+    from gkd_harness.analysis.sweep.offline import load_wandb_offline
+    from gkd_harness.analysis.sweep.records import UnusableInput
+    from gkd_harness.analysis.sweep.runs import load_sweep
+    from gkd_harness.analysis.sweep.wandb_api import load_wandb_sweep
 
     if source == "local":
         return load_sweep(sweep)
@@ -105,18 +105,18 @@ def _load(source: str, sweep: str, group):
 
 
 def _mixed(sweep) -> list:
-    """Why the loaded runs are not one comparison (analysis.sweep.records and analysis.sweep.evidence)."""
-    from analysis.sweep.evidence import mixed_evidence
-    from analysis.sweep.records import mixed_sweep_problems
+    """Why the loaded runs are not one comparison (gkd_harness.analysis.sweep.records and gkd_harness.analysis.sweep.evidence)."""
+    from gkd_harness.analysis.sweep.evidence import mixed_evidence
+    from gkd_harness.analysis.sweep.records import mixed_sweep_problems
 
     return mixed_sweep_problems(sweep) + mixed_evidence(sweep)
 
 
 def _run(args) -> int:
-    from analysis.signoff.criteria import build_evidence
-    from analysis.signoff.criteria_file import load_criteria
-    from analysis.signoff.report import build_report
-    from analysis.sweep.records import UnusableInput
+    from gkd_harness.analysis.signoff.criteria import build_evidence
+    from gkd_harness.analysis.signoff.criteria_file import load_criteria
+    from gkd_harness.analysis.signoff.report import build_report
+    from gkd_harness.analysis.sweep.records import UnusableInput
 
     if args.sweep is None or args.report is None:
         raise UnusableInput("give SWEEP and --report DIR (or --verify REPORT_DIR)")
@@ -138,18 +138,18 @@ def _run(args) -> int:
         print(f"--allow-mixed: {'; '.join(mixed)}")
     print(f"verdict: {result['verdict'].upper()} ({len(sweep.runs)} runs) -> {args.report / 'report.md'}")
     if args.wandb:
-        from analysis.signoff.wandb_log import log_analysis_run, wandb_target
+        from gkd_harness.analysis.signoff.wandb_log import log_analysis_run, wandb_target
 
         where = log_analysis_run(result, wandb_target(sweep), args.report)
         print(f"analysis run logged: {where}")
-    return int(result["exit_code"])  # analysis.signoff.verdict.EXIT_PASS or EXIT_FAIL
+    return int(result["exit_code"])  # gkd_harness.analysis.signoff.verdict.EXIT_PASS or EXIT_FAIL
 
 
 def _verify(args) -> int:
     """``--verify REPORT_DIR``: recompute the judgement from the run folders; 0 match, 1 the first difference."""
-    from analysis.signoff.criteria import build_evidence, evaluate_evidence
-    from analysis.signoff.criteria_file import load_criteria
-    from analysis.signoff.verdict import criteria_digest, first_difference, judgement, read_verdict
+    from gkd_harness.analysis.signoff.criteria import build_evidence, evaluate_evidence
+    from gkd_harness.analysis.signoff.criteria_file import load_criteria
+    from gkd_harness.analysis.signoff.verdict import criteria_digest, first_difference, judgement, read_verdict
 
     recorded = read_verdict(args.verify)
     inputs = recorded["inputs"]
@@ -180,14 +180,14 @@ def main(argv: Optional[list] = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # argparse's exits: --help, --version, a usage error
         return e.code if isinstance(e.code, int) else EXIT_UNUSABLE
-    from analysis.sweep.records import UnusableInput
+    from gkd_harness.analysis.sweep.records import UnusableInput
 
     try:
         return _verify(args) if args.verify is not None else _run(args)
     except UnusableInput as e:
         print(f"gkd-analyze: unusable input: {e}", file=sys.stderr)
     except OSError as e:  # a report folder on a read-only or full disk: the path and the cause, not "internal error"
-        from harness.store.files import os_error_line
+        from gkd_harness.harness.store.files import os_error_line
 
         print(f"gkd-analyze: unusable path: {os_error_line(e)}", file=sys.stderr)
     except Exception as e:  # gkd-analyze's own failure: exit 2, never 1 (which means a FAIL verdict)

@@ -2,13 +2,13 @@
 
 Sources (same :class:`Sweep` either way):
 
-* local run folders (the default): :func:`load_sweep` (:mod:`analysis.sweep.runs`);
-* wandb, through the public API: :func:`load_wandb_sweep` (:mod:`analysis.sweep.wandb_api`);
-* wandb offline run files: :func:`load_wandb_offline` (:mod:`analysis.sweep.offline`).
+* local run folders (the default): :func:`load_sweep` (:mod:`gkd_harness.analysis.sweep.runs`);
+* wandb, through the public API: :func:`load_wandb_sweep` (:mod:`gkd_harness.analysis.sweep.wandb_api`);
+* wandb offline run files: :func:`load_wandb_offline` (:mod:`gkd_harness.analysis.sweep.offline`).
 
-The tables are described in :mod:`analysis.sweep.records`. Example::
+The tables are described in :mod:`gkd_harness.analysis.sweep.records`. Example::
 
-    from analysis.load import load_sweep
+    from gkd_harness.analysis.load import load_sweep
     sw = load_sweep("outputs/multirun/smoke")
     sw.runs[["run", "loss.precision", "gkd.beta", "outcome"]]
 
@@ -16,11 +16,11 @@ This module only re-exports; nothing in ``analysis/`` imports it.
 """
 from __future__ import annotations
 
-from harness.config.flat import flatten
-from analysis.sweep.offline import MergedRun, OfflineRun, find_offline_runs, group_attempts, load_wandb_offline
-from analysis.sweep.runs import find_run_folders, load_run_folder, load_sweep
-from analysis.sweep.wandb_api import load_wandb_sweep, runs_from_wandb
-from analysis.sweep.records import (CONFIG_COLUMNS, TRACKING_COLUMNS, RunRecord, Sweep, UnusableInput, tabulate)
+from gkd_harness.harness.config.flat import flatten
+from gkd_harness.analysis.sweep.offline import MergedRun, OfflineRun, find_offline_runs, group_attempts, load_wandb_offline
+from gkd_harness.analysis.sweep.runs import find_run_folders, load_run_folder, load_sweep
+from gkd_harness.analysis.sweep.wandb_api import load_wandb_sweep, runs_from_wandb
+from gkd_harness.analysis.sweep.records import (CONFIG_COLUMNS, TRACKING_COLUMNS, RunRecord, Sweep, UnusableInput, tabulate)
 
 __all__ = [
     "UnusableInput",

@@ -5,7 +5,7 @@ repetition, so drift on a shared machine hits every variant alike):
 
 * ``analysis/json_loads`` (baseline): read every run folder's ``summary.json`` and ``metrics.jsonl`` with
   ``json.loads`` line by line (200 runs x 2,000 steps = 400,000 lines): the floor any report pays to see the data;
-* ``analysis/load``: ``load_sweep`` of the same sweep (the run tables, :mod:`analysis.sweep.metrics`), in process;
+* ``analysis/load``: ``load_sweep`` of the same sweep (the run tables, :mod:`gkd_harness.analysis.sweep.metrics`), in process;
 * ``analysis/report``: the whole ``gkd-analyze SWEEP --report DIR`` command as a fresh process (interpreter start,
   imports, loading, criteria, tables, plots, Markdown/HTML/verdict), its CPU read from the child's rusage.
 
@@ -15,7 +15,7 @@ one repetition's pair. Peak memory, each in a fresh process (its ``VmHWM``), ove
 * ``analysis_rss/json_loads`` (baseline): the same imports as the loader, then a ``json.loads`` pass over the file;
 * ``analysis_rss/load``: ``load_sweep`` of that run.
 
-The synthetic data (``bench.synthetic``: 5 β x 2 forms x 2 precisions x 2 T x 5 seeds, and the long run) is written
+The synthetic data (``gkd_harness.bench.synthetic``: 5 β x 2 forms x 2 precisions x 2 T x 5 seeds, and the long run) is written
 once per work folder and is not timed. ``--quick``: 40 runs x 50 steps and a run of 10,000 lines.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List
 
-from harness.contract import METRICS_FILE, SUMMARY_FILE
+from gkd_harness.harness.contract import METRICS_FILE, SUMMARY_FILE
 
 __all__ = ["measure_analysis", "analysis_rows", "VARIANTS", "RSS_VARIANTS", "sizes"]
 
@@ -44,7 +44,7 @@ def sizes(quick: bool) -> Dict[str, int]:
 
 
 def _sweep(work_dir: str, quick: bool) -> Path:
-    from bench.synthetic import write_sweep
+    from gkd_harness.bench.synthetic import write_sweep
 
     n = sizes(quick)
     sweep = Path(work_dir) / ("sweep_quick" if quick else "sweep") / "runs"
@@ -56,7 +56,7 @@ def _sweep(work_dir: str, quick: bool) -> Path:
 
 
 def _long_run(work_dir: str, quick: bool) -> Path:
-    from bench.synthetic import write_run
+    from gkd_harness.bench.synthetic import write_run
 
     lines = sizes(quick)["long_lines"]
     run = Path(work_dir) / f"long_{lines}" / "run"
@@ -101,10 +101,10 @@ _PEAK = ("\ndef _peak_kib():\n    for line in open('/proc/self/status'):\n"
          "        if line.startswith('VmHWM:'):\n            return int(line.split()[1])\n")
 _RSS_CODE = {
     # the same imports as the loader's process, then one json.loads pass keeping nothing
-    "json_loads": ("import json, sys\nimport analysis.load\nn = 0\nwith open(sys.argv[1]) as f:\n"
+    "json_loads": ("import json, sys\nimport gkd_harness.analysis.load\nn = 0\nwith open(sys.argv[1]) as f:\n"
                    "    for line in f:\n        json.loads(line)\n        n += 1\n" + _PEAK
                    + "print(n, _peak_kib())\n"),
-    "load": ("import sys\nfrom analysis.load import load_sweep\nsw = load_sweep(sys.argv[2])\n" + _PEAK
+    "load": ("import sys\nfrom gkd_harness.analysis.load import load_sweep\nsw = load_sweep(sys.argv[2])\n" + _PEAK
              + "print(int(sw.runs['n_logged'].iloc[0]), _peak_kib())\n"),
 }
 
@@ -125,7 +125,7 @@ def measure_analysis(variant: str, quick: bool, work_dir: str, warmup: int, reps
         raise KeyError(variant)
     sweep = _sweep(work_dir, quick)
     report = Path(work_dir) / "report"
-    from analysis.load import load_sweep
+    from gkd_harness.analysis.load import load_sweep
 
     state: Dict = {}
 
@@ -137,7 +137,7 @@ def measure_analysis(variant: str, quick: bool, work_dir: str, warmup: int, reps
         state["runs"], state["history_rows"] = int(len(sw.runs)), int(len(sw.history))
 
     def gkd_analyze():
-        res = _child(["-m", "analysis.cli", str(sweep), "--report", str(report)])
+        res = _child(["-m", "gkd_harness.analysis.cli", str(sweep), "--report", str(report)])
         if res["rc"] not in (0, 1):  # 0 pass / 1 fail are both a finished report
             raise RuntimeError(f"gkd-analyze exited {res['rc']}: {res['err'][-2000:]}")
         state["verdict_rc"] = res["rc"]
@@ -168,7 +168,7 @@ def measure_analysis(variant: str, quick: bool, work_dir: str, warmup: int, reps
 def analysis_rows(res: Dict) -> List[Dict]:
     """The table rows of one ``analysis/all`` worker: each variant's CPU time and its ratio to ``json_loads``
     (spread: q1-q3 of the per-repetition ratios), and the two peak-memory rows."""
-    from bench.measure import quantiles
+    from gkd_harness.bench.measure import quantiles
 
     if res.get("errors"):
         return [{"name": "analysis/json_loads", "errors": res["errors"], "baseline": None}]

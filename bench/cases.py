@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Optional
 
 import torch
-from harness.contract import SPOT_GRAD_REL_L2, SPOT_LOSS, SPOT_LOSS_ABS_ERR, SPOT_LOSS_FP64, SPOT_LOSS_REL_ERR, SPOT_SIGN_MISMATCH
+from gkd_harness.harness.contract import SPOT_GRAD_REL_L2, SPOT_LOSS, SPOT_LOSS_ABS_ERR, SPOT_LOSS_FP64, SPOT_LOSS_REL_ERR, SPOT_SIGN_MISMATCH
 
 BETA = 0.5
 TEMPERATURE = 0.9
@@ -107,7 +107,7 @@ def _upstream():
 
 
 def _harness(precision: str, beta_form: str = "paper"):
-    from harness.losses import make_gkd_loss
+    from gkd_harness.harness.losses import make_gkd_loss
     return make_gkd_loss(precision, beta_form)
 
 
@@ -191,9 +191,9 @@ def spot_check_fp64(student_logits, teacher_output, labels, beta: float, tempera
                     precision: str = "fp32", beta_form: str = "paper") -> Dict[str, float]:
     """One FP64 spot check: the run's loss and d loss/d student logits against FP64 on <= max_tokens positions.
 
-    Used when ``harness.rank.instrument`` provides no spot-check function. Returns the ``spot/*`` values.
+    Used when ``gkd_harness.harness.rank.instrument`` provides no spot-check function. Returns the ``spot/*`` values.
     """
-    from harness.losses import make_gkd_loss
+    from gkd_harness.harness.losses import make_gkd_loss
 
     s, to, lab = _capped(student_logits.detach(), teacher_output, labels, max_tokens)
     out = {}
@@ -216,14 +216,14 @@ def spot_check_fp64(student_logits, teacher_output, labels, beta: float, tempera
 
 
 def resolve_spot_check(precision: str = "fp32", beta_form: str = "paper") -> tuple[Callable, str]:
-    """The spot-check function to time: the e2e helper's ``harness.rank.instrument.spot_check`` (what a training run
+    """The spot-check function to time: the e2e helper's ``gkd_harness.harness.rank.instrument.spot_check`` (what a training run
     calls) if it exists, else the local FP64 variant. Returns ``(fn, description)``; ``fn`` has
     :func:`spot_check_fp64`'s signature."""
     try:
-        from harness.rank.instrument import spot_check
+        from gkd_harness.harness.rank.instrument import spot_check
     except ImportError:
-        return spot_check_fp64, "bench.cases.spot_check_fp64 (harness.rank.instrument.spot_check not available)"
-    from harness.losses import make_gkd_loss_terms
+        return spot_check_fp64, "gkd_harness.bench.cases.spot_check_fp64 (gkd_harness.harness.rank.instrument.spot_check not available)"
+    from gkd_harness.harness.losses import make_gkd_loss_terms
 
     run_terms, ref_terms = make_gkd_loss_terms(precision, beta_form), make_gkd_loss_terms("fp64", beta_form)
 
@@ -231,7 +231,7 @@ def resolve_spot_check(precision: str = "fp32", beta_form: str = "paper") -> tup
         return spot_check(run_terms, ref_terms, student_logits, teacher_output, labels, beta, temperature,
                           max_tokens)
 
-    return fn, f"harness.rank.instrument.spot_check ({precision} vs fp64)"
+    return fn, f"gkd_harness.harness.rank.instrument.spot_check ({precision} vs fp64)"
 
 
 def default_spot_max_tokens() -> int:
@@ -408,7 +408,7 @@ LOSS_ROW_GROUPS = ("topk", "full", "wide") + SCALE_GROUPS
 def loss_rows(device: str = "cuda", groups=LOSS_ROW_GROUPS, sizes: Optional[Sizes] = None, warmup: int = 2,
               reps: int = 5) -> list:
     """gkd-bench's loss rows measured in this process on ``device`` (no worker processes, so it runs wherever
-    ``bench.cases`` imports, e.g. a bare CUDA node).
+    ``gkd_harness.bench.cases`` imports, e.g. a bare CUDA node).
 
     Each case: ``warmup`` untimed forward+backward calls, ``reps`` timed ones (CUDA synchronised), then one more
     for the peak memory (``torch.cuda.max_memory_allocated`` above the level before the call on CUDA; on a CPU
@@ -424,7 +424,7 @@ def loss_rows(device: str = "cuda", groups=LOSS_ROW_GROUPS, sizes: Optional[Size
     import gc
     import statistics
 
-    from bench import measure as bm
+    from gkd_harness.bench import measure as bm
 
     if sizes is None:
         sizes = Sizes() if str(device).startswith("cuda") else Sizes.quick()

@@ -7,14 +7,14 @@ warms up, then times several repetitions; the parent repeats the workers in ``--
 (rotating the order, so drift on a shared machine hits every variant alike) and pools the repetitions. Every
 figure is a ratio against a baseline measured in the same run: the ratio of medians, with the spread
 ``[q1(x)/q3(base), q3(x)/q1(base)]``. Peak memory is measured in separate fresh worker processes
-(see :mod:`bench.measure`). The table goes to stdout and to ``--out`` with the machine and the command.
+(see :mod:`gkd_harness.bench.measure`). The table goes to stdout and to ``--out`` with the machine and the command.
 
-Groups: ``topk``, ``full``, ``spot_topk``, ``spot_full`` (:mod:`bench.cases`), ``instr`` (the instrumented ÷
+Groups: ``topk``, ``full``, ``spot_topk``, ``spot_full`` (:mod:`gkd_harness.bench.cases`), ``instr`` (the instrumented ÷
 bare loss call side by side in one process, the amortised spot check and the host synchronisations per call,
-:mod:`bench.instrument_cost`), ``analysis`` (loading and the sign-off report over a synthetic sweep of 200 runs x
+:mod:`gkd_harness.bench.instrument_cost`), ``analysis`` (loading and the sign-off report over a synthetic sweep of 200 runs x
 2,000 steps ÷ a plain ``json.loads`` pass, side by side in one worker, and the loader's peak RSS over 10⁶ metric
-lines, :mod:`bench.analysis_time`), and, only when asked for (``--only e2e``), ``e2e`` (tiny real ``gkd-train``
-runs, monitoring on vs off, :mod:`bench.e2e`: a step of the tiny model is too short to resolve a few per cent on a
+lines, :mod:`gkd_harness.bench.analysis_time`), and, only when asked for (``--only e2e``), ``e2e`` (tiny real ``gkd-train``
+runs, monitoring on vs off, :mod:`gkd_harness.bench.e2e`: a step of the tiny model is too short to resolve a few per cent on a
 shared CPU).
 """
 from __future__ import annotations
@@ -32,11 +32,11 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from bench.spot_cases import SPOT_GROUPS, spot_goals
+from gkd_harness.bench.spot_cases import SPOT_GROUPS, spot_goals
 
 RESULT_TAG = "GKD_BENCH_RESULT "
-SCALE = ("full_n4", "full_n16", "topk_k8", "topk_k512")  # bench.cases.SCALE_GROUPS (kept torch-free here)
-SPOT_WIDE = tuple(SPOT_GROUPS)  # bench.spot_cases: spot checks at V=248,320 (--only spot_wide spot_topk_wide)
+SCALE = ("full_n4", "full_n16", "topk_k8", "topk_k512")  # gkd_harness.bench.cases.SCALE_GROUPS (kept torch-free here)
+SPOT_WIDE = tuple(SPOT_GROUPS)  # gkd_harness.bench.spot_cases: spot checks at V=248,320 (--only spot_wide spot_topk_wide)
 GROUPS = ("topk", "full", "spot_topk", "spot_full", "instr", "e2e", "analysis", "wide") + SCALE + SPOT_WIDE
 GROUP_CHOICES = GROUPS + ("scale", )  # --only scale = the four scaling groups
 DEFAULT_GROUPS = ("topk", "full", "spot_topk", "spot_full", "instr", "analysis")
@@ -86,7 +86,7 @@ GOALS = GOALS + spot_goals(Goal)
 
 
 def group_cases(group: str) -> List[str]:
-    from bench.cases import LOSS_CASES
+    from gkd_harness.bench.cases import LOSS_CASES
     if group in LOSS_CASES:
         extra = []
         if os.environ.get("GKD_BENCH_PROTO") and group in ("topk", "full"):
@@ -99,7 +99,7 @@ def group_cases(group: str) -> List[str]:
     if group == "instr":
         return ["instr/topk", "instr/full"]
     if group == "analysis":
-        return ["analysis/all"]  # bench.analysis_time: one worker, every figure side by side
+        return ["analysis/all"]  # gkd_harness.bench.analysis_time: one worker, every figure side by side
     raise KeyError(group)
 
 
@@ -135,7 +135,7 @@ def _reps(name: str, quick: bool, device: str) -> tuple[int, int]:
 
 
 def _sizes(args):
-    from bench.cases import Sizes, default_spot_max_tokens
+    from gkd_harness.bench.cases import Sizes, default_spot_max_tokens
     base = Sizes.quick() if args.quick else Sizes(spot_max_tokens=default_spot_max_tokens())
     return dataclasses.replace(base, **json.loads(args.sizes)) if args.sizes else base
 
@@ -143,7 +143,7 @@ def _sizes(args):
 def _worker(args) -> Dict:
     import torch
 
-    from bench import measure as bm
+    from gkd_harness.bench import measure as bm
 
     if args.device == "cpu" and args.threads:
         torch.set_num_threads(args.threads)
@@ -151,20 +151,20 @@ def _worker(args) -> Dict:
     name, group = args.one, args.one.split("/")[0]
     out: Dict = {"name": name, "mode": args.mode, "threads": torch.get_num_threads()}
     if group == "e2e":
-        from bench.e2e import measure_e2e
+        from gkd_harness.bench.e2e import measure_e2e
         out.update(measure_e2e(name.split("/")[1] == "monitor_on", quick=args.quick, work_dir=args.work_dir))
         return out
     if group == "instr":
-        from bench.instrument_cost import measure_instrument_cost
+        from gkd_harness.bench.instrument_cost import measure_instrument_cost
         out.update(measure_instrument_cost(name.split("/")[1], _sizes(args), args.device, args.warmup, args.reps))
         return out
     if group == "analysis":
-        from bench.analysis_time import measure_analysis
+        from gkd_harness.bench.analysis_time import measure_analysis
         out.update(measure_analysis(name.split("/")[1], quick=args.quick, work_dir=args.work_dir,
                                     warmup=args.warmup, reps=args.reps))
         return out
 
-    from bench.cases import build_case, case_shape, memory_guard
+    from gkd_harness.bench.cases import build_case, case_shape, memory_guard
     if group in MEMORY_GROUPS and group not in SPOT_WIDE:
         out["shape"] = case_shape(name, _sizes(args))
         reason = memory_guard(name, _sizes(args), args.device)
@@ -172,7 +172,7 @@ def _worker(args) -> Dict:
             out["skipped"] = reason
             return out
     if group in SPOT_WIDE:
-        from bench.spot_cases import build_spot_case as build_case
+        from gkd_harness.bench.spot_cases import build_spot_case as build_case
     case = build_case(name, _sizes(args), args.device)
     out["note"] = case.note
     if args.mode == "mem":
@@ -197,7 +197,7 @@ def _worker(args) -> Dict:
 
 
 def _spawn(name: str, mode: str, args, warmup: int, reps: int, log) -> Dict:
-    cmd = [sys.executable, "-m", "bench.cli", "--one", name, "--mode", mode, "--device", args.device,
+    cmd = [sys.executable, "-m", "gkd_harness.bench.cli", "--one", name, "--mode", mode, "--device", args.device,
            "--warmup", str(warmup), "--reps", str(reps), "--threads", str(args.threads),
            "--work-dir", str(args.work_dir)]
     if args.quick:
@@ -206,7 +206,7 @@ def _spawn(name: str, mode: str, args, warmup: int, reps: int, log) -> Dict:
         cmd.append("--alloc-profile")
     if args.sizes:
         cmd += ["--sizes", args.sizes]
-    from bench.measure import malloc_env
+    from gkd_harness.bench.measure import malloc_env
     env = malloc_env() if mode == "mem" else dict(os.environ)
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -274,7 +274,7 @@ def _time_key(args) -> str:
 
 
 def _stat(res: Dict, key: str):
-    from bench.measure import quantiles
+    from gkd_harness.bench.measure import quantiles
     xs = res.get(key) or []
     return quantiles(xs) if xs else None
 
@@ -293,7 +293,7 @@ def compute_rows(pooled: Dict[str, Dict], args) -> List[Dict]:
             rows += instrument_rows(name, res)
             continue
         if name == "analysis/all":
-            from bench.analysis_time import analysis_rows
+            from gkd_harness.bench.analysis_time import analysis_rows
             rows += analysis_rows(res)
             continue
         key = "wall_s" if name.split("/")[0] == "analysis" else _time_key(args)
@@ -344,8 +344,8 @@ def compute_rows(pooled: Dict[str, Dict], args) -> List[Dict]:
 def instrument_rows(name: str, res: Dict) -> List[Dict]:
     """The rows of one ``instr/<group>`` worker: bare (baseline), instrumented, spot-check step, amortised spot
     check every 50 steps, and the monitor-off loss; ratios of medians, spread = q1–q3 of the paired ratios."""
-    from bench.instrument_cost import SPOT_EVERY, amortised_ratio
-    from bench.measure import quantiles
+    from gkd_harness.bench.instrument_cost import SPOT_EVERY, amortised_ratio
+    from gkd_harness.bench.measure import quantiles
 
     group = "instr_" + name.split("/")[1]
     if res.get("errors"):
@@ -516,7 +516,7 @@ def machine_info(device: str) -> Dict[str, str]:
 
 
 def render_markdown(rows, goals, info, args, command: str, started: str, elapsed_s: float, load: Dict) -> str:
-    from bench.cases import BETA, TEMPERATURE
+    from gkd_harness.bench.cases import BETA, TEMPERATURE
     sizes = dataclasses.asdict(_sizes(args))
     notes = ""
     if args.out and Path(args.out).exists():
@@ -554,7 +554,7 @@ def render_markdown(rows, goals, info, args, command: str, started: str, elapsed
         format_table(rows, args),
         "",
     ]
-    from bench.scaling import format_scaling
+    from gkd_harness.bench.scaling import format_scaling
     scaling = format_scaling(rows, tlabel="CPU time" if args.device == "cpu" else "time")
     if scaling:
         parts += ["## How the cost grows", "", scaling, ""]
@@ -573,7 +573,7 @@ def _loadavg() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from harness.store.provenance import version_line
+    from gkd_harness.harness.store.provenance import version_line
 
     p = argparse.ArgumentParser(prog="gkd-bench", description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--version", action="version", version=version_line("gkd-bench"))
@@ -642,7 +642,7 @@ def main(argv=None) -> int:
     rows = compute_rows(pooled, args)
     goals = judge(rows)
     print(format_table(rows, args))
-    from bench.scaling import format_scaling
+    from gkd_harness.bench.scaling import format_scaling
     scaling = format_scaling(rows, tlabel="CPU time" if args.device == "cpu" else "time")
     if scaling:
         print()

@@ -19,14 +19,14 @@ import sys
 import time
 from pathlib import Path
 from typing import Dict, List
-from harness.contract import METRICS_FILE, SPOT_LOSS_FP64, TRAIN_LOSS
+from gkd_harness.harness.contract import METRICS_FILE, SPOT_LOSS_FP64, TRAIN_LOSS
 
 SKIP = 2
 
 
 def _gkd_train() -> List[str]:
     exe = Path(sys.executable).with_name("gkd-train")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "harness.launcher.cli"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "gkd_harness.harness.launcher.cli"]
 
 
 _TICK = os.sysconf("SC_CLK_TCK")

@@ -1,10 +1,10 @@
 """The instrumentation's cost per loss call, measured side by side in one process (``gkd-bench --only instr``).
 
-Variants, all with the harness ``fp32`` paper loss on the inputs of :mod:`bench.cases` (``topk``: N=16,384 with
+Variants, all with the harness ``fp32`` paper loss on the inputs of :mod:`gkd_harness.bench.cases` (``topk``: N=16,384 with
 top-k 64; ``full``: N=512 with V=151,936), each one loss call forward + backward as the trainers run it:
 
-* ``bare``: ``harness.losses.make_gkd_loss("fp32")`` (what the plugin installs with ``monitor=off``);
-* ``instrumented``: ``harness.rank.instrument.LossInstrument`` around the same variant, spot checks off;
+* ``bare``: ``gkd_harness.harness.losses.make_gkd_loss("fp32")`` (what the plugin installs with ``monitor=off``);
+* ``instrumented``: ``gkd_harness.harness.rank.instrument.LossInstrument`` around the same variant, spot checks off;
 * ``spot_step``: the instrumented call on a spot-check step (FP64 spot check on ``spot_max_tokens`` positions);
 * ``record``: the instrument's own per-call work alone (``LossInstrument._record`` on the call's output, 200
   repetitions): what the instrumented call adds to the bare one, resolved far below the noise of a whole call.
@@ -13,7 +13,7 @@ The three run interleaved, in a rotating order, ``reps`` times in one process, s
 each alike; the ratio is ``median(instrumented) / median(bare)``, the spread the q1–q3 of the per-repetition
 ratios. The amortised cost of a spot check every 50 steps (one loss call per step) is
 ``(49·instrumented + spot_step) / (50·bare)``. The host synchronisations of one call of each variant (and of the
-plugin's ``monitor=off`` loss) are counted with :mod:`bench.host_syncs`.
+plugin's ``monitor=off`` loss) are counted with :mod:`gkd_harness.bench.host_syncs`.
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from typing import Dict
 
 import torch
 
-from bench import measure as bm
-from bench.cases import BETA, TEMPERATURE, Sizes, full_inputs, topk_inputs
+from gkd_harness.bench import measure as bm
+from gkd_harness.bench.cases import BETA, TEMPERATURE, Sizes, full_inputs, topk_inputs
 
 SPOT_EVERY = 50
 RECORD_REPS = 200
@@ -31,8 +31,8 @@ VARIANTS = ("bare", "instrumented", "spot_step")
 
 
 def _instrument(spot_every: int, spot_max_tokens: int):
-    from harness.rank.instrument import LossInstrument, build_metrics
-    from harness.losses import make_gkd_loss_terms
+    from gkd_harness.harness.rank.instrument import LossInstrument, build_metrics
+    from gkd_harness.harness.losses import make_gkd_loss_terms
 
     return LossInstrument(make_gkd_loss_terms("fp32", "paper"), make_gkd_loss_terms("fp64", "paper"),
                           build_metrics(), spot_every=spot_every, spot_max_tokens=spot_max_tokens)
@@ -59,9 +59,9 @@ def measure_instrument_cost(group: str, sizes: Sizes, device: str, warmup: int, 
     Returns ``{"variants": {name: {"cpu_s": [...], "wall_s": [...]}}, "pair_ratios": {...}, "syncs": {...},
     "loss": {...}}``.
     """
-    from bench.host_syncs import count_host_syncs
-    from harness.losses import make_gkd_loss
-    from harness.rank.plugin import DtypeBoundary
+    from gkd_harness.bench.host_syncs import count_host_syncs
+    from gkd_harness.harness.losses import make_gkd_loss
+    from gkd_harness.harness.rank.plugin import DtypeBoundary
 
     student, to, labels = (topk_inputs if group == "topk" else full_inputs)(sizes, device)
     bare = make_gkd_loss("fp32", "paper")
@@ -92,7 +92,7 @@ def measure_instrument_cost(group: str, sizes: Sizes, device: str, warmup: int, 
              "instrumented": count_host_syncs(inst, x, to, labels, BETA, TEMPERATURE),
              "monitor_off": count_host_syncs(off, x, to, labels, BETA, TEMPERATURE)}
     # the instrument's own work per call (what it adds to the loss): its record step alone, many repetitions
-    from harness.losses import make_gkd_loss_terms
+    from gkd_harness.harness.losses import make_gkd_loss_terms
 
     with torch.no_grad():
         out = make_gkd_loss_terms("fp32", "paper")(student.detach(), to, labels, BETA, TEMPERATURE)

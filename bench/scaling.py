@@ -1,7 +1,7 @@
 """The scaling table of ``gkd-bench``: time and peak memory of upstream and ``fp32`` against N (full vocabulary) and
 k (top-k), with the measured exponent (least-squares slope of log(figure) against log(size)).
 
-Inputs are the rows of :func:`bench.cli.compute_rows` (each loss row carries its ``shape``); torch-free.
+Inputs are the rows of :func:`gkd_harness.bench.cli.compute_rows` (each loss row carries its ``shape``); torch-free.
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """``gkd-bench`` spot-check rows at the seed's shapes (issue 22): V = 248,320, S = 512 with 448 active positions.
 
-Groups (baseline first, as in :mod:`bench.cases`):
+Groups (baseline first, as in :mod:`gkd_harness.bench.cases`):
 
 * ``spot_wide``: full vocabulary, FP32 student / BF16 teacher logits ``[1, 512, V]``: ``loss`` (one harness
-  ``fp32`` forward+backward, the trainer's normalisation) and ``check`` (one ``harness.rank.instrument.spot_check``
+  ``fp32`` forward+backward, the trainer's normalisation) and ``check`` (one ``gkd_harness.harness.rank.instrument.spot_check``
   of that call, fp32 against fp64, ``monitor.spot_check.max_tokens`` positions).
 * ``spot_topk_wide``: top-k mode with a full-vocabulary student (what a trainer hands the loss): FP32 student
   ``[1, 512, V]``, teacher top-64 BF16 log-probs with their global ids: ``loss`` and ``check``.
@@ -25,7 +25,7 @@ SPOT_GROUPS: Dict[str, List[str]] = {"spot_wide": ["loss", "check"], "spot_topk_
 
 
 def spot_goals(goal_cls) -> tuple:
-    """The goals of these rows as ``goal_cls(name, metric, limit, text)`` (``bench.cli.Goal``)."""
+    """The goals of these rows as ``goal_cls(name, metric, limit, text)`` (``gkd_harness.bench.cli.Goal``)."""
     return (
         goal_cls("spot_wide/check", "mem_ratio", 1.0,
                  "spot check peak memory ÷ one loss fwd+bwd, full vocab V=248,320 ≤ 1"),
@@ -45,7 +45,7 @@ def wide_inputs(topk: bool, device: str, seed: int = 0, vocab: int = VOCAB, seq:
     Built row by row (no ``[S, V]`` temporary beyond the results).
     """
     import torch
-    from bench.cases import TEACHER_NOISE
+    from gkd_harness.bench.cases import TEACHER_NOISE
     from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
     g = torch.Generator().manual_seed(seed)
@@ -73,15 +73,15 @@ def wide_inputs(topk: bool, device: str, seed: int = 0, vocab: int = VOCAB, seq:
 
 
 def build_spot_case(name: str, sizes, device: str):
-    """The named ``bench.cases.Case`` (``spot_wide/loss`` …) with its inputs on ``device``.
+    """The named ``gkd_harness.bench.cases.Case`` (``spot_wide/loss`` …) with its inputs on ``device``.
 
-    ``sizes`` (``bench.cases.Sizes``): ``spot_max_tokens`` caps the check; a ``full_v`` other than the default
+    ``sizes`` (``gkd_harness.bench.cases.Sizes``): ``spot_max_tokens`` caps the check; a ``full_v`` other than the default
     (``--quick``) selects the small shape.
     """
-    from bench.cases import BETA, TEMPERATURE, Case, Sizes, _loss_case, default_spot_max_tokens
-    from harness.contract import SPOT_LOSS
-    from harness.losses import make_gkd_loss, make_gkd_loss_terms
-    from harness.rank.instrument import spot_check
+    from gkd_harness.bench.cases import BETA, TEMPERATURE, Case, Sizes, _loss_case, default_spot_max_tokens
+    from gkd_harness.harness.contract import SPOT_LOSS
+    from gkd_harness.harness.losses import make_gkd_loss, make_gkd_loss_terms
+    from gkd_harness.harness.rank.instrument import spot_check
 
     group, variant = name.split("/", 1)
     if group not in SPOT_GROUPS or variant not in SPOT_GROUPS[group]:
@@ -103,4 +103,4 @@ def build_spot_case(name: str, sizes, device: str):
             check()
         return float(last[SPOT_LOSS])
 
-    return Case(name, check, value, note=f"harness.rank.instrument.spot_check (fp32 vs fp64), max_tokens={max_tokens}")
+    return Case(name, check, value, note=f"gkd_harness.harness.rank.instrument.spot_check (fp32 vs fp64), max_tokens={max_tokens}")

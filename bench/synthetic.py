@@ -3,7 +3,7 @@
 For the report's timing script (200 runs x 2,000 steps) and for loader/report tests that need shapes a tiny
 real sweep cannot produce cheaply. The numbers are shaped like real runs, not produced by one:
 
-* loss level per run = FP64 D(β) of the chosen form on the β defect's inputs (:mod:`analysis.signoff.betacurve`), scaled
+* loss level per run = FP64 D(β) of the chosen form on the β defect's inputs (:mod:`gkd_harness.analysis.signoff.betacurve`), scaled
   down and decaying with the step, so the β-curve of a synthetic sweep shows the paper form's endpoint jump;
 * runs that differ only in the β form at β ∈ {0, 0.5, 1} get identical streams (same random state), as the math
   says they should;
@@ -24,8 +24,8 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
-from analysis.signoff.betacurve import fp64_beta_curve, beta_defect_inputs
-from harness.contract import CONFIG_FILE, JSD_LOSS, LOSS_CALLS_TOTAL, METRICS_FILE, MIN_TOKEN_JSD, NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, NEG_TOKEN_FRAC, NONFINITE_CALLS_TOTAL, SFT_LOSS, SPOT_GRAD_REL_L2, SPOT_LOSS, SPOT_LOSS_ABS_ERR, SPOT_LOSS_FP64, SPOT_LOSS_REL_ERR, SPOT_PARAM_GRAD_REL_L2, SPOT_SIGN_MISMATCH, SUMMARY_FILE, TRAIN_GRAD_NORM, TRAIN_LEARNING_RATE, TRAIN_LOSS
+from gkd_harness.analysis.signoff.betacurve import fp64_beta_curve, beta_defect_inputs
+from gkd_harness.harness.contract import CONFIG_FILE, JSD_LOSS, LOSS_CALLS_TOTAL, METRICS_FILE, MIN_TOKEN_JSD, NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, NEG_TOKEN_FRAC, NONFINITE_CALLS_TOTAL, SFT_LOSS, SPOT_GRAD_REL_L2, SPOT_LOSS, SPOT_LOSS_ABS_ERR, SPOT_LOSS_FP64, SPOT_LOSS_REL_ERR, SPOT_PARAM_GRAD_REL_L2, SPOT_SIGN_MISMATCH, SUMMARY_FILE, TRAIN_GRAD_NORM, TRAIN_LEARNING_RATE, TRAIN_LOSS
 
 __all__ = ["write_run", "write_sweep", "main"]
 

@@ -1,1 +1,1 @@
-"""The Hydra config tree of gkd-harness, shipped as package data (``pkg://gkd_harness_configs``)."""
+"""The Hydra config tree of gkd-harness, shipped as package data (``pkg://gkd_harness.configs``)."""

@@ -1,7 +1,7 @@
 """The contract: every fact that crosses a process boundary, in one torch-free module.
 
-``gkd-train`` (``harness.launcher``) writes what the plugin inside ms-swift's ranks (``harness.rank``) reads, both
-write the run folder (``harness.store``) that ``analysis/`` reads, and wandb carries the same names. This module
+``gkd-train`` (``gkd_harness.harness.launcher``) writes what the plugin inside ms-swift's ranks (``gkd_harness.harness.rank``) reads, both
+write the run folder (``gkd_harness.harness.store``) that ``analysis/`` reads, and wandb carries the same names. This module
 is the one home of those facts:
 
 - the loss variants: precisions, beta forms, dtype names, and which runs are "original", "patched" or "reference";
@@ -25,7 +25,7 @@ from typing import Any, Dict, Mapping, Optional
 #: ``loss.precision``: upstream arithmetic, promote BF16/FP16 to FP32 before temperature, or everything in FP64.
 PRECISIONS = ("native", "fp32", "fp64", "candidate")
 #: ``loss.precision=candidate``: a loss loaded from ``loss.source`` (a file with ms-swift's gkd_loss.py interface, or
-#: ``package.module:attr``); a fix someone ships, so its role is "patched" (``harness.loss.candidate``).
+#: ``package.module:attr``); a fix someone ships, so its role is "patched" (``gkd_harness.harness.loss.candidate``).
 CANDIDATE = "candidate"
 #: The run-folder sub-folder holding a copy of the candidate's source (the evidence outlives the branch).
 CANDIDATE_DIR = "candidate"
@@ -66,7 +66,7 @@ SETTINGS_ENV = "GKD_HARNESS_PLUGIN_SETTINGS"
 #: Set for on-policy runs; read in the ms-swift process by the rollout patches.
 ROLLOUT_ENGINE_ENV = "GKD_ROLLOUT_ENGINE"
 #: The module ms-swift loads by file path through ``--external_plugins`` (in every rank).
-PLUGIN_MODULE = "harness.rank.plugin"
+PLUGIN_MODULE = "gkd_harness.harness.rank.plugin"
 #: The trainer callback's name in ms-swift's callback maps (``--callbacks gkd_harness``).
 CALLBACK_NAME = "gkd_harness"
 
@@ -80,7 +80,7 @@ CONFIG_FILE = "config.yaml"
 SWIFT_LOG = "swift.log"
 PLUGIN_SETTINGS_FILE = "plugin_settings.json"
 LOCK_FILE = ".lock"
-#: What a sweep planned (launch.sweep writes it in the sweep folder before the first point starts).
+#: What a sweep planned (gkd_harness.launch.sweep writes it in the sweep folder before the first point starts).
 SWEEP_MANIFEST_FILE = "sweep_manifest.json"
 CAPTURES_DIR = "captures"
 WANDB_DIR = "wandb"
@@ -96,7 +96,7 @@ HYDRA_FILES = (CONFIG_FILE, "overrides.yaml", "hydra.yaml")
 class PluginSettings:
     """What ``gkd-train`` hands to every rank: written once by the launcher, parsed once by the plugin.
 
-    config: the resolved config as a plain dict (``harness.config.schema.to_dict``).
+    config: the resolved config as a plain dict (``gkd_harness.harness.config.schema.to_dict``).
     run_dir: the run folder (absolute).
     experiment: the experiment preset's name, if any.
     resume_totals: cumulative metric totals to continue from (a resumed run), by metric name.
@@ -161,25 +161,25 @@ SPOT_SIGN_MISMATCH = "spot/sign_mismatch"
 SPOT_METRICS = (SPOT_LOSS, SPOT_LOSS_FP64, SPOT_LOSS_ABS_ERR, SPOT_LOSS_REL_ERR, SPOT_GRAD_REL_L2, SPOT_SIGN_MISMATCH)
 SPOT_PARAM_GRAD_REL_L2 = "spot/param_grad_rel_l2"
 #: The student dtype's own share of the gradient tolerance: LOW_PRECISION_GRAD_FACTOR x the rounding of the FP64
-#: gradient to the student dtype (harness.loss.tolerances.grad_tol minus its FP32 part; 0 for an FP32/FP64 student).
+#: gradient to the student dtype (gkd_harness.harness.loss.tolerances.grad_tol minus its FP32 part; 0 for an FP32/FP64 student).
 SPOT_GRAD_REL_L2_DTYPE_FLOOR = "spot/grad_rel_l2_dtype_floor"
 
 #: The one top-level key of the harness's config in a wandb run's config, logged nested under it
 #: (``{"harness": {"gkd": {"beta": 0.5}}}``; wandb stores it as ``harness.value.gkd.beta``), so wandb-workspaces
 #: addresses it as ``Config("harness.gkd.beta")`` and keeps it through its own load-and-save. The analysis readers
-#: flatten it to ``harness.gkd.beta`` (harness.rank.wandb_run, analysis.dashboard.names).
+#: flatten it to ``harness.gkd.beta`` (gkd_harness.harness.rank.wandb_run, gkd_harness.analysis.dashboard.names).
 WANDB_CONFIG_KEY = "harness"
 
 # transformers' step metric (the optimizer step, the x-axis of every dashboard line plot)
 TRAIN_GLOBAL_STEP = "train/global_step"
 
-# on-policy rollouts (harness.rank.rollout_patches)
+# on-policy rollouts (gkd_harness.harness.rank.rollout_patches)
 ROLLOUT_COMPLETION_TOKENS = "rollout/completion_tokens"
 ROLLOUT_ON_POLICY_FRAC = "rollout/on_policy_frac"
 ROLLOUT_ON_POLICY_LOSS_TOKENS = "rollout/on_policy_loss_tokens"
 ROLLOUT_METRICS = (ROLLOUT_COMPLETION_TOKENS, ROLLOUT_ON_POLICY_FRAC, ROLLOUT_ON_POLICY_LOSS_TOKENS)
 
-# held-out evaluation (harness.rank.evaluation): the student against the teacher on the held-out split, in FP64
+# held-out evaluation (gkd_harness.harness.rank.evaluation): the student against the teacher on the held-out split, in FP64
 # on the logits as they reach the loss, at the run's beta, beta form and temperature; token-weighted means
 EVAL_JSD = "eval/jsd"
 EVAL_FORWARD_KL = "eval/forward_kl"    # KL(teacher || student)
@@ -187,7 +187,7 @@ EVAL_REVERSE_KL = "eval/reverse_kl"    # KL(student || teacher)
 EVAL_TOP1_AGREEMENT = "eval/top1_agreement"
 EVAL_TOKENS = "eval/tokens"            # positions evaluated (the same every evaluation of a run)
 EVAL_METRICS = (EVAL_JSD, EVAL_FORWARD_KL, EVAL_REVERSE_KL, EVAL_TOP1_AGREEMENT, EVAL_TOKENS)
-#: The held-out split next to the embedded training file (harness.fixtures.embedded), by its row count.
+#: The held-out split next to the embedded training file (gkd_harness.harness.fixtures.embedded), by its row count.
 VALIDATION_FILE = "validation-{n}.jsonl"
 
 #: prefixes of the harness's own metrics (kept under these names in wandb on both backends)

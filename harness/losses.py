@@ -5,9 +5,9 @@
     make_gkd_loss_terms(precision, beta_form)  # same signature as gkd_loss -> GKDTerms(total, num_valid, per_position)
     jsd_per_position(s_logits, t_logits, beta, precision=..., beta_form=...)
 
-The implementation lives in :mod:`harness.loss` (one module per path); this facade keeps the public names.
+The implementation lives in :mod:`gkd_harness.harness.loss` (one module per path); this facade keeps the public names.
 """
-from harness.loss.variants import (BETA_FORMS, DTYPES_BY_NAME, PRECISIONS, GKDTerms, compute_dtype,
+from gkd_harness.harness.loss.variants import (BETA_FORMS, DTYPES_BY_NAME, PRECISIONS, GKDTerms, compute_dtype,
                                    gkd_per_position, jsd_per_position, make_gkd_loss, make_gkd_loss_terms,
                                    make_jsd_loss)
 

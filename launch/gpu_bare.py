@@ -1,14 +1,14 @@
 """The GPU proof for a bare, offline CUDA node (``bash launch/gpu_check.sh --bare``, or
-``PYTHONPATH=. python -m launch.gpu_bare --out DIR``): loss-level checks only, from a plain checkout.
+``PYTHONPATH=. python -m gkd_harness.launch.gpu_bare --out DIR``): loss-level checks only, from a plain checkout.
 
 What the node needs: Python, torch (CUDA), transformers, and ONE carried wheel, ms-swift's (fetched elsewhere with
 ``pip download ms-swift==4.6.0 --no-deps -d wheels/``, installed on the node with ``pip install --no-index
 --no-deps wheels/ms_swift-*.whl``). The project is not installed: it runs from the checkout with ``PYTHONPATH=.``.
 ms-swift's package ``__init__`` needs trl, peft, modelscope and more, so only its loss file
 (``swift/rlhf_trainers/gkd_loss.py``: torch only) is loaded, by path, under its own module name
-(:func:`load_upstream_loss`); the harness's loss and spot check (``harness.rank.spot_check``) need nothing else.
+(:func:`load_upstream_loss`); the harness's loss and spot check (``gkd_harness.harness.rank.spot_check``) need nothing else.
 
-Every row is judged against ``harness/loss/reference.py`` (FP64, from the formulas; ``harness.loss.proof``), never
+Every row is judged against ``harness/loss/reference.py`` (FP64, from the formulas; ``gkd_harness.harness.loss.proof``), never
 against the harness's own ``fp64`` variant. Row groups, in order (``--only PREFIX...`` keeps the groups whose
 name starts so: ``env``, ``repro``, ``native_bitwise/{topk,full}``, ``seed/{topk,full}/beta{β}``, ``spot/...``,
 ``perf/...``):
@@ -18,7 +18,7 @@ name starts so: ``env``, ``repro``, ``native_bitwise/{topk,full}``, ``seed/{topk
 - ``native_bitwise/{topk,full}``: the harness's ``native`` variant bit-identical to upstream ``gkd_loss``;
 - ``defect/seed/{topk,full}/beta{β}`` and ``fix/seed/...``: V = 248,320, FP32 student / BF16 teacher (top-k 64
   log-probs or the full vocabulary), β ∈ {0, 0.5, 0.9, 1}, T = 0.9: upstream and fp32 against the reference;
-- ``spot/{topk,full}``: the training FP64 spot check (``harness.rank.spot_check.spot_check``) at the seed shape
+- ``spot/{topk,full}``: the training FP64 spot check (``gkd_harness.harness.rank.spot_check.spot_check``) at the seed shape
   against the reference on the same rows, with its time and peak memory over one fp32 loss call;
 - ``perf/{topk,full}``: the loss's time and peak memory, fp32 against upstream (warm, median of 3).
 
@@ -143,7 +143,7 @@ def _free(device: str) -> None:
 
 def report_rows(device: str, upstream: Upstream, fix: Callable) -> List[Dict[str, Any]]:
     """``defect/repro`` (upstream ``jsd_loss`` as the report calls it) and ``fix/repro`` (the fix's ``gkd_loss``)."""
-    from harness.loss.proof import report_repro
+    from gkd_harness.harness.loss.proof import report_repro
 
     rec = report_repro(device, upstream.jsd_loss, fix)
     common = {k: rec[k] for k in ("device", "rows", "vocab", "beta", "temperature")}
@@ -155,8 +155,8 @@ def report_rows(device: str, upstream: Upstream, fix: Callable) -> List[Dict[str
 def native_bitwise(mode: str, n: int, device: str, upstream: Upstream) -> Dict[str, Any]:
     import torch
 
-    from harness.loss.proof import SEED_VOCAB, loss_and_grad, seed_like_inputs
-    from harness.losses import make_gkd_loss
+    from gkd_harness.harness.loss.proof import SEED_VOCAB, loss_and_grad, seed_like_inputs
+    from gkd_harness.harness.losses import make_gkd_loss
 
     student, to, labels = seed_like_inputs(n, SEED_VOCAB, device, mode)
     _, _, ul, ug = loss_and_grad(upstream.gkd_loss, student, to, labels, 0.5, TEMPERATURE)
@@ -169,7 +169,7 @@ def native_bitwise(mode: str, n: int, device: str, upstream: Upstream) -> Dict[s
 
 def seed_rows(mode: str, beta: float, n: int, device: str, upstream: Upstream, fix: Callable) -> List[Dict[str, Any]]:
     """One ``defect/seed/...`` finding and one ``fix/seed/...`` check at the seed shape."""
-    from harness.loss.proof import (SEED_TOPK, SEED_VOCAB, defect_finding, fix_verdict, grad_rel_l2, loss_and_grad,
+    from gkd_harness.harness.loss.proof import (SEED_TOPK, SEED_VOCAB, defect_finding, fix_verdict, grad_rel_l2, loss_and_grad,
                                     reference, seed_like_inputs)
 
     student, to, labels = seed_like_inputs(n, SEED_VOCAB, device, mode)
@@ -206,11 +206,11 @@ def spot_row(mode: str, n: int, device: str) -> Dict[str, Any]:
     """The training spot check at the seed shape (V = 248,320; top-k 64 or the full vocabulary): its values against
     the reference on the same rows (the first ``max_tokens`` active ones), its time and peak memory over one fp32
     loss call (forward + backward) on the whole call."""
-    from harness.contract import SPOT_GRAD_REL_L2, SPOT_LOSS_FP64
-    from harness.loss.proof import SEED_VOCAB, loss_and_grad, reference, seed_like_inputs
-    from harness.loss.tolerances import FP64_RTOL, GRAD_REL_L2_FP32_STUDENT
-    from harness.losses import make_gkd_loss, make_gkd_loss_terms
-    from harness.rank.spot_check import spot_check
+    from gkd_harness.harness.contract import SPOT_GRAD_REL_L2, SPOT_LOSS_FP64
+    from gkd_harness.harness.loss.proof import SEED_VOCAB, loss_and_grad, reference, seed_like_inputs
+    from gkd_harness.harness.loss.tolerances import FP64_RTOL, GRAD_REL_L2_FP32_STUDENT
+    from gkd_harness.harness.losses import make_gkd_loss, make_gkd_loss_terms
+    from gkd_harness.harness.rank.spot_check import spot_check
 
     cap = spot_max_tokens()
     student, to, labels = seed_like_inputs(n, SEED_VOCAB, device, mode)
@@ -248,7 +248,7 @@ def spot_row(mode: str, n: int, device: str) -> Dict[str, Any]:
 
 def perf_row(mode: str, n: int, device: str, upstream: Upstream, fix: Callable, reps: int = 3) -> Dict[str, Any]:
     """The loss's time (median of ``reps`` warm forward + backward calls) and peak memory, fix against upstream."""
-    from harness.loss.proof import SEED_VOCAB, loss_and_grad, seed_like_inputs
+    from gkd_harness.harness.loss.proof import SEED_VOCAB, loss_and_grad, seed_like_inputs
 
     student, to, labels = seed_like_inputs(n, SEED_VOCAB, device, mode)
     got = {}
@@ -278,8 +278,7 @@ def env_row(device: str, how: str, carried: int) -> Dict[str, Any]:
         except md.PackageNotFoundError:
             return None
 
-    import harness
-
+    from gkd_harness import harness
     mib = carried / 2 ** 20
     return {"check": "env", "kind": "check", "ok": mib < CARRY_LIMIT_MIB, "python": platform.python_version(),
             "torch": torch.__version__, "cuda": torch.version.cuda, "device": device,
@@ -343,7 +342,7 @@ def run(out: Path, device: str, tokens: Optional[tuple] = None, only: tuple = ()
     if upstream is None:
         upstream = Upstream(module.gkd_loss, module.jsd_loss)
     if fix is None:
-        from harness.losses import make_gkd_loss
+        from gkd_harness.harness.losses import make_gkd_loss
 
         fix = make_gkd_loss("fp32")
     n_topk, n_full = tokens or TOKENS["cuda" if _cuda(device) else "cpu"]
@@ -393,7 +392,7 @@ def run(out: Path, device: str, tokens: Optional[tuple] = None, only: tuple = ()
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m launch.gpu_bare", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m gkd_harness.launch.gpu_bare", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="the output folder (rows.jsonl, bare_checks.json, bare_checks.md)")
     p.add_argument("--device", default="cuda", help="cuda (the proof) or cpu (a rehearsal)")
     p.add_argument("--tokens", type=int, nargs=2, metavar=("TOPK_N", "FULL_N"), default=None,

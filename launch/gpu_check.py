@@ -1,6 +1,6 @@
 """Helpers of ``launch/gpu_check.sh``: the import preflight, the seed repro on CUDA and the final table.
 
-``python -m launch.gpu_check preflight --out CHECKS.jsonl``
+``python -m gkd_harness.launch.gpu_check preflight --out CHECKS.jsonl``
     One row per prerequisite of the GPU path (:data:`PREFLIGHT`): torch with CUDA, Transformer Engine,
     megatron.core, mcore_bridge, vLLM. Each import runs in a fresh interpreter (a broken install cannot take the
     preflight down); a row says exactly what is missing: not installed (and how to get it), installed but the
@@ -8,14 +8,14 @@
     in :data:`PREFLIGHT_TIMEOUT_S` is SLOW (a warning: its checks still run), never a failure. Prints
     ``PREFLIGHT_FAILED=name,...`` last, which the script reads to skip the checks that cannot run.
 
-``python -m launch.gpu_check repro [--device cuda]``
+``python -m gkd_harness.launch.gpu_check repro [--device cuda]``
     The seed report's synthetic reproduction (student FP32 from BF16-rounded ``randn*2``, teacher = student +
     ``randn*0.03`` in BF16, β=0.5, T=0.9, 3×64) made on the device: upstream ``jsd_loss`` exactly as the report
     calls it (a finding: reproduced or not) and the harness's fp32 variant (a check), both against the independent
-    FP64 reference ``harness/loss/reference.py`` (``harness.loss.proof``). Writes one JSON object per line to
+    FP64 reference ``harness/loss/reference.py`` (``gkd_harness.harness.loss.proof``). Writes one JSON object per line to
     ``--out``.
 
-``python -m launch.gpu_check table CHECKS.jsonl``
+``python -m gkd_harness.launch.gpu_check table CHECKS.jsonl``
     Prints the short table: one row per check (repro/defect and repro/fix, each run folder), with PASS / WARN /
     FAIL (FOUND / NOT FOUND for the defect, a finding), and exits 1 when any row FAILs.
 
@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Iterable
-from harness.contract import LOSS_CALLS_TOTAL, METRICS_FILE, NEG_LOSS_CALLS_TOTAL, SPOT_LOSS_REL_ERR, SUMMARY_FILE
+from gkd_harness.harness.contract import LOSS_CALLS_TOTAL, METRICS_FILE, NEG_LOSS_CALLS_TOTAL, SPOT_LOSS_REL_ERR, SUMMARY_FILE
 
 #: (row name, module to import, distribution name, what to do when it is missing), in the order they are needed.
 PREFLIGHT = (
@@ -132,7 +132,7 @@ def preflight(out: str | None = None) -> list[dict[str, Any]]:
 
 
 def seed_repro(device: str = "cuda", seed: int = 0) -> dict[str, Any]:
-    """The seed report's repro on ``device`` (``harness.loss.proof.report_repro``: upstream ``jsd_loss`` as the
+    """The seed report's repro on ``device`` (``gkd_harness.harness.loss.proof.report_repro``: upstream ``jsd_loss`` as the
     report calls it, and the harness's fp32 variant, both against the independent FP64 reference).
 
     Returns:
@@ -141,7 +141,7 @@ def seed_repro(device: str = "cuda", seed: int = 0) -> dict[str, Any]:
     """
     import torch
 
-    from harness.loss.proof import report_repro
+    from gkd_harness.harness.loss.proof import report_repro
 
     rec = report_repro(device, seed=seed)
     return {"check": "repro", "torch": torch.__version__,
@@ -274,7 +274,7 @@ def table(records: Iterable[dict[str, Any]]) -> tuple[str, bool]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launch.gpu_check")
+    parser = argparse.ArgumentParser(prog="python -m gkd_harness.launch.gpu_check")
     sub = parser.add_subparsers(dest="cmd", required=True)
     rep = sub.add_parser("repro", help="seed repro on a device")
     rep.add_argument("--device", default="cuda")

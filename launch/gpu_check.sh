@@ -53,7 +53,7 @@ if [[ $BARE == 1 ]]; then
   # the plain checkout on the path, nothing installed; only ms-swift's wheel is carried (docs/cluster.md)
   echo "== gkd-harness bare GPU check -> $OUT"
   PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 \
-    "$PY" -m launch.gpu_bare --out "$OUT" --device "${GKD_CHECK_DEVICE:-cuda}"
+    "$PY" -m gkd_harness.launch.gpu_bare --out "$OUT" --device "${GKD_CHECK_DEVICE:-cuda}"
   exit $?
 fi
 CHECKS="$OUT/checks.jsonl"
@@ -86,7 +86,7 @@ echo "== gkd-harness GPU check -> $OUT"
 
 # 0. import preflight (a fresh interpreter per import; seconds, no GPU needed)
 echo "== preflight"
-PREFLIGHT_OUT=$("$PY" -m launch.gpu_check preflight --out "$CHECKS" 2>&1) || true
+PREFLIGHT_OUT=$("$PY" -m gkd_harness.launch.gpu_check preflight --out "$CHECKS" 2>&1) || true
 echo "$PREFLIGHT_OUT" | grep -v '^PREFLIGHT_FAILED='
 FAILED=$(echo "$PREFLIGHT_OUT" | sed -n 's/^PREFLIGHT_FAILED=//p' | tail -n 1)
 if ! echo "$PREFLIGHT_OUT" | grep -q '^PREFLIGHT_FAILED='; then
@@ -136,7 +136,7 @@ check() {
 COMMON=("run.max_steps=$STEPS" tracking.wandb.mode=offline monitor.spot_check.every_n_steps=2)
 
 # 1. seed repro on CUDA (seconds); writes its own record
-check repro 20 '{}' - torch_cuda -- "$PY" -m launch.gpu_check repro --out "$CHECKS" --device cuda
+check repro 20 '{}' - torch_cuda -- "$PY" -m gkd_harness.launch.gpu_check repro --out "$CHECKS" --device cuda
 
 # 2. tiny Megatron backend, TP1, original vs fp32: one 2-point sweep, both points at once on the GPU
 check megatron 240 '{"student_dtype": "float32", "teacher_dtype": "bfloat16", "neg_calls": "by_precision"}' \
@@ -163,8 +163,8 @@ check bench 180 '{}' - torch_cuda -- gkd-bench --device cuda ${GKD_CHECK_BENCH_A
 echo
 if [[ $DRY == 1 ]]; then
   echo "== gkd-harness GPU check (dry run): preflight and planned checks, folder $OUT"
-  "$PY" -m launch.gpu_check table --dry-run "$CHECKS"
+  "$PY" -m gkd_harness.launch.gpu_check table --dry-run "$CHECKS"
   exit 0
 fi
 echo "== gkd-harness GPU check: $(( $(date +%s) - T0 ))s total, folder $OUT"
-"$PY" -m launch.gpu_check table "$CHECKS"
+"$PY" -m gkd_harness.launch.gpu_check table "$CHECKS"

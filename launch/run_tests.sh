@@ -19,7 +19,9 @@ py=.venv/bin/python
 # the entry points (gkd-train, gkd-analyze, ...) the tests start are those of .venv, from a fresh shell too
 [ -d .venv/bin ] && export PATH="$PWD/.venv/bin:$PATH"
 if [ "$fast" = 1 ]; then
-    OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" "$py" -m pytest --durations=15 -m "$FAST" ${args[@]+"${args[@]}"}
+    # two workers (pytest-xdist; GKD_FAST_WORKERS to change), one torch thread each unless OMP_NUM_THREADS is set
+    OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" "$py" -m pytest --durations=15 -n "${GKD_FAST_WORKERS:-2}" -m "$FAST" \
+        ${args[@]+"${args[@]}"}
     rc=$?
     echo "run_tests: fast lane (-m \"$FAST\"); the full suite is bash launch/run_tests.sh"
     exit "$rc"

@@ -29,10 +29,10 @@ pip install -qq -e ".[test,parallel-cpu]" "torch==2.13.0"
 python launch/torch_choice.py check
 # The table of ms-swift's flags that run.extra_args is checked against in milliseconds (harness/config/swift_flags.py),
 # built once per installed version; megatron rlhf's only where its classes import (they need Transformer Engine)
-python -W ignore -m harness.launcher.extra_args >/dev/null 2>&1 \
+python -W ignore -m gkd_harness.harness.launcher.extra_args >/dev/null 2>&1 \
     || echo "setup_env: the table of ms-swift's flags could not be built; the first run.extra_args check builds it" >&2
 if python -c "import importlib.util as u, sys; sys.exit(u.find_spec('transformer_engine') is None)"; then
-    python -W ignore -m harness.launcher.extra_args --megatron >/dev/null 2>&1 || true
+    python -W ignore -m gkd_harness.harness.launcher.extra_args --megatron >/dev/null 2>&1 || true
 fi
 python -W ignore - <<'PY'   # -W ignore: megatron's Transformer-Engine/Apex notices are expected on a CPU
 import logging

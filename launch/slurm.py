@@ -2,7 +2,7 @@
 
 Usage (same overrides as ``gkd-train -m``; nothing is submitted, no model loads)::
 
-    python -m launch.slurm experiment=precision_ab hydra/launcher=submitit_slurm \
+    python -m gkd_harness.launch.slurm experiment=precision_ab hydra/launcher=submitit_slurm \
         hydra.launcher.nodes=2 hydra.launcher.gpus_per_node=8
 
 What it prints is produced by the real parts:
@@ -10,7 +10,7 @@ What it prints is produced by the real parts:
 - the sbatch script from submitit's own ``SlurmExecutor`` (the same parameters the Hydra submitit launcher passes,
   submitted as one job array over the sweep's points), including the ``srun`` line that starts one task per node;
 - for each point and each node, the launch plan ``gkd-train`` builds on that node from its SLURM variables
-  (``harness.launcher.plan``, the same function ``gkd-train`` executes and ``gkd-train run.dry_run=true`` prints):
+  (``gkd_harness.harness.launcher.plan``, the same function ``gkd-train`` executes and ``gkd-train run.dry_run=true`` prints):
   the torchrun variables, the ms-swift CLI command, and the torchrun command ms-swift's CLI turns it into
   (``swift.cli.main.get_torchrun_args``).
 """
@@ -28,11 +28,11 @@ from typing import Any, Iterator, Sequence
 
 from omegaconf import OmegaConf
 
-from harness.config.schema import ConfigError
-from harness.launcher.compose import compose, point_config
-from harness.launcher.plan import format_command
-from harness.launcher.run import make_plan
-from harness.launcher.sweep_points import point_name, sweep_points
+from gkd_harness.harness.config.schema import ConfigError
+from gkd_harness.harness.launcher.compose import compose, point_config
+from gkd_harness.harness.launcher.plan import format_command
+from gkd_harness.harness.launcher.run import make_plan
+from gkd_harness.harness.launcher.sweep_points import point_name, sweep_points
 
 DRY_JOB_ID = "4242"
 DIST_KEYS = ("NPROC_PER_NODE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -141,10 +141,10 @@ def dry_run(overrides: Sequence[str], max_points: int | None = None, base_env: d
     """Render the dry run for a ``gkd-train -m <overrides>`` sweep on SLURM; returns the text.
 
     Raises:
-        ConfigError: a point's config is invalid (``harness.config.validate``), naming the key, as ``gkd-train``
+        ConfigError: a point's config is invalid (``gkd_harness.harness.config.validate``), naming the key, as ``gkd-train``
             would refuse it on the node.
     """
-    from harness.config.validate import validate_config
+    from gkd_harness.harness.config.validate import validate_config
 
     master = compose(overrides)
     launcher_target = str(master.hydra.launcher.get("_target_", ""))
@@ -184,7 +184,7 @@ def dry_run(overrides: Sequence[str], max_points: int | None = None, base_env: d
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launch.slurm", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m gkd_harness.launch.slurm", description=__doc__.splitlines()[0])
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for gkd-train -m")
     parser.add_argument("--max-points", type=int, default=None, help="show the node commands of the first N points")
     parser.add_argument("--wrap", action="store_true", help="one --flag per line")
@@ -196,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = dry_run(overrides, max_points=args.max_points, wrap=args.wrap,
                        base_env={"PATH": os.environ.get("PATH", "")})
     except (ConfigError, ValueError) as e:
-        print(f"python -m launch.slurm: invalid config: {e}", file=sys.stderr)
+        print(f"python -m gkd_harness.launch.slurm: invalid config: {e}", file=sys.stderr)
         return 2
     sys.stdout.write(text)
     return 0

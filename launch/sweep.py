@@ -4,7 +4,7 @@ Registered as a Hydra callback in ``configs/hydra/default.yaml`` (``hydra.callba
 same with every launcher (basic, submitit_local, submitit_slurm) because it only reads run folders:
 
 - ``on_multirun_start`` (launching process): lists the sweep's points exactly as Hydra's basic sweeper expands
-  them, prints how many already completed (harness.launcher.cli skips those) and how many will (re)run, and starts a
+  them, prints how many already completed (gkd_harness.harness.launcher.cli skips those) and how many will (re)run, and starts a
   progress printer thread (points done / failed, the running point's step out of ``run.max_steps``).
   Before the first point starts it writes the sweep's manifest, ``<sweep folder>/sweep_manifest.json`` (the
   planned point names, the group, the launcher; names of an earlier manifest in the same folder are kept), so
@@ -41,11 +41,11 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from harness.launcher.progress import ProgressDisplay, Running, Snapshot, render
-from harness.launcher.sweep_points import point_name, sweep_points
-from harness.store.metrics_io import tail_step
-from harness.launcher.cli import EXIT_CONFIG, PointFailed
-from harness.contract import METRICS_FILE, SUMMARY_FILE, SWEEP_MANIFEST_FILE
+from gkd_harness.harness.launcher.progress import ProgressDisplay, Running, Snapshot, render
+from gkd_harness.harness.launcher.sweep_points import point_name, sweep_points
+from gkd_harness.harness.store.metrics_io import tail_step
+from gkd_harness.harness.launcher.cli import EXIT_CONFIG, PointFailed
+from gkd_harness.harness.contract import METRICS_FILE, SUMMARY_FILE, SWEEP_MANIFEST_FILE
 
 STATUS_FILE = "job_return.json"
 REFUSED_LOG = "refused_points.log"
@@ -313,7 +313,7 @@ class SweepStatusCallback(Callback):
         otherwise 1 when any point failed or was refused (each was one line already)."""
         self._report()
         if (config.get("run") or {}).get("dry_run", False) and self._sweep_dir is not None:
-            from harness.launcher.leftovers import remove_dry_sweep_folder  # a dry run leaves no folder
+            from gkd_harness.harness.launcher.leftovers import remove_dry_sweep_folder  # a dry run leaves no folder
 
             remove_dry_sweep_folder(self._sweep_dir, ("multirun.yaml", SWEEP_MANIFEST_FILE))
         refused = self.refusals()

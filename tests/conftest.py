@@ -34,7 +34,7 @@ def embedded_cache(tmp_path_factory):
     import shutil
     from pathlib import Path
 
-    from harness.config.swift_flags import cache_dir
+    from gkd_harness.harness.config.swift_flags import cache_dir
 
     path = tmp_path_factory.mktemp("gkd_cache")
     old = os.environ.get("GKD_HARNESS_CACHE")

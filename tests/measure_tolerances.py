@@ -10,9 +10,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.losses import make_gkd_loss  # noqa: E402
+from gkd_harness.harness.losses import make_gkd_loss  # noqa: E402
 from tests.loss_cases import grid, make_case, seed_of  # noqa: E402
-from harness.loss.reference import reference_gkd  # noqa: E402
+from gkd_harness.harness.loss.reference import reference_gkd  # noqa: E402
 
 
 def main():
@@ -37,9 +37,9 @@ def main():
 def regimes():
     import torch
 
-    from harness.losses import make_jsd_loss
+    from gkd_harness.harness.losses import make_jsd_loss
     from tests.harness.loss.test_losses_regimes import SCALES, _levels, _shifted
-    from harness.loss.reference import reference_jsd
+    from gkd_harness.harness.loss.reference import reference_jsd
 
     print(f"{'family':<8} {'L':>7} {'max rel':>9} {'max grad':>9} {'textbook rel':>13}")
     for fam, make in (("levels", _levels), ("shifted", _shifted)):

@@ -1,10 +1,10 @@
 """The config tree: every config composes; every experiment runs (tiny ones for real, seed-scale to argv).
 
 * Every YAML file under ``configs/`` that git would commit is composed with Hydra's compose API
-  (``harness.launcher.compose``), through ``train.yaml`` when it belongs to one of its groups (``hydra/launcher`` options
-  are also instantiated); the job's typed config is validated by ``harness.config.validate`` and turned into the ms-swift
-  argv of its launch plan (``harness.launcher.run.make_plan``, dry run). The sign-off criteria file is loaded through its
-  own schema (``analysis.signoff.criteria_file``).
+  (``gkd_harness.harness.launcher.compose``), through ``train.yaml`` when it belongs to one of its groups (``hydra/launcher`` options
+  are also instantiated); the job's typed config is validated by ``gkd_harness.harness.config.validate`` and turned into the ms-swift
+  argv of its launch plan (``gkd_harness.harness.launcher.run.make_plan``, dry run). The sign-off criteria file is loaded through its
+  own schema (``gkd_harness.analysis.signoff.criteria_file``).
 * Every experiment is expanded into its sweep points exactly as Hydra's basic sweeper does; every point is
   validated and built to the argument level (names unique, one group per sweep).
 * The tiny experiments run for real through ``gkd-train -m`` and ms-swift (marked slow): ``smoke`` is the
@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from harness.config.schema import EMBEDDED
-from harness.launcher.run import make_plan
-from harness.config.validate import validate_config
-from harness.launcher.sweep_points import point_name, sweep_points
+from gkd_harness.harness.config.schema import EMBEDDED
+from gkd_harness.harness.launcher.run import make_plan
+from gkd_harness.harness.config.validate import validate_config
+from gkd_harness.harness.launcher.sweep_points import point_name, sweep_points
 from tests.launch.helpers import (compose, harness_env, read_metrics, read_summary, run_gkd_train, tail, task_config,
                                   wandb_offline_run)
 
@@ -42,7 +42,7 @@ NEEDS_HELD_OUT = ("precision_ab",)
 @pytest.fixture(autouse=True)
 def hub_ids_not_fetched(monkeypatch):
     """At the argument level a hub id (``Qwen/Qwen3.5-9B``) is only named, never fetched: the offline-cache check
-    of ``harness.config.validate`` (tested in tests/harness/config/test_validate.py) must not depend on this machine's cache."""
+    of ``gkd_harness.harness.config.validate`` (tested in tests/harness/config/test_validate.py) must not depend on this machine's cache."""
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
 
@@ -89,7 +89,7 @@ def test_every_config_composes(rel):
         cfg = compose(overrides, name)
         assert OmegaConf.to_container(cfg, resolve=True)
         if name == "signoff/default":
-            from analysis.signoff.criteria_file import load_criteria
+            from gkd_harness.analysis.signoff.criteria_file import load_criteria
 
             assert load_criteria() is not None  # typed through its own schema
         return

@@ -52,7 +52,7 @@ def test_named_paths_exist(doc):
 
 
 def test_readme_notebook_example_runs(tmp_path):
-    from bench.synthetic import write_sweep
+    from gkd_harness.bench.synthetic import write_sweep
 
     sweep = tmp_path / "smoke"
     write_sweep(sweep)
@@ -97,7 +97,7 @@ def test_documented_command_runs(cmd, tmp_path):
 
 
 def test_slurm_dry_run_as_documented():
-    proc = subprocess.run([sys.executable, "-m", "launch.slurm", "experiment=precision_ab", "hydra.launcher.nodes=2",
+    proc = subprocess.run([sys.executable, "-m", "gkd_harness.launch.slurm", "experiment=precision_ab", "hydra.launcher.nodes=2",
                            "hydra.launcher.gpus_per_node=8", "run.dataset=x/y", "monitor.eval.dataset=x/z",
                            "--max-points", "1"],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
@@ -144,7 +144,7 @@ def test_own_models_command_runs_as_documented(tmp_path):
 
 def test_readme_criteria_table_lists_every_criterion():
     """The README's criteria table names exactly the criteria gkd-analyze evaluates and prints, in its order."""
-    from analysis.signoff.criteria import CRITERIA
+    from gkd_harness.analysis.signoff.criteria import CRITERIA
 
     readme = (REPO / "README.md").read_text()
     table = readme[readme.index("| criterion | passes when |"):].split("\n\n", 1)[0]
@@ -152,7 +152,7 @@ def test_readme_criteria_table_lists_every_criterion():
 
 
 def _flags(text: str) -> list:
-    """The ``--flag value`` lines of node 0's ms-swift command in a ``launch.slurm --wrap`` listing, with the
+    """The ``--flag value`` lines of node 0's ms-swift command in a ``gkd_harness.launch.slurm --wrap`` listing, with the
     repository's own path (the plugin) written as REPO."""
     cmd = text[text.index("megatron rlhf \\"):].split("-> ", 1)[0]
     out = [ln.strip().rstrip("\\").strip() for ln in cmd.splitlines()[1:] if ln.strip().startswith("--")]
@@ -165,7 +165,7 @@ def test_cluster_doc_dry_run_is_what_the_command_prints():
     doc = (REPO / "docs" / "cluster.md").read_text()
     shown = doc[doc.index("# SLURM dry run:"):]
     env = dict(os.environ, GKD_OUTPUT_ROOT="/shared/gkd-runs")
-    proc = subprocess.run([sys.executable, "-m", "launch.slurm", "experiment=precision_ab", "hydra.launcher.nodes=2",
+    proc = subprocess.run([sys.executable, "-m", "gkd_harness.launch.slurm", "experiment=precision_ab", "hydra.launcher.nodes=2",
                            "hydra.launcher.gpus_per_node=8", "run.dataset=my-org/gkd-prompts",
                            "monitor.eval.dataset=my-org/gkd-held-out", "run.max_steps=200",
                            "--max-points", "1", "--wrap"], capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
@@ -206,7 +206,7 @@ def test_piped_log_gets_a_line_a_minute_as_documented():
     doc said a line only when a point starts or ends)."""
     import io
 
-    from harness.launcher.progress import ProgressDisplay, Running, Snapshot
+    from gkd_harness.harness.launcher.progress import ProgressDisplay, Running, Snapshot
 
     assert "and otherwise one a minute" in " ".join((REPO / "docs" / "cluster.md").read_text().split())
     now = [0.0]
@@ -228,11 +228,11 @@ def test_python_api_claims_hold():
     import contextlib
     import io
 
-    from analysis.cli import main as gkd_analyze
-    from harness.config.schema import ConfigError
-    from harness.config.validate import validate_config
-    from harness.launcher.compose import point_config
-    from harness.launcher.run import train
+    from gkd_harness.analysis.cli import main as gkd_analyze
+    from gkd_harness.harness.config.schema import ConfigError
+    from gkd_harness.harness.config.validate import validate_config
+    from gkd_harness.harness.launcher.compose import point_config
+    from gkd_harness.harness.launcher.run import train
 
     for overrides, key in ((["gkd.nope=1"], "gkd.nope"), (["gkd.beta=abc"], "gkd.beta")):
         with pytest.raises(ConfigError) as e:

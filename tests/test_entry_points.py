@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.store.provenance import harness_version
+from gkd_harness.harness.store.provenance import harness_version
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]

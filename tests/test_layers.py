@@ -30,7 +30,7 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             out.add(node.module)
             out |= {f"{node.module}.{alias.name}" for alias in node.names}
-    return out
+    return {m.removeprefix("gkd_harness.") for m in out}  # the installed namespace; layers are the folders
 
 
 def _module(path: Path) -> str:
@@ -61,9 +61,9 @@ def test_no_module_pair_imports_each_other():
 
 def test_validation_imports_neither_torch_nor_swift():
     code = ("import sys\n"
-            "from harness.launcher.compose import point_config\n"
-            "from harness.config.validate import validate_config\n"
-            "from harness.config.schema import ConfigError\n"
+            "from gkd_harness.harness.launcher.compose import point_config\n"
+            "from gkd_harness.harness.config.validate import validate_config\n"
+            "from gkd_harness.harness.config.schema import ConfigError\n"
             "cfg, _ = point_config(['gkd.beta=0.5', 'run.output_dir=/tmp/x'])\n"
             "validate_config(cfg)\n"
             "bad = [m for m in ('torch', 'swift', 'transformers') if m in sys.modules]\n"
@@ -94,7 +94,7 @@ def _harness_layer(module: str) -> str | None:
 
 
 def layer_violations(root: Path = REPO) -> list[str]:
-    """``file: imported module`` for every import that breaks :data:`ALLOWED` (``harness.losses`` counts as loss)."""
+    """``file: imported module`` for every import that breaks :data:`ALLOWED` (``gkd_harness.harness.losses`` counts as loss)."""
     bad = []
     for p in sorted((root / "harness").rglob("*.py")):
         parts = p.relative_to(root).parts
@@ -129,7 +129,7 @@ def test_the_layer_check_fails_when_a_rank_module_imports_a_launcher_module(tmp_
 
     shutil.copytree(REPO / "harness", tmp_path / "harness")
     bad = tmp_path / "harness" / "rank" / "plugin.py"
-    bad.write_text(bad.read_text() + "\n\ndef _late():\n    from harness.launcher.plan import build_plan\n")
+    bad.write_text(bad.read_text() + "\n\ndef _late():\n    from gkd_harness.harness.launcher.plan import build_plan\n")
     assert layer_violations(tmp_path) == ["harness/rank/plugin.py: harness.launcher.plan",
                                           "harness/rank/plugin.py: harness.launcher.plan.build_plan"]
 
@@ -154,7 +154,7 @@ def _string_literals(path: Path):
 def test_contract_facts_have_one_home():
     """No metric name, run-folder file name, settings variable or callback name as a literal outside
     ``harness/contract.py`` (tests and docs may spell them)."""
-    from harness import contract
+    from gkd_harness.harness import contract
 
     facts = {v for k, v in vars(contract).items() if k.isupper() and isinstance(v, str)
              and ("/" in v or k.endswith(("_FILE", "_ENV", "_LOG")) or k in ("CALLBACK_NAME", "ARCHIVE_DIR"))}
@@ -232,8 +232,8 @@ def test_the_upper_layer_check_fails_on_an_upward_import(tmp_path):
     for pkg in UPPER_ALLOWED:
         shutil.copytree(REPO / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     loader = tmp_path / "analysis" / "sweep" / "runs.py"
-    loader.write_text(loader.read_text() + "\n\ndef _late():\n    from launch.sweep import write_manifest\n"
-                      "    from analysis.signoff.criteria import evaluate\n")
+    loader.write_text(loader.read_text() + "\n\ndef _late():\n    from gkd_harness.launch.sweep import write_manifest\n"
+                      "    from gkd_harness.analysis.signoff.criteria import evaluate\n")
     bad = upper_layer_violations(tmp_path)
     assert "analysis/sweep/runs.py: launch.sweep" in bad
     assert "analysis/sweep/runs.py: analysis.signoff.criteria" in bad

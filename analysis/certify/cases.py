@@ -3,8 +3,8 @@
 A :class:`Case` is one call of the candidate's ``gkd_loss`` (``student [B, S, V]``, a ``TeacherOutput``, labels
 ``[B, S]``, β, T and extra arguments) plus what it is judged against (``check``):
 
-* ``reference``: the independent FP64 reference (``harness.loss.reference.reference_gkd``) with the suite's
-  tolerances (``harness.loss.tolerances``): value ``1e-5·|ref| + 1e-6·N``, student-logit gradient relative L2
+* ``reference``: the independent FP64 reference (``gkd_harness.harness.loss.reference.reference_gkd``) with the suite's
+  tolerances (``gkd_harness.harness.loss.tolerances``): value ``1e-5·|ref| + 1e-6·N``, student-logit gradient relative L2
   ``grad_tol``;
 * ``pinned``: a value fixed by a published example (TRL's tests, the β defect, docs/defects.md), within ``abs_tol``;
 * ``differ`` / ``symmetric``: TRL's qualitative pins (two losses differ; β = 0.5 symmetric bit for bit);

@@ -15,9 +15,9 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
-from analysis.certify.cases import Case
-from harness.loss.reference import reference_gkd
-from harness.loss.tolerances import loss_tol
+from gkd_harness.analysis.certify.cases import Case
+from gkd_harness.harness.loss.reference import reference_gkd
+from gkd_harness.harness.loss.tolerances import loss_tol
 
 HINTS = {
     "input written": "writes into an input tensor ({}): the caller's tensor changes; compute on a copy",

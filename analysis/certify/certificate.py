@@ -17,10 +17,10 @@ CERTIFICATE_MD, CERTIFICATE_JSON = "certificate.md", "certificate.json"
 
 def load(spec: str, name: Optional[str], beta_form: str, unchanged: Sequence[str]):
     """``(Candidate, beta_form)`` for a file / module spec or a harness variant name."""
-    from harness.loss.candidate import Candidate, load_candidate, loss_source_path, loss_source_sha256
+    from gkd_harness.harness.loss.candidate import Candidate, load_candidate, loss_source_path, loss_source_sha256
 
     if spec in BUILTINS:
-        from harness.losses import make_gkd_loss, make_jsd_loss
+        from gkd_harness.harness.losses import make_gkd_loss, make_jsd_loss
 
         cand = Candidate(name=name or f"harness {spec}", source=spec, path=loss_source_path(spec),
                          sha256=loss_source_sha256(spec), gkd_loss=make_gkd_loss(spec, beta_form),
@@ -33,7 +33,7 @@ def load(spec: str, name: Optional[str], beta_form: str, unchanged: Sequence[str
 
 
 def families_for(cand, strict: bool, only: Sequence[str] = ()) -> List[Any]:
-    from analysis.certify.families import HARD_FAMILIES, REQUIRED_FAMILIES, identity_family
+    from gkd_harness.analysis.certify.families import HARD_FAMILIES, REQUIRED_FAMILIES, identity_family
 
     fams = list(REQUIRED_FAMILIES)
     if cand.unchanged:
@@ -64,7 +64,7 @@ def certify(cand, beta_form: str = "paper", quick: bool = False, strict: bool = 
     import torch
     from swift.rlhf_trainers import gkd_loss as upstream
 
-    from analysis.certify.evaluate import run_family
+    from gkd_harness.analysis.certify.evaluate import run_family
 
     if bar not in STRICT_BARS:
         raise ValueError(f"bar: {bar!r}, expected one of {STRICT_BARS}")

@@ -3,8 +3,8 @@
 CANDIDATE is a file with ms-swift's ``gkd_loss.py`` interface (``PATH.py``, e.g. a pull request's file), an
 importable ``package.module[:attr]`` (``swift.rlhf_trainers.gkd_loss`` is the installed upstream), or one of the
 harness's own variants (``fp32``, ``fp64``, ``native``). Every family runs through the candidate's ``gkd_loss``
-against the project's independent FP64 reference (``harness.loss.reference``) with the suite's tolerances
-(``harness.loss.tolerances``).
+against the project's independent FP64 reference (``gkd_harness.harness.loss.reference``) with the suite's tolerances
+(``gkd_harness.harness.loss.tolerances``).
 
 Exit codes: 0 every required family passes (with ``--strict``: the hard regimes too), 1 one fails, 2 unusable
 input (a candidate that cannot be loaded, a bad argument).
@@ -16,12 +16,12 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from analysis.certify.certificate import (CERTIFICATE_JSON, CERTIFICATE_MD, STRICT_BARS, certify, load, render_text,
+from gkd_harness.analysis.certify.certificate import (CERTIFICATE_JSON, CERTIFICATE_MD, STRICT_BARS, certify, load, render_text,
                                          write)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from harness.store.provenance import version_line
+    from gkd_harness.harness.store.provenance import version_line
 
     p = argparse.ArgumentParser(
         prog="gkd-certify",
@@ -57,7 +57,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.export_pytest is not None:
-        from analysis.certify.export import DEFAULT_TARGET, export_pytest
+        from gkd_harness.analysis.certify.export import DEFAULT_TARGET, export_pytest
 
         path = export_pytest(args.export_pytest, args.target or DEFAULT_TARGET)
         print(f"wrote {path} (target {args.target or DEFAULT_TARGET})")
@@ -68,7 +68,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if args.target is not None:
         print("gkd-certify: --target: only with --export-pytest", file=sys.stderr)
         sys.exit(2)
-    from harness.loss.candidate import CandidateError
+    from gkd_harness.harness.loss.candidate import CandidateError
 
     pairs = {"float32", "bfloat16", "float16", "float64"}
     for pair in args.unchanged:

@@ -23,10 +23,10 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
-from analysis.certify.cases import Case
-from analysis.certify.families import Family
-from harness.loss.reference import reference_gkd
-from harness.loss.tolerances import grad_tol, loss_tol
+from gkd_harness.analysis.certify.cases import Case
+from gkd_harness.analysis.certify.families import Family
+from gkd_harness.harness.loss.reference import reference_gkd
+from gkd_harness.harness.loss.tolerances import grad_tol, loss_tol
 
 TEACHER_FIELDS = ("full_logits", "topk_logprobs", "topk_indices", "labels")
 #: A failing family whose every failing case is finite, non-negative and within this many tolerances is "near"
@@ -44,7 +44,7 @@ class CaseResult:
     note: str = ""
     value: Optional[float] = None  # the candidate's total (reference checks)
     n: Optional[int] = None  # its num_valid
-    cause: str = ""  # a recognised cause (see analysis.certify.causes), set for failing cases
+    cause: str = ""  # a recognised cause (see gkd_harness.analysis.certify.causes), set for failing cases
 
 
 @dataclasses.dataclass
@@ -452,7 +452,7 @@ def run_family(fn: Callable, family: Family, form: str, quick: bool, upstream: O
                max_failing: int = 5, relative: bool = False, source: Optional[str] = None) -> FamilyResult:
     """Every case of ``family`` through ``fn``. ``relative``: the bar is upstream's formula in FP32 (hard regimes
     under ``--strict``). ``source``: the candidate's source text, for the recognised causes."""
-    from analysis.certify.causes import recognise
+    from gkd_harness.analysis.certify.causes import recognise
 
     t0 = time.perf_counter()
     cases = family.build(form, quick)

@@ -41,7 +41,7 @@ def _definitions(name: str, names) -> str:
 
 def render(target: str = DEFAULT_TARGET) -> str:
     """The suite's text for ``target``."""
-    from analysis.certify import suite
+    from gkd_harness.analysis.certify import suite
 
     lines = inspect.getsource(suite).splitlines()
     out, skip = [], False

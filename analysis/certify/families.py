@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
-from analysis.certify.cases import Case, make, problem, rows_case, seed_of, sharded_primitives
+from gkd_harness.analysis.certify.cases import Case, make, problem, rows_case, seed_of, sharded_primitives
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,7 +180,7 @@ def injected(form: str, quick: bool) -> List[Case]:
     """ms-swift's Megatron trainer passes its own ``gather_fn`` / ``log_softmax_fn`` / ``kl_div_fn`` by keyword
     (vocab-parallel, even at TP = 1): the candidate must accept and *call* them. Checked by behaviour: the
     vocabulary is split over 2 ranks (threads of this process with an all-reduce), each rank's candidate call sees
-    only its shard, and the stand-ins (analysis.certify.evaluate.shard_primitives) normalise over the whole
+    only its shard, and the stand-ins (gkd_harness.analysis.certify.evaluate.shard_primitives) normalise over the whole
     vocabulary held by both. A candidate that ignores one normalises its own shard and fails, naming it."""
     return [make(f"{a}/{b} {m} 2 vocab-parallel ranks b={be}", a, b, m, NEAR, be, t, form, check="sharded")
             for (a, b), be, m, t in itertools.product(
@@ -192,7 +192,7 @@ def scaled_backward(form: str, quick: bool) -> List[Case]:
     """A BF16 student's gradient of ``total / num_valid`` with num_valid not a power of two (60, 3): rounded once
     to BF16 (``tolerances.ONE_ROUNDING_GRAD_FACTOR`` x the rounding of the FP64 gradient). The other families
     divide by num_valid too, under the looser ``LOW_PRECISION_GRAD_FACTOR``."""
-    from harness.loss.tolerances import ONE_ROUNDING_GRAD_FACTOR
+    from gkd_harness.harness.loss.tolerances import ONE_ROUNDING_GRAD_FACTOR
 
     out = []
     for (a, b), m, (seq, masked), be in itertools.product(
@@ -292,7 +292,7 @@ def shifted_logits(form: str, quick: bool) -> List[Case]:
     """Student and teacher logits offset by a large per-row constant (±300, ±1e4 with opposite signs): softmax
     does not see it, so any correct formula (textbook FP32 included: ``x - max`` is exact there) stays within
     tolerance; a loss that forms ``t - s`` for the log-ratio loses it at ulp(2·offset). β exact in BF16: the
-    failures are in the gradient, which the value-based causes (analysis.certify.causes) must not claim."""
+    failures are in the gradient, which the value-based causes (gkd_harness.analysis.certify.causes) must not claim."""
     return [rows_case(f"row offset +-{sc:g} b={b}", *_shifted(sc, seed_of("shifted", sc)), b, 1.0, form)
             for sc, b in itertools.product(_pick(quick, [300.0, 1e4], [1e4]),
                                            _pick(quick, [0.0, 0.25, 0.5, 0.75, 1.0], [0.25, 1.0]))]

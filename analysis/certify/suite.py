@@ -23,10 +23,10 @@ import torch
 
 TARGET = "swift.rlhf_trainers.gkd_loss"  # EXPORT: target
 
-# EXPORT: inline harness.loss.reference
-from harness.loss.reference import reference_gkd  # noqa: E402
-# EXPORT: inline harness.loss.tolerances
-from harness.loss.tolerances import ONE_ROUNDING_GRAD_FACTOR, grad_tol, loss_tol  # noqa: E402
+# EXPORT: inline gkd_harness.harness.loss.reference
+from gkd_harness.harness.loss.reference import reference_gkd  # noqa: E402
+# EXPORT: inline gkd_harness.harness.loss.tolerances
+from gkd_harness.harness.loss.tolerances import ONE_ROUNDING_GRAD_FACTOR, grad_tol, loss_tol  # noqa: E402
 
 
 def _load_target():
@@ -41,8 +41,8 @@ def _load_target():
 target = _load_target()
 TeacherOutput = target.TeacherOutput
 
-# EXPORT: inline analysis.certify.cases:DTYPES,seed_of,problem
-from analysis.certify.cases import DTYPES, problem, seed_of  # noqa: E402,F401
+# EXPORT: inline gkd_harness.analysis.certify.cases:DTYPES,seed_of,problem
+from gkd_harness.analysis.certify.cases import DTYPES, problem, seed_of  # noqa: E402,F401
 
 
 # ------------------------------------------------------------------------------------------------ judging

@@ -2,9 +2,9 @@
 
 Modules, lowest first:
 
-* :mod:`~analysis.dashboard.names`: metric names and the harness config keys as wandb holds them;
-* :mod:`~analysis.dashboard.panels`: the standard panels as plain data, tolerance lines from the criteria;
-* :mod:`~analysis.dashboard.facts`: what the sweep logged (metric keys, config keys, tags, group, experiment);
-* :mod:`~analysis.dashboard.build`: wandb-workspaces objects, JSON specs, saving;
-* :mod:`~analysis.dashboard.cli`: the command.
+* :mod:`~gkd_harness.analysis.dashboard.names`: metric names and the harness config keys as wandb holds them;
+* :mod:`~gkd_harness.analysis.dashboard.panels`: the standard panels as plain data, tolerance lines from the criteria;
+* :mod:`~gkd_harness.analysis.dashboard.facts`: what the sweep logged (metric keys, config keys, tags, group, experiment);
+* :mod:`~gkd_harness.analysis.dashboard.build`: wandb-workspaces objects, JSON specs, saving;
+* :mod:`~gkd_harness.analysis.dashboard.cli`: the command.
 """

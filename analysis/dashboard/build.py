@@ -6,10 +6,10 @@ JSON specs, and saving them to a wandb server.
   (and the experiment config key where the runs carry one), so each variant and β is one line.
 * Line plots are drawn against ``train/global_step`` (the optimizer step), not wandb's ``_step``.
 * The harness config is logged nested in wandb (``{"harness": {"gkd": {"beta": ...}}}``,
-  ``harness.rank.wandb_run``), so every config key is addressed through the library's public API as it
+  ``gkd_harness.harness.rank.wandb_run``), so every config key is addressed through the library's public API as it
   documents nested keys: ``Config("harness.gkd.beta")`` on panel axes, ``expr.Config`` in the workspace's
   grouping, ``"config.harness.gkd.beta"`` in a report's, ``config:harness.value.gkd.beta`` as a column
-  (:func:`analysis.dashboard.names.config_path`). No override of the library: a saved workspace survives its
+  (:func:`gkd_harness.analysis.dashboard.names.config_path`). No override of the library: a saved workspace survives its
   load-and-save with every panel and axis (tests/analysis/test_dashboard.py).
 
 Building needs no server except a report runset's project lookup, which happens only when saving
@@ -23,9 +23,9 @@ import wandb_workspaces.reports.v2 as wr
 import wandb_workspaces.workspaces as ws
 from wandb_workspaces import expr
 
-from analysis.dashboard import names as n
-from analysis.dashboard.facts import SweepFacts
-from analysis.dashboard.panels import PanelSpec, Section
+from gkd_harness.analysis.dashboard import names as n
+from gkd_harness.analysis.dashboard.facts import SweepFacts
+from gkd_harness.analysis.dashboard.panels import PanelSpec, Section
 
 __all__ = ["runset_filters", "grouping", "build_workspace", "build_report", "spec_dict", "verdict_table", "push"]
 
@@ -74,7 +74,7 @@ def runset_filters(facts: SweepFacts) -> list:
 
 def grouping(facts: SweepFacts) -> list:
     """Harness config keys the runs are grouped by, outermost first: the experiment key where the runs' config
-    carries it, then :data:`~analysis.dashboard.names.GROUPING_KEYS` (those the runs carry)."""
+    carries it, then :data:`~gkd_harness.analysis.dashboard.names.GROUPING_KEYS` (those the runs carry)."""
     keys = ([n.EXPERIMENT] if n.wandb_config_key(n.EXPERIMENT) in facts.config_keys else []) + list(n.GROUPING_KEYS)
     return [k for k in keys if n.wandb_config_key(k) in facts.config_keys]
 

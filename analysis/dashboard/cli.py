@@ -25,13 +25,13 @@ EXIT_OK, EXIT_PUSH_FAILED, EXIT_UNUSABLE = 0, 1, 2
 
 
 def _version() -> str:
-    from harness.store.provenance import harness_version
+    from gkd_harness.harness.store.provenance import harness_version
 
     return harness_version()
 
 
 def _version_line() -> str:
-    from harness.store.provenance import version_line
+    from gkd_harness.harness.store.provenance import version_line
 
     return version_line("gkd-dashboard")
 
@@ -57,8 +57,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _facts(args):
-    from analysis.dashboard.facts import facts_from_folder, facts_from_wandb
-    from analysis.sweep.records import UnusableInput
+    from gkd_harness.analysis.dashboard.facts import facts_from_folder, facts_from_wandb
+    from gkd_harness.analysis.sweep.records import UnusableInput
 
     if args.source == "wandb":
         if not args.group:
@@ -71,10 +71,10 @@ def main(argv: Optional[list] = None) -> int:
     args = _parser().parse_args(argv)
     if not args.out and not args.push:
         _parser().error("give --out FILE, --push, or both")
-    from analysis.signoff.criteria import evaluate, load_criteria
-    from analysis.dashboard.build import build_report, build_workspace, push, spec_dict
-    from analysis.dashboard.panels import keep_available, standard_sections
-    from analysis.sweep.records import UnusableInput
+    from gkd_harness.analysis.signoff.criteria import evaluate, load_criteria
+    from gkd_harness.analysis.dashboard.build import build_report, build_workspace, push, spec_dict
+    from gkd_harness.analysis.dashboard.panels import keep_available, standard_sections
+    from gkd_harness.analysis.sweep.records import UnusableInput
 
     try:
         criteria = load_criteria(args.criteria)

@@ -1,11 +1,11 @@
 """What a dashboard needs to know about a sweep, read from its run folders, its wandb offline files or wandb.
 
 :class:`SweepFacts`: the wandb group, project and entity; the metric keys the runs logged; the config keys and
-tags the runs carry in wandb; the experiment name; and the loaded :class:`~analysis.sweep.records.Sweep` (for the
+tags the runs carry in wandb; the experiment name; and the loaded :class:`~gkd_harness.analysis.sweep.records.Sweep` (for the
 verdict). Where the sweep folder holds wandb offline files, the wandb side is what a dashboard reads, so its
 keys win over ``metrics.jsonl``'s (by contract they are the same names).
 
-Problems raise :class:`~analysis.sweep.records.UnusableInput` naming the file, folder or key.
+Problems raise :class:`~gkd_harness.analysis.sweep.records.UnusableInput` naming the file, folder or key.
 """
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from analysis.dashboard import names as n
-from analysis.sweep.records import Sweep, UnusableInput, tabulate
-from harness.config.flat import flatten
-from harness.contract import SUMMARY_FILE
+from gkd_harness.analysis.dashboard import names as n
+from gkd_harness.analysis.sweep.records import Sweep, UnusableInput, tabulate
+from gkd_harness.harness.config.flat import flatten
+from gkd_harness.harness.contract import SUMMARY_FILE
 
 __all__ = ["SweepFacts", "facts_from_folder", "facts_from_wandb"]
 
@@ -52,7 +52,7 @@ class SweepFacts:
 
 def _config(run: Any) -> dict:
     """A wandb run's config with dotted keys: the harness logs its config nested under ``harness``
-    (``harness.rank.wandb_run``), read here as ``harness.gkd.beta``; older runs' flat dotted keys read the same."""
+    (``gkd_harness.harness.rank.wandb_run``), read here as ``harness.gkd.beta``; older runs' flat dotted keys read the same."""
     return flatten(dict(run.config))
 
 
@@ -102,7 +102,7 @@ def _owning_run_folder(path: Path, root: Path) -> Optional[Path]:
 
 def _wandb_runs(root: Path, group: Optional[str]) -> list:
     """The training runs among the wandb offline files under ``root`` (attempts of one run merged)."""
-    from analysis.sweep.offline import OfflineRun, find_offline_runs, group_attempts
+    from gkd_harness.analysis.sweep.offline import OfflineRun, find_offline_runs, group_attempts
 
     runs = group_attempts([OfflineRun(f) for f in find_offline_runs(root)])
     runs = [r for r in runs if getattr(r, "job_type", None) != "analysis"]
@@ -129,8 +129,8 @@ def facts_from_folder(root: os.PathLike, source: str = "local", group: Optional[
     source ``local``: the run folders (``summary.json``, ``metrics.jsonl``), plus the wandb offline files in
     them where present. source ``wandb-offline``: only the wandb offline files under ``root``.
     """
-    from analysis.sweep.runs import find_run_folders, load_run_folder
-    from analysis.sweep.wandb_api import runs_from_wandb
+    from gkd_harness.analysis.sweep.runs import find_run_folders, load_run_folder
+    from gkd_harness.analysis.sweep.wandb_api import runs_from_wandb
 
     root = Path(root)
     if not root.exists():
@@ -181,7 +181,7 @@ def facts_from_folder(root: os.PathLike, source: str = "local", group: Optional[
 
 def facts_from_wandb(path: str, group: str, experiment: Optional[str] = None, api: Any = None) -> SweepFacts:
     """Facts of the runs of ``group`` in wandb project ``path`` (``ENTITY/PROJECT``), through the public API."""
-    from analysis.sweep.wandb_api import runs_from_wandb
+    from gkd_harness.analysis.sweep.wandb_api import runs_from_wandb
 
     if path.count("/") != 1:
         raise UnusableInput(f"wandb project {path!r}: expected ENTITY/PROJECT")

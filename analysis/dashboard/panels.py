@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Tuple
 
-from analysis.dashboard import names as n
+from gkd_harness.analysis.dashboard import names as n
 
 __all__ = ["Line", "PanelSpec", "Section", "standard_sections", "keep_available", "expression_refs"]
 
@@ -92,7 +92,7 @@ def _enabled(criteria: Any, name: str) -> Optional[Any]:
 
 
 def standard_sections(criteria: Any) -> Tuple[Section, ...]:
-    """The standard sections for the sign-off ``criteria`` (``analysis.signoff.criteria.load_criteria()``).
+    """The standard sections for the sign-off ``criteria`` (``gkd_harness.analysis.signoff.criteria.load_criteria()``).
 
     Tolerance lines come from the criteria that are enabled; a disabled criterion draws no line.
     """

@@ -19,14 +19,14 @@ import argparse
 import sys
 from typing import List, Optional
 
-from analysis.replay.seed_input import SEED_INPUT
-from harness.contract import BETA_FORMS, DTYPE_NAMES
+from gkd_harness.analysis.replay.seed_input import SEED_INPUT
+from gkd_harness.harness.contract import BETA_FORMS, DTYPE_NAMES
 
 
 
 def parser() -> argparse.ArgumentParser:
     """``gkd-replay``'s arguments (torch-free: ``--help`` and ``--version`` answer at once)."""
-    from harness.store.provenance import version_line
+    from gkd_harness.harness.store.provenance import version_line
 
     p = argparse.ArgumentParser(prog="gkd-replay", description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--version", action="version", version=version_line("gkd-replay"))
@@ -49,7 +49,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parser().parse_args(argv)
-    from analysis.replay.variants import (CaptureError, evaluate_variants, format_variant_table, replay_table,
+    from gkd_harness.analysis.replay.variants import (CaptureError, evaluate_variants, format_variant_table, replay_table,
                                           synthetic_inputs)
 
     if args.inputs == ["synthetic"]:

@@ -10,10 +10,10 @@ from typing import Dict, Iterable, List, Optional
 
 import torch
 
-from analysis.replay.seed_input import SEED_INPUT
-from harness.contract import CAPTURES_DIR
-from harness.store.captures import CaptureError, load_capture
-from harness.losses import BETA_FORMS, DTYPES_BY_NAME as DTYPES, make_gkd_loss_terms
+from gkd_harness.analysis.replay.seed_input import SEED_INPUT
+from gkd_harness.harness.contract import CAPTURES_DIR
+from gkd_harness.harness.store.captures import CaptureError, load_capture
+from gkd_harness.harness.losses import BETA_FORMS, DTYPES_BY_NAME as DTYPES, make_gkd_loss_terms
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
 VARIANTS = ("native", "fp32", "fp64")
@@ -30,7 +30,7 @@ def evaluate_variants(student_logits: torch.Tensor, teacher_output: TeacherOutpu
     Returns:
         ``{variant: {"loss": float (total / num_valid), "grad_rel_l2": float vs fp64, "num_valid": int}}``.
 
-    Computed as the FP64 spot check computes them (``harness.rank.instrument.spot_check``): the gradient of the
+    Computed as the FP64 spot check computes them (``gkd_harness.harness.rank.instrument.spot_check``): the gradient of the
     variant's total on a leaf in the student's dtype (the relative error does not depend on the 1 / num_valid
     scale), the total divided by num_valid in FP64; so a capture replays to its spot check's values.
     """

@@ -4,7 +4,7 @@ Two sources:
 
 * :func:`fp64_beta_curve` computes D(β) in FP64 on fixed inputs (synthetic, or the loss inputs of a capture),
   so the curve shows the formula and not training noise. It runs the harness's own fp64 loss
-  (``harness.losses``, the reference variant of the loss under test; the tests check it against an
+  (``gkd_harness.harness.losses``, the reference variant of the loss under test; the tests check it against an
   independent reference):
 
   ``M = (1-β)·S + β·T``; paper ``D = β·KL(T‖M) + (1-β)·KL(S‖M)``; continuous ``D = (1-β)·KL(T‖M) + β·KL(S‖M)``;
@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
-from harness.contract import JSD_LOSS, TRAIN_GRAD_NORM, TRAIN_LOSS
+from gkd_harness.harness.contract import JSD_LOSS, TRAIN_GRAD_NORM, TRAIN_LOSS
 
 __all__ = [
     "DEFAULT_BETAS",
@@ -46,7 +46,7 @@ def _fp64_tensor(x):
 
 def generalized_jsd_fp64(s_logits, t_logits, beta: float, form: str = "paper",
                          temperature: float = 1.0) -> np.ndarray:
-    """Per-position generalized JSD in FP64: the harness's own fp64 loss (``harness.losses``, precision
+    """Per-position generalized JSD in FP64: the harness's own fp64 loss (``gkd_harness.harness.losses``, precision
     ``fp64``), on the inputs cast to FP64 first.
 
     Args:
@@ -57,7 +57,7 @@ def generalized_jsd_fp64(s_logits, t_logits, beta: float, form: str = "paper",
         ``[N]`` float64 per-position divergence.
     """
     import torch
-    from harness.losses import jsd_per_position
+    from gkd_harness.harness.losses import jsd_per_position
 
     if form not in FORMS:
         raise ValueError(f"form must be one of {FORMS}, got {form!r}")
@@ -123,7 +123,7 @@ def beta_defect_inputs() -> tuple:
 
 
 def capture_inputs(capture: dict) -> tuple:
-    """Active-position loss inputs of a capture (the dict of ``harness.store.captures.load_capture``).
+    """Active-position loss inputs of a capture (the dict of ``gkd_harness.harness.store.captures.load_capture``).
 
     Returns ``(s [N, K|V], t [N, K|V], temperature, beta)``: full vocabulary -> the masked logits (vocabularies
     cut to the common size); top-k -> the student gathered at the teacher's ids and the teacher's top-k

@@ -1,6 +1,6 @@
 """The certificate in the sign-off: every distinct candidate of a sweep (by sha256 and β form) is certified once,
 cached in the sweep folder (``certificates/<sha256>-<beta_form>/certificate.json`` and ``.md``), and a failed
-certificate fails the verdict (criterion ``candidate_certified``, wrapped by :mod:`analysis.signoff.criteria`).
+certificate fails the verdict (criterion ``candidate_certified``, wrapped by :mod:`gkd_harness.analysis.signoff.criteria`).
 
 The candidate certified is the copy its run kept (``<run>/candidate/<file>``, the evidence after the branch
 moved), else the ``loss.source`` it named.
@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from harness.contract import CANDIDATE, CANDIDATE_DIR
+from gkd_harness.harness.contract import CANDIDATE, CANDIDATE_DIR
 
 CACHE_DIR = "certificates"
 THRESHOLD = "every required family of gkd-certify passes (docs/certify.md); once per candidate sha256"
@@ -32,8 +32,8 @@ def _candidate_file(run: Dict[str, Any]) -> Optional[str]:
 
 def _certificate(source: str, name: Optional[str], beta_form: str, cache_root: Optional[Path], quick: bool,
                  strict: bool) -> Dict[str, Any]:
-    from analysis.certify.certificate import CERTIFICATE_JSON, certify, write
-    from harness.loss.candidate import load_candidate, loss_source_sha256
+    from gkd_harness.analysis.certify.certificate import CERTIFICATE_JSON, certify, write
+    from gkd_harness.harness.loss.candidate import load_candidate, loss_source_sha256
 
     sha = loss_source_sha256(CANDIDATE, source)
     cache = cache_root / CACHE_DIR / f"{sha}-{beta_form}{'-quick' if quick else ''}{'-strict' if strict else ''}" \
@@ -55,8 +55,8 @@ def _certificate(source: str, name: Optional[str], beta_form: str, cache_root: O
 def certificate_rows(runs, sweep_dir: Optional[str], quick: bool = False,
                      strict: bool = False) -> Tuple[str, str, str, List[str], str]:
     """``(status, threshold, measured, details, applies)`` of ``candidate_certified`` for the sweep's runs table."""
-    from analysis.certify.certificate import why
-    from harness.loss.candidate import CandidateError, loss_source_sha256
+    from gkd_harness.analysis.certify.certificate import why
+    from gkd_harness.harness.loss.candidate import CandidateError, loss_source_sha256
 
     if "loss.precision" not in runs:
         return "not_applicable", THRESHOLD, "no candidate run", [], "not applicable: the sweep has no loss=candidate run"
@@ -64,7 +64,7 @@ def certificate_rows(runs, sweep_dir: Optional[str], quick: bool = False,
     if cand.empty:
         return ("not_applicable", THRESHOLD, "no candidate run", [],
                 "not applicable: the sweep has no loss=candidate run")
-    if sweep_dir and sweep_dir.startswith("local:"):  # analysis.sweep.runs names a local sweep "local:<folder>"
+    if sweep_dir and sweep_dir.startswith("local:"):  # gkd_harness.analysis.sweep.runs names a local sweep "local:<folder>"
         sweep_dir = sweep_dir[len("local:"):]
     root = Path(sweep_dir) if sweep_dir and Path(sweep_dir).is_dir() else None
     seen: Dict[Tuple[str, str], Dict[str, Any]] = {}

@@ -1,4 +1,4 @@
-"""Comparison tables over a loaded :class:`analysis.load.Sweep`.
+"""Comparison tables over a loaded :class:`gkd_harness.analysis.load.Sweep`.
 
 * :func:`run_summary`: per run, final and mean loss / grad_norm, keyed by (β, β form, precision).
 * :func:`negatives_table`: negative-loss calls and negative-token fractions per run.
@@ -14,8 +14,8 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from analysis.sweep.records import CONFIG_COLUMNS, Sweep
-from harness.contract import JSD_LOSS, LOSS_CALLS_TOTAL, MIN_TOKEN_JSD, NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, NEG_TOKEN_FRAC, NONFINITE_CALLS_TOTAL, SPOT_GRAD_REL_L2, SPOT_LOSS, SPOT_LOSS_ABS_ERR, SPOT_LOSS_FP64, SPOT_LOSS_REL_ERR, SPOT_PARAM_GRAD_REL_L2, SPOT_SIGN_MISMATCH, TRAIN_GRAD_NORM, TRAIN_LOSS
+from gkd_harness.analysis.sweep.records import CONFIG_COLUMNS, Sweep
+from gkd_harness.harness.contract import JSD_LOSS, LOSS_CALLS_TOTAL, MIN_TOKEN_JSD, NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, NEG_TOKEN_FRAC, NONFINITE_CALLS_TOTAL, SPOT_GRAD_REL_L2, SPOT_LOSS, SPOT_LOSS_ABS_ERR, SPOT_LOSS_FP64, SPOT_LOSS_REL_ERR, SPOT_PARAM_GRAD_REL_L2, SPOT_SIGN_MISMATCH, TRAIN_GRAD_NORM, TRAIN_LOSS
 
 __all__ = [
     "CURVE_METRICS",

@@ -1,4 +1,4 @@
-"""Sign-off criteria: evaluate them on a sweep (the criteria file and its schema: :mod:`analysis.signoff.criteria_file`).
+"""Sign-off criteria: evaluate them on a sweep (the criteria file and its schema: :mod:`gkd_harness.analysis.signoff.criteria_file`).
 
 Each criterion gives a :class:`Result` with its threshold and its measured value in words, a status
 (``pass`` | ``fail`` | ``not_measured`` | ``not_applicable`` | ``skipped`` | ``disabled``), evidence rows and
@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.signoff.betacurve import fp64_beta_curve, beta_defect_inputs
-from analysis.signoff.compare import largest_divergence, negatives_table, paired_runs, spot_table, step_agreement
-from analysis.sweep.evidence import annotate, judged_runs, low_precision_fix_claimed, precisions_of
-from analysis.sweep.records import Sweep
-from analysis.signoff.criteria_file import CRITERIA_NAMES, SignoffCriteria, load_criteria
-from harness.contract import CANDIDATE, ORIGINAL, PATCHED, SPOT_GRAD_REL_L2_DTYPE_FLOOR
+from gkd_harness.analysis.signoff.betacurve import fp64_beta_curve, beta_defect_inputs
+from gkd_harness.analysis.signoff.compare import largest_divergence, negatives_table, paired_runs, spot_table, step_agreement
+from gkd_harness.analysis.sweep.evidence import annotate, judged_runs, low_precision_fix_claimed, precisions_of
+from gkd_harness.analysis.sweep.records import Sweep
+from gkd_harness.analysis.signoff.criteria_file import CRITERIA_NAMES, SignoffCriteria, load_criteria
+from gkd_harness.harness.contract import CANDIDATE, ORIGINAL, PATCHED, SPOT_GRAD_REL_L2_DTYPE_FLOOR
 
 __all__ = ["Result", "Evidence", "build_evidence", "load_criteria", "evaluate", "evaluate_evidence", "CRITERIA",
            "SignoffCriteria", "FAILING", "counts"]
@@ -81,10 +81,10 @@ def _values(runs: pd.DataFrame, col: str) -> str:
 class Evidence:
     """What every criterion judges, computed once per sweep (:func:`build_evidence`).
 
-    ``sweep``: the runs with their identity (:func:`analysis.sweep.evidence.annotate`); ``judged``: the runs whose
+    ``sweep``: the runs with their identity (:func:`gkd_harness.analysis.sweep.evidence.annotate`); ``judged``: the runs whose
     loss is judged, ``originals``: the upstream runs they are judged against, ``judged_why``: which and why
-    (:func:`analysis.sweep.evidence.judged_runs`); ``negatives``: :func:`~analysis.signoff.compare.negatives_table`;
-    ``spots``: :func:`~analysis.signoff.compare.spot_table` at the spot tolerance, with each check's gradient
+    (:func:`gkd_harness.analysis.sweep.evidence.judged_runs`); ``negatives``: :func:`~gkd_harness.analysis.signoff.compare.negatives_table`;
+    ``spots``: :func:`~gkd_harness.analysis.signoff.compare.spot_table` at the spot tolerance, with each check's gradient
     allowance (:func:`spot_allowance`)."""
 
     sweep: Sweep
@@ -131,7 +131,7 @@ def _judged_noun(ev: Evidence) -> str:
 
 def spot_allowance(sweep: Sweep, spots: pd.DataFrame, grad_rel_l2_max: float) -> pd.DataFrame:
     """``spots`` with ``grad_floor`` (the student dtype's share, ``spot/grad_rel_l2_dtype_floor`` as the spot
-    check logged it: 2x the rounding of the FP64 gradient to the student dtype, :func:`harness.loss.tolerances.
+    check logged it: 2x the rounding of the FP64 gradient to the student dtype, :func:`gkd_harness.harness.loss.tolerances.
     grad_tol`; 0 where not logged) and ``grad_tol`` = ``grad_rel_l2_max + grad_floor``."""
     h = sweep.history
     out = spots.copy()
@@ -469,8 +469,8 @@ def no_failed_runs(ev: Evidence, c: Any) -> Result:
 
 def patched_not_worse(ev: Evidence, c: Any) -> Result:
     """Held-out outcome (issue 20): the upper 95% t bound of (patched − original)/original final eval/jsd,
-    seed-paired, is <= ``c.margin`` (analysis.signoff.outcome)."""
-    from analysis.signoff.outcome import patched_not_worse as measure
+    seed-paired, is <= ``c.margin`` (gkd_harness.analysis.signoff.outcome)."""
+    from gkd_harness.analysis.signoff.outcome import patched_not_worse as measure
 
     name, title = "patched_not_worse", "Patched loss distills no worse on held-out data"
     thr = f"upper 95% bound of (patched − original)/original final eval/jsd <= {c.margin:g}"
@@ -483,8 +483,8 @@ def patched_not_worse(ev: Evidence, c: Any) -> Result:
 
 def candidate_certified(ev: Evidence, c: Any) -> Result:
     """A candidate fix (``loss=candidate``) passes ``gkd-certify``, once per sha256, cached in the sweep folder
-    (analysis.signoff.certificates)."""
-    from analysis.signoff.certificates import certificate_rows
+    (gkd_harness.analysis.signoff.certificates)."""
+    from gkd_harness.analysis.signoff.certificates import certificate_rows
 
     status, thr, measured, details, applies = certificate_rows(ev.runs, ev.sweep.source, c.quick, c.strict)
     if status == "fail" and not c.required:

@@ -3,11 +3,11 @@
 The YAML is the only home of the default values; the dataclasses give types and structure (no defaults here).
 :func:`load_criteria` reads the shipped file, merges a user's file over it, and builds one frozen
 :class:`SignoffCriteria`. Unknown keys, missing keys, wrong types and out-of-range values raise
-:class:`~analysis.sweep.records.UnusableInput` with one line naming the file and the full key, e.g.
+:class:`~gkd_harness.analysis.sweep.records.UnusableInput` with one line naming the file and the full key, e.g.
 ``c.yaml: criteria key 'spot_tolerance.loss_rtol' must be a number >= 0, got -1``.
 
 The shipped file is found next to the installed package (``importlib.resources`` on the ``configs``
-package the wheel ships, ``gkd_harness_configs``), else in the source checkout.
+package the wheel ships, ``gkd_harness.configs``), else in the source checkout.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, Tuple
 
-from analysis.sweep.records import UnusableInput
+from gkd_harness.analysis.sweep.records import UnusableInput
 
 __all__ = [
     "SignoffCriteria",
@@ -30,8 +30,8 @@ __all__ = [
     "criteria_from_dict",
 ]
 
-#: Packages that may hold the config tree (the wheel ships ``configs/`` as ``gkd_harness_configs``).
-_CONFIG_PACKAGES = ("gkd_harness_configs", "configs")
+#: Packages that may hold the config tree (the wheel ships ``configs/`` as ``gkd_harness.configs``).
+_CONFIG_PACKAGES = ("gkd_harness.configs", "configs")
 _REPO_FILE = Path(__file__).resolve().parents[1] / "configs" / "signoff" / "default.yaml"
 
 
@@ -264,7 +264,7 @@ def criteria_from_dict(data: Any, src: str = "criteria") -> SignoffCriteria:
 
 def default_criteria_text() -> tuple:
     """``(where, text)`` of the shipped ``configs/signoff/default.yaml``: from the installed config package
-    (``gkd_harness_configs``, the wheel's copy of ``configs/``) when there is one, else from the source
+    (``gkd_harness.configs``, the wheel's copy of ``configs/``) when there is one, else from the source
     checkout next to ``analysis/``."""
     from importlib.resources import files
 

@@ -12,7 +12,7 @@ gives:
 * :func:`pooled`: the mean of the per-seed differences with its t interval;
 * :func:`outcome_sentence`: the effect and its interval in one sentence, whichever way it goes.
 
-The criterion ``patched_not_worse`` (:func:`patched_not_worse`, registered in :mod:`analysis.signoff.criteria`) asks
+The criterion ``patched_not_worse`` (:func:`patched_not_worse`, registered in :mod:`gkd_harness.analysis.signoff.criteria`) asks
 that the upper bound of the interval on (patched − original) / original final held-out JSD be ≤ a margin.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Iterable, Optional
 import numpy as np
 import pandas as pd
 
-from harness.contract import (EVAL_FORWARD_KL, EVAL_JSD, EVAL_REVERSE_KL, EVAL_TOP1_AGREEMENT, role_of)
+from gkd_harness.harness.contract import (EVAL_FORWARD_KL, EVAL_JSD, EVAL_REVERSE_KL, EVAL_TOP1_AGREEMENT, role_of)
 
 #: The held-out metrics the statistics cover (``eval/tokens`` is a count, not an outcome).
 OUTCOME_METRICS = (EVAL_JSD, EVAL_FORWARD_KL, EVAL_REVERSE_KL, EVAL_TOP1_AGREEMENT)
@@ -124,11 +124,11 @@ def paired_differences(finals: pd.DataFrame, original_precision: Optional[str] =
     metric ``<m>:diff`` = patched − original and ``<m>:rel`` = (patched − original) / original.
 
     ``original_precision`` / ``patched_precisions``: default the precisions whose role
-    (:func:`harness.contract.role_of`) is original / patched. Columns ``[variant, seed, original_run,
+    (:func:`gkd_harness.harness.contract.role_of`) is original / patched. Columns ``[variant, seed, original_run,
     patched_run, ...]``; empty when no run pairs.
     """
-    from analysis.sweep.evidence import precisions_of
-    from harness.contract import ORIGINAL, PATCHED
+    from gkd_harness.analysis.sweep.evidence import precisions_of
+    from gkd_harness.harness.contract import ORIGINAL, PATCHED
 
     original_precision = original_precision or precisions_of(ORIGINAL)[0]
     patched_precisions = precisions_of(PATCHED) if patched_precisions is None else patched_precisions
@@ -329,7 +329,7 @@ def report_section(sweep, doc, report_dir, original_precision: str, patched_prec
     pooled), and held-out JSD / the FP64 training objective / grad_norm over steps with the seed band."""
     from pathlib import Path
 
-    from harness.contract import SPOT_LOSS_FP64, TRAIN_GRAD_NORM
+    from gkd_harness.harness.contract import SPOT_LOSS_FP64, TRAIN_GRAD_NORM
 
     doc.heading("Held-out outcome across seeds")
     finals = final_values(sweep)
@@ -339,7 +339,7 @@ def report_section(sweep, doc, report_dir, original_precision: str, patched_prec
     patched = list(patched_precisions)
     doc.para(headline(sweep, original_precision, patched) or "No seed-paired original/patched runs: no difference "
              "measured.")
-    doc.para("Final held-out metrics (the last evaluation of each run, FP64, `harness.rank.evaluation`): mean over "
+    doc.para("Final held-out metrics (the last evaluation of each run, FP64, `gkd_harness.harness.rank.evaluation`): mean over "
              "seeds and the 95% Student-t interval (mean ± t(0.975, n−1)·sd/√n).")
     doc.table(variant_table(finals), caption="per variant: mean and 95% t interval over seeds")
     pairs = paired_differences(finals, original_precision, patched)

@@ -1,6 +1,6 @@
 """PNG plots of the comparison tables (matplotlib, Agg backend; no display needed).
 
-Each ``plot_*`` function takes the tables of :mod:`analysis.signoff.compare` / :mod:`analysis.signoff.betacurve`, writes one
+Each ``plot_*`` function takes the tables of :mod:`gkd_harness.analysis.signoff.compare` / :mod:`gkd_harness.analysis.signoff.betacurve`, writes one
 PNG at :data:`DPI` dots per inch and returns its path (``None`` when there is nothing to draw).
 
 Conventions shared by every figure:
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import matplotlib
-from harness.contract import JSD_LOSS, TRAIN_GRAD_NORM, TRAIN_LOSS
+from gkd_harness.harness.contract import JSD_LOSS, TRAIN_GRAD_NORM, TRAIN_LOSS
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -144,7 +144,7 @@ def _paired_difference(sweep, runs: pd.DataFrame, metric: str, by_run: Optional[
     ``by_run``: :func:`_series_by_run` of the sweep's history, when the caller has it already.
     Returns ``[(beta, form, steps [n], diff [n])]``.
     """
-    from analysis.signoff.compare import paired_runs
+    from gkd_harness.analysis.signoff.compare import paired_runs
 
     pairs = paired_runs(runs, "loss.precision", "native", "fp32")
     if not pairs:

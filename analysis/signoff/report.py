@@ -4,7 +4,7 @@
 The report folder is written completely or not at all: everything is built in a temporary folder next to it,
 which then replaces the folder (an old report there is removed only after the new one is complete).
 
-Exit codes (see :mod:`analysis.cli`): 0 pass, 1 fail, 2 unusable input or internal error.
+Exit codes (see :mod:`gkd_harness.analysis.cli`): 0 pass, 1 fail, 2 unusable input or internal error.
 """
 from __future__ import annotations
 
@@ -21,26 +21,26 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from analysis.signoff import outcome, plots
-from analysis.signoff.betacurve import (capture_inputs, endpoint_jumps, fp64_beta_curve, beta_defect_inputs,
+from gkd_harness.analysis.signoff import outcome, plots
+from gkd_harness.analysis.signoff.betacurve import (capture_inputs, endpoint_jumps, fp64_beta_curve, beta_defect_inputs,
                                         training_beta_curve)
-from analysis.signoff.compare import (forms_agreement, largest_divergence, precision_agreement, run_summary,
+from gkd_harness.analysis.signoff.compare import (forms_agreement, largest_divergence, precision_agreement, run_summary,
                                       spot_distribution)
-from analysis.signoff.criteria import FAILING, Evidence, build_evidence, counts, evaluate_evidence
-from analysis.signoff.criteria_file import SignoffCriteria
-from analysis.signoff.document import Document
-from analysis.signoff.verdict import EXIT_FAIL, EXIT_PASS, jsonable as _jsonable, judgement, sweep_inputs
-from analysis.sweep.evidence import precisions_of
-from analysis.sweep.records import Sweep, UnusableInput
-from harness.contract import CAPTURES_DIR, ORIGINAL, TRAIN_GRAD_NORM, TRAIN_LOSS
-from harness.store.provenance import git_state
+from gkd_harness.analysis.signoff.criteria import FAILING, Evidence, build_evidence, counts, evaluate_evidence
+from gkd_harness.analysis.signoff.criteria_file import SignoffCriteria
+from gkd_harness.analysis.signoff.document import Document
+from gkd_harness.analysis.signoff.verdict import EXIT_FAIL, EXIT_PASS, jsonable as _jsonable, judgement, sweep_inputs
+from gkd_harness.analysis.sweep.evidence import precisions_of
+from gkd_harness.analysis.sweep.records import Sweep, UnusableInput
+from gkd_harness.harness.contract import CAPTURES_DIR, ORIGINAL, TRAIN_GRAD_NORM, TRAIN_LOSS
+from gkd_harness.harness.store.provenance import git_state
 
 __all__ = ["build_report", "EXIT_PASS", "EXIT_FAIL", "EXIT_UNUSABLE", "VERDICT_SCHEMA_VERSION", "find_captures",
            "analysis_package_versions", "report_title", "ReportContext", "SECTIONS"]
 
 EXIT_UNUSABLE = 2
 #: Version of the verdict.json layout; raise it when a key changes meaning or goes away.
-#: 2: judgement keys of analysis.signoff.verdict (counts, allow_mixed, mixed, run_files, inputs).
+#: 2: judgement keys of gkd_harness.analysis.signoff.verdict (counts, allow_mixed, mixed, run_files, inputs).
 VERDICT_SCHEMA_VERSION = 2
 _PROVENANCE_COLS = ("loss.precision", "version.harness_commit", "version.harness_dirty", "version.loss_sha256",
                     "version.ms-swift")
@@ -51,11 +51,11 @@ _RUN_COLS = ["run", "gkd.beta", "loss.beta_form", "loss.precision", "gkd.tempera
 
 def analysis_package_versions() -> dict:
     """Versions of the packages that produced this report: the training stack
-    (:func:`harness.store.provenance.package_versions`) plus the analysis stack and Python."""
+    (:func:`gkd_harness.harness.store.provenance.package_versions`) plus the analysis stack and Python."""
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
-    from harness.store.provenance import package_versions
+    from gkd_harness.harness.store.provenance import package_versions
 
     out = dict(package_versions())
     for name in ("gkd-harness", "numpy", "pandas", "matplotlib"):
@@ -69,13 +69,13 @@ def analysis_package_versions() -> dict:
 
 def find_captures(sweep: Sweep) -> list:
     """Capture files of the sweep's local run folders (``<run>/captures/*.safetensors``), found by gkd-replay's
-    own :func:`analysis.replay.variants.find_captures` (imported only when a run has a captures folder)."""
+    own :func:`gkd_harness.analysis.replay.variants.find_captures` (imported only when a run has a captures folder)."""
     folders = [Path(p) / CAPTURES_DIR for p in sweep.runs["path"].dropna()]
     folders = [d for d in folders if d.is_dir()]
     if not folders:
         return []
-    from analysis.replay.variants import find_captures as replay_captures
-    from harness.store.captures import CaptureError
+    from gkd_harness.analysis.replay.variants import find_captures as replay_captures
+    from gkd_harness.harness.store.captures import CaptureError
 
     out = []
     for d in folders:
@@ -91,15 +91,15 @@ def _records(df: pd.DataFrame) -> list:
 
 
 def _replay(captures: list, doc: Document) -> tuple:
-    """Run ``analysis.replay.variants.replay_table`` on the captures; returns (per_capture, averaged) or (None, None)."""
+    """Run ``gkd_harness.analysis.replay.variants.replay_table`` on the captures; returns (per_capture, averaged) or (None, None)."""
     if not captures:
         doc.para("No captures in this sweep (`monitor.capture` was off), so there is nothing to replay. "
                  "Enable captures to get the native / FP32 / FP64 table on the training inputs.")
         return None, None
     try:
-        from analysis.replay.variants import replay_table
+        from gkd_harness.analysis.replay.variants import replay_table
     except ImportError as e:  # pragma: no cover - the harness ships replay
-        doc.para(f"Replay unavailable: cannot import analysis.replay.variants ({e}).")
+        doc.para(f"Replay unavailable: cannot import gkd_harness.analysis.replay.variants ({e}).")
         return None, None
     try:
         per_capture, averaged = replay_table([str(c) for c in captures])
@@ -114,10 +114,10 @@ def _replay(captures: list, doc: Document) -> tuple:
 
 
 def _seed_defect(sweep: Sweep, doc: Document) -> Optional[pd.DataFrame]:
-    """The seed defect table (:func:`analysis.signoff.seed_defect.seed_defect_table`) for the seed pair and the sweep's
+    """The seed defect table (:func:`gkd_harness.analysis.signoff.seed_defect.seed_defect_table`) for the seed pair and the sweep's
     dtype pairs, written into ``doc``; shown in every report, with or without captures."""
     try:
-        from analysis.signoff.seed_defect import seed_defect_table, seed_input_description, sweep_dtype_pairs
+        from gkd_harness.analysis.signoff.seed_defect import seed_defect_table, seed_input_description, sweep_dtype_pairs
 
         table = seed_defect_table(sweep_dtype_pairs(sweep.runs))
         described = seed_input_description()
@@ -184,7 +184,7 @@ def build_report(sweep: Sweep, report_dir: Path, cfg: SignoffCriteria, captures:
     ``allow_mixed``/``mixed``: the sweep was analysed with --allow-mixed and what that let through (recorded in
     verdict.json and shown in the banner); ``criteria_file``: the file given with --criteria (its sha256 is
     recorded); ``source``: how the runs were loaded (``source``, ``sweep``, ``group``: what --verify reloads);
-    ``evidence``: the sweep's :class:`~analysis.signoff.criteria.Evidence` when the caller built it.
+    ``evidence``: the sweep's :class:`~gkd_harness.analysis.signoff.criteria.Evidence` when the caller built it.
 
     Returns the verdict dict (also written as ``verdict.json``); ``verdict["exit_code"]`` is 0 (pass) or 1
     (fail). Raises :class:`UnusableInput` when ``report_dir`` is a folder that is not an earlier report."""
@@ -256,7 +256,7 @@ def _tables(ctx: ReportContext, captures: Optional[list]) -> None:
     ctx.captures = find_captures(sweep) if captures is None else captures
     if ctx.captures:
         try:
-            from harness.store.captures import load_capture
+            from gkd_harness.harness.store.captures import load_capture
 
             first = ctx.captures[0]
             cs, ct, temp, _ = capture_inputs(load_capture(first))
@@ -371,7 +371,7 @@ def _outcome_section(ctx: ReportContext, doc: Document) -> None:
 def _curves_section(ctx: ReportContext, doc: Document) -> None:
     doc.heading("Original vs patched: loss and grad_norm")
     doc.para("Original = `loss.precision=native` (upstream arithmetic), patched = `fp32` or a candidate, reference "
-             "= `fp64` (harness.contract.role_of). Per run: last logged value and mean over all logged steps.")
+             "= `fp64` (gkd_harness.harness.contract.role_of). Per run: last logged value and mean over all logged steps.")
     doc.table(ctx.summary, max_rows=250)
     doc.image(ctx.png["loss"], "train/loss per step, one panel per β, one line per run in its variant's colour and "
               "marker; where native/fp32 pairs exist, the panel below shows native − fp32")

@@ -1,6 +1,6 @@
 """The seed report's defect table, for every sign-off report: ``gkd-replay synthetic`` on its fixed input.
 
-The input is the seed report's recipe as :func:`analysis.replay.variants.synthetic_inputs` builds it (student = BF16-rounded
+The input is the seed report's recipe as :func:`gkd_harness.analysis.replay.variants.synthetic_inputs` builds it (student = BF16-rounded
 ``randn(3, 64)·2``, teacher = student + ``randn·0.03``) with ``gkd-replay synthetic``'s own defaults for β and the
 temperature, so each row equals what that command prints. The seed pair (FP32 student, BF16 teacher) is always
 shown; each other (student, teacher) dtype pair that the sweep's runs saw at the loss gets its own rows
@@ -14,7 +14,7 @@ from typing import Iterable, List, Optional, Tuple
 
 import pandas as pd
 
-from analysis.replay.seed_input import SEED_INPUT, SyntheticInput
+from gkd_harness.analysis.replay.seed_input import SEED_INPUT, SyntheticInput
 
 __all__ = ["SEED_PAIR", "seed_defect_table", "sweep_dtype_pairs", "seed_input_description"]
 
@@ -49,15 +49,15 @@ def seed_defect_table(pairs: Optional[Iterable[Tuple[str, str]]] = None) -> pd.D
     """native / fp32 / fp64 loss and gradient error on the seed's synthetic input, per dtype pair.
 
     Args:
-        pairs: extra (student dtype, teacher dtype) pairs (names as in ``harness.losses.DTYPES_BY_NAME``); the
+        pairs: extra (student dtype, teacher dtype) pairs (names as in ``gkd_harness.harness.losses.DTYPES_BY_NAME``); the
             seed pair comes first whatever is given; unknown names are skipped.
     Returns:
         one row per (pair, variant): ``loss`` (per position, the variant's own arithmetic on ``[1, 3, 64]``
         logits), ``negative`` (loss < 0), ``grad_rel_l2`` (relative L2 of d loss / d student logits against FP64)
         and the ``gkd-replay`` command printing the same numbers.
     """
-    from analysis.replay.variants import evaluate_variants, synthetic_inputs
-    from harness.losses import DTYPES_BY_NAME
+    from gkd_harness.analysis.replay.variants import evaluate_variants, synthetic_inputs
+    from gkd_harness.harness.losses import DTYPES_BY_NAME
 
     ordered = [SEED_PAIR] + [p for p in dict.fromkeys(pairs or ()) if p != SEED_PAIR
                              and p[0] in DTYPES_BY_NAME and p[1] in DTYPES_BY_NAME]

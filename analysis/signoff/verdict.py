@@ -23,8 +23,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from analysis.sweep.records import UnusableInput
-from harness.contract import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
+from gkd_harness.analysis.sweep.records import UnusableInput
+from gkd_harness.harness.contract import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
 
 __all__ = ["RUN_FILES", "EXIT_PASS", "EXIT_FAIL", "file_sha256", "run_files", "criteria_digest", "judgement",
            "sweep_inputs", "read_verdict", "first_difference", "jsonable"]
@@ -80,7 +80,7 @@ def criteria_digest(cfg, criteria_file: Optional[Path]) -> dict:
 
 def judgement(ev, verdict: str, results: list, allow_mixed: bool, mixed: list) -> dict:
     """The part of verdict.json that ``--verify`` recomputes from the run folders (JSON-ready)."""
-    from analysis.signoff.criteria import counts
+    from gkd_harness.analysis.signoff.criteria import counts
 
     runs = ev.sweep.runs
     n = counts(results)

@@ -42,7 +42,7 @@ def _table(df: pd.DataFrame):
 
 
 def log_analysis_run(result: dict, target: dict, report_dir) -> str:
-    """Create the analysis run and log ``result`` (the dict from :func:`analysis.signoff.report.build_report`).
+    """Create the analysis run and log ``result`` (the dict from :func:`gkd_harness.analysis.signoff.report.build_report`).
 
     Returns the run's local directory (offline mode) or URL.
     """

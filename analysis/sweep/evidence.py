@@ -2,7 +2,7 @@
 
 One home for what a run *is*. :func:`annotate` adds these columns to ``sweep.runs``:
 
-* identity: ``role`` (:func:`harness.contract.role_of` of ``loss.precision``, the only definition of
+* identity: ``role`` (:func:`gkd_harness.harness.contract.role_of` of ``loss.precision``, the only definition of
   original / patched / reference), ``loss_sha256`` (the loss code the run used, summary.json provenance),
   ``candidate`` (``loss.name`` of a ``loss=candidate`` run, else None), ``harness_commit``, ``harness_dirty``,
   ``ms_swift``, and, already in the table, ``loss.precision``, ``loss.beta_form``, ``gkd.*`` and the dtypes at
@@ -26,10 +26,10 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from harness.contract import CANDIDATE, EVAL_METRICS, ORIGINAL, PATCHED, REFERENCE, ROLE_BY_PRECISION, TRAIN_LOSS, \
+from gkd_harness.harness.contract import CANDIDATE, EVAL_METRICS, ORIGINAL, PATCHED, REFERENCE, ROLE_BY_PRECISION, TRAIN_LOSS, \
     role_of
 
-from analysis.sweep.records import Sweep
+from gkd_harness.analysis.sweep.records import Sweep
 
 __all__ = ["VARIANT_KEYS", "VERSION_KEYS", "annotate", "mixed_evidence", "judged_runs", "precisions_of",
            "variant_label", "low_precision_fix_claimed"]
@@ -173,7 +173,7 @@ def judged_runs(runs: pd.DataFrame) -> tuple:
 
 
 def precisions_of(role: str) -> tuple:
-    """The ``loss.precision`` values whose role is ``role`` (:data:`harness.contract.ROLE_BY_PRECISION`)."""
+    """The ``loss.precision`` values whose role is ``role`` (:data:`gkd_harness.harness.contract.ROLE_BY_PRECISION`)."""
     return tuple(p for p, r in ROLE_BY_PRECISION.items() if r == role)
 
 

@@ -10,20 +10,20 @@ set is scattered into one float64 column per metric (NaN where a record did not 
 decoder refuses (Python's ``NaN``/``Infinity`` tokens, a string, a bool, a torn or blank line) takes the slow path,
 ``json.loads`` and the checks below; a healthy file never takes it.
 
-Records are typed (the contract of :mod:`harness.store.metrics_io`):
+Records are typed (the contract of :mod:`gkd_harness.harness.store.metrics_io`):
 
 * ``step`` is an integer: a string (``"2"``), a float (``2.0``, ``1.5``), a bool or null is a **tampered record**;
 * every metric name of the contract (:data:`KNOWN_METRICS`) holds a number (int or float, NaN/±Inf included; null
   counts as not logged): a string, a bool, a list or an object there is a tampered record.
 
 A tampered record is left out of the table and listed in :attr:`MetricsTable.tampered` (``line N: why``): the
-sign-off reports the run as ``tampered`` (:mod:`analysis.sweep.records`). A line that is not JSON at all, or not an
+sign-off reports the run as ``tampered`` (:mod:`gkd_harness.analysis.sweep.records`). A line that is not JSON at all, or not an
 object, or has no ``step``, makes the file unusable (:attr:`MetricsTable.unusable`), except a torn last line of a
 run that did not report completion (what a killed writer leaves), which is skipped with a problem. A key outside
 the contract with a value that is not a number is dropped (named once in the problems).
 
 Evaluation records are kept apart from training records: a record whose metrics are all held-out evaluation
-metrics (:data:`harness.contract.EVAL_METRICS`, as ``harness.rank.callbacks`` writes them; ``eval_*`` for logs
+metrics (:data:`gkd_harness.harness.contract.EVAL_METRICS`, as ``gkd_harness.harness.rank.callbacks`` writes them; ``eval_*`` for logs
 that keep transformers' own evaluation prefix, ``eval/*`` as wandb writes them) is an evaluation record
 (:attr:`MetricsTable.evaluation`), so an evaluation at a training step is not a second copy of that step.
 """
@@ -39,7 +39,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 import msgspec
 import numpy as np
 
-from harness.contract import ALL_METRICS, EVAL_JSD, EVAL_METRICS, ROLLOUT_METRICS, TRAIN_GLOBAL_STEP
+from gkd_harness.harness.contract import ALL_METRICS, EVAL_JSD, EVAL_METRICS, ROLLOUT_METRICS, TRAIN_GLOBAL_STEP
 
 __all__ = ["MetricsTable", "KNOWN_METRICS", "read_metrics_file", "table_from_rows", "table_from_frame",
            "is_evaluation_record"]

@@ -11,7 +11,7 @@ Copies are not attempts. Files of one wandb run id owned by different places (tw
 folders outside any run folder), and a second file of the same attempt (same run id and start time), are
 copies of one run: each copy stays its own run under the run's name, so the tables mark it (``copy_of``) as
 the run-folder loader does, and ``gkd-analyze`` refuses the sweep unless ``--allow-mixed`` is given
-(:func:`analysis.sweep.records.mixed_sweep_problems`).
+(:func:`gkd_harness.analysis.sweep.records.mixed_sweep_problems`).
 """
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from analysis.sweep.wandb_api import row_step, runs_from_wandb
-from analysis.sweep.records import Sweep, UnusableInput, tabulate
-from analysis.sweep.wandb_file import read_records
-from harness.contract import ARCHIVE_DIR, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
+from gkd_harness.analysis.sweep.wandb_api import row_step, runs_from_wandb
+from gkd_harness.analysis.sweep.records import Sweep, UnusableInput, tabulate
+from gkd_harness.analysis.sweep.wandb_file import read_records
+from gkd_harness.harness.contract import ARCHIVE_DIR, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
 
 __all__ = ["OfflineRun", "MergedRun", "find_offline_runs", "group_attempts", "load_wandb_offline"]
 

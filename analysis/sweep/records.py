@@ -1,6 +1,6 @@
 """The tables every loader produces, and the one function that builds them.
 
-Lowest layer of the loaders (:mod:`analysis.sweep.runs`, :mod:`analysis.sweep.wandb_api`, :mod:`analysis.sweep.offline`
+Lowest layer of the loaders (:mod:`gkd_harness.analysis.sweep.runs`, :mod:`gkd_harness.analysis.sweep.wandb_api`, :mod:`gkd_harness.analysis.sweep.offline`
 all import from here; this module imports none of them).
 
 :class:`Sweep`:
@@ -11,7 +11,7 @@ all import from here; this module imports none of them).
   it, and ``outcome`` in {completed, failed, incomplete, missing, tampered}. Failed or incomplete runs are kept
   and marked; a completed run whose log lacks a step that ``run.max_steps`` and ``run.logging_steps`` promise is
   incomplete (the problems name the steps); ``missing`` is a point the sweep planned that has no run folder;
-  ``tampered``: a metrics record breaks the record types (:mod:`analysis.sweep.metrics`; the problems name the
+  ``tampered``: a metrics record breaks the record types (:mod:`gkd_harness.analysis.sweep.metrics`; the problems name the
   lines, which are left out). Counted apart: ``n_planned`` (steps ``run.max_steps``/``run.logging_steps``
   promise), ``n_logged`` (training steps logged), ``n_evals`` (held-out evaluation records).
   ``low_precision``: a BF16/FP16 side reaches the loss (``mixed_dtypes``: the two sides differ as well).
@@ -33,8 +33,8 @@ from typing import Any, Iterable, Mapping, Optional
 import numpy as np
 import pandas as pd
 
-from analysis.sweep.metrics import MetricsTable, table_from_frame, table_from_rows
-from harness.contract import (METRICS_FILE, MIN_TOKEN_JSD, NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, NEG_TOKEN_FRAC,
+from gkd_harness.analysis.sweep.metrics import MetricsTable, table_from_frame, table_from_rows
+from gkd_harness.harness.contract import (METRICS_FILE, MIN_TOKEN_JSD, NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, NEG_TOKEN_FRAC,
                               NONFINITE_CALLS_TOTAL, SPOT_GRAD_REL_L2, SPOT_LOSS_ABS_ERR, SPOT_LOSS_REL_ERR,
                               SPOT_PARAM_GRAD_REL_L2, SPOT_SIGN_MISMATCH)
 
@@ -85,7 +85,7 @@ class UnusableInput(Exception):
 class RunRecord:
     """One run before tabulation.
 
-    config: flat dotted keys. history: a :class:`~analysis.sweep.metrics.MetricsTable` (run folders), a list of
+    config: flat dotted keys. history: a :class:`~gkd_harness.analysis.sweep.metrics.MetricsTable` (run folders), a list of
     metric dicts (each with an int ``step``), or a DataFrame with a ``step`` column; for a DataFrame (where a NaN
     and a missing value look alike) ``nonfinite`` lists the logged NaN/±Inf values as ``(step, metric, value)``.
     """
@@ -195,7 +195,7 @@ def _is_low_precision(student: Optional[str], teacher: Optional[str]) -> bool:
 
 
 def _metrics_table(rec: RunRecord) -> MetricsTable:
-    """The run's records as a :class:`~analysis.sweep.metrics.MetricsTable`, whatever the loader gave."""
+    """The run's records as a :class:`~gkd_harness.analysis.sweep.metrics.MetricsTable`, whatever the loader gave."""
     if isinstance(rec.history, MetricsTable):
         return rec.history
     if isinstance(rec.history, pd.DataFrame):

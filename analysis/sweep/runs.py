@@ -5,8 +5,8 @@ folder contract, ``docs/signoff.md``). A sweep point that failed before the harn
 error) leaves only Hydra's ``.hydra/`` folder, with ``job_return.json`` saying FAILED: it is a failed run.
 
 Problems that make the input unusable (missing sweep, a run folder without ``summary.json``, unparseable
-JSON, a metrics line without ``step``) raise :class:`~analysis.sweep.records.UnusableInput` naming the file.
-``metrics.jsonl`` is read in one pass into columns by :mod:`analysis.sweep.metrics` (typed records: a record of
+JSON, a metrics line without ``step``) raise :class:`~gkd_harness.analysis.sweep.records.UnusableInput` naming the file.
+``metrics.jsonl`` is read in one pass into columns by :mod:`gkd_harness.analysis.sweep.metrics` (typed records: a record of
 the wrong type makes the run ``tampered``); NaN and ±Inf written by Python's ``json`` (``NaN``, ``Infinity``) are
 read as themselves.
 """
@@ -17,21 +17,21 @@ import os
 from pathlib import Path
 from typing import Any
 
-from analysis.sweep.metrics import read_metrics_file
-from analysis.sweep.records import RunRecord, Sweep, UnusableInput, tabulate
-from harness.config.flat import flatten
-from harness.contract import ARCHIVE_DIR, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, SWEEP_MANIFEST_FILE
+from gkd_harness.analysis.sweep.metrics import read_metrics_file
+from gkd_harness.analysis.sweep.records import RunRecord, Sweep, UnusableInput, tabulate
+from gkd_harness.harness.config.flat import flatten
+from gkd_harness.harness.contract import ARCHIVE_DIR, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, SWEEP_MANIFEST_FILE
 
 __all__ = ["find_run_folders", "load_run_folder", "load_sweep", "planned_points"]
 
 _SKIP_DIRS = {"wandb", "swift", "captures", ".hydra", "__pycache__", ".submitit", "report", ARCHIVE_DIR}
-_HYDRA_VERDICT = "job_return.json"  # written by launch.sweep's Hydra callback for every sweep point
+_HYDRA_VERDICT = "job_return.json"  # written by gkd_harness.launch.sweep's Hydra callback for every sweep point
 _MARKERS = (SUMMARY_FILE, METRICS_FILE, CONFIG_FILE)
 _MULTIRUN_FILE = "multirun.yaml"  # Hydra's record of the multirun's config, in the sweep folder
 
 
 def planned_points(sweep: os.PathLike) -> tuple:
-    """``(point names, where)``: what the sweep planned, from ``sweep_manifest.json`` (written by launch.sweep
+    """``(point names, where)``: what the sweep planned, from ``sweep_manifest.json`` (written by gkd_harness.launch.sweep
     before the first point starts), else expanded from Hydra's ``multirun.yaml`` as Hydra's basic sweeper does;
     ``([], None)`` when the folder holds neither (a copied or hand-made sweep)."""
     root = Path(sweep)
@@ -48,7 +48,7 @@ def planned_points(sweep: os.PathLike) -> tuple:
     try:
         from omegaconf import OmegaConf
 
-        from harness.launcher.sweep_points import point_name, sweep_points
+        from gkd_harness.harness.launcher.sweep_points import point_name, sweep_points
 
         config = OmegaConf.load(multirun)
         return [point_name(job, config) for job in sweep_points(config)], multirun.name
@@ -168,11 +168,11 @@ def load_run_folder(path: os.PathLike) -> RunRecord:
 
 
 def load_sweep(sweep: os.PathLike) -> Sweep:
-    """Load every run folder under ``sweep`` into a :class:`~analysis.sweep.records.Sweep`.
+    """Load every run folder under ``sweep`` into a :class:`~gkd_harness.analysis.sweep.records.Sweep`.
 
     Example (a notebook)::
 
-        from analysis.load import load_sweep
+        from gkd_harness.analysis.load import load_sweep
         sw = load_sweep("outputs/multirun/smoke")
         sw.runs[["run", "loss.precision", "gkd.beta", "outcome"]]
         sw.run_history(sw.runs["run"][0])["train/loss"]

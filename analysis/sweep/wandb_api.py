@@ -1,7 +1,7 @@
-"""Load a sweep from wandb: run objects -> :class:`~analysis.sweep.records.RunRecord`, and the public API query.
+"""Load a sweep from wandb: run objects -> :class:`~gkd_harness.analysis.sweep.records.RunRecord`, and the public API query.
 
 Histories come from ``scan_history`` (every logged row); the sampled ``history()`` would miscount
-negative-loss calls. :func:`runs_from_wandb` also converts the offline runs of :mod:`analysis.sweep.offline`,
+negative-loss calls. :func:`runs_from_wandb` also converts the offline runs of :mod:`gkd_harness.analysis.sweep.offline`,
 which offer the same interface.
 """
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Mapping, Optional
 
-from analysis.sweep.records import RunRecord, Sweep, UnusableInput, int_step, tabulate
-from harness.config.flat import flatten
-from harness.contract import TRAIN_GLOBAL_STEP
+from gkd_harness.analysis.sweep.records import RunRecord, Sweep, UnusableInput, int_step, tabulate
+from gkd_harness.harness.config.flat import flatten
+from gkd_harness.harness.contract import TRAIN_GLOBAL_STEP
 
 __all__ = ["runs_from_wandb", "load_wandb_sweep", "row_step", "WANDB_STATE"]
 
@@ -46,7 +46,7 @@ def runs_from_wandb(runs: Iterable[Any], include_job_types=None) -> list:
     """Convert wandb run objects into :class:`RunRecord` s.
 
     Each object needs ``name``, ``group``, ``job_type``, ``state``, ``config``, ``summary`` and
-    ``scan_history()`` (the public API's ``wandb.apis.public.Run``, or ``analysis.sweep.offline.OfflineRun``).
+    ``scan_history()`` (the public API's ``wandb.apis.public.Run``, or ``gkd_harness.analysis.sweep.offline.OfflineRun``).
     Analysis runs (``job_type == "analysis"``) are skipped.
     """
     out = []

@@ -12,7 +12,7 @@ import zlib
 from pathlib import Path
 from typing import Iterator
 
-from analysis.sweep.records import UnusableInput
+from gkd_harness.analysis.sweep.records import UnusableInput
 
 __all__ = ["read_raw_records", "read_records"]
 

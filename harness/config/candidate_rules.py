@@ -4,14 +4,14 @@ Two steps, both before anything is written or loaded:
 
 1. in this process, torch-free: ``loss.source`` is set, names an existing ``.py`` file (or a module whose file can
    be found without importing it), the file parses, and it defines ``gkd_loss`` at top level;
-2. unless ``run.dry_run``: the real import in a fresh process (``python -m harness.loss.candidate SOURCE``), which
+2. unless ``run.dry_run``: the real import in a fresh process (``python -m gkd_harness.harness.loss.candidate SOURCE``), which
    checks importability, the interface and the signatures against the installed ms-swift's. The answer is cached
    per source and content, so a sweep checks each candidate once.
 
-Every refusal is a :class:`~harness.config.schema.ConfigError` on ``loss.source`` whose message names the file and
+Every refusal is a :class:`~gkd_harness.harness.config.schema.ConfigError` on ``loss.source`` whose message names the file and
 what is missing. ``loss.source`` and ``loss.name`` are the candidate's keys: a sweep
 ``loss=original,candidate loss.source=X loss.name=N`` sets them on every point, and another precision never carries
-them (:class:`~harness.config.schema.LossConfig` drops them, and neither names a run folder:
+them (:class:`~gkd_harness.harness.config.schema.LossConfig` drops them, and neither names a run folder:
 ``configs/hydra/default.yaml``), so the original point keeps its folder, its config and its completed run.
 """
 from __future__ import annotations
@@ -25,8 +25,8 @@ import sys
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
-from harness.config.schema import ConfigError, TrainConfig
-from harness.config.source_files import find_module_file
+from gkd_harness.harness.config.schema import ConfigError, TrainConfig
+from gkd_harness.harness.config.source_files import find_module_file
 
 KEY = "loss.source"
 _CHECKED: Dict[Tuple[str, str], Optional[str]] = {}  # (source, sha256) -> refusal or None
@@ -66,7 +66,7 @@ def _import_check(source: str, name: Optional[str], path: Optional[Path]) -> Opt
     digest = hashlib.sha256(path.read_bytes()).hexdigest() if path else ""
     key = (source, digest)
     if key not in _CHECKED:
-        cmd = [sys.executable, "-m", "harness.loss.candidate", source] + ([name] if name else [])
+        cmd = [sys.executable, "-m", "gkd_harness.harness.loss.candidate", source] + ([name] if name else [])
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

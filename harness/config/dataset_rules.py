@@ -1,5 +1,5 @@
 """Local datasets checked before any model loads (torch-free; called from
-:func:`harness.config.validate.validate_config`).
+:func:`gkd_harness.harness.config.validate.validate_config`).
 
 ms-swift found these problems only after the models had loaded (a minute on a CPU, longer on a cluster), and
 then without naming the file or the line: an empty jsonl (``StopIteration``), a malformed line
@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-from harness.config.schema import ConfigError
+from gkd_harness.harness.config.schema import ConfigError
 
 #: how many leading rows are parsed and checked (the check reads no more of a large file)
 SAMPLED_ROWS = 50
@@ -138,7 +138,7 @@ def check_hub_dataset(key: str, value: Optional[str], offline: bool) -> None:
 
 def validate_datasets(cfg) -> None:
     """``run.dataset`` and ``monitor.eval.dataset`` (the held-out split always needs responses to score)."""
-    from harness.config.schema import EMBEDDED
+    from gkd_harness.harness.config.schema import EMBEDDED
 
     # the embedded models' runs get HF_HUB_OFFLINE=1; a dry run may plan for other nodes' caches
     offline = (hub_offline() or cfg.model.student == EMBEDDED) and not cfg.run.dry_run

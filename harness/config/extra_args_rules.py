@@ -1,5 +1,5 @@
 """``run.extra_args``: raw ms-swift flags appended to the command, with the rules that keep them safe (torch-free;
-called from :func:`harness.config.validate.validate_config`).
+called from :func:`gkd_harness.harness.config.validate.validate_config`).
 
 * the list is ``--flag [value ...]`` groups (``--flag=value`` too);
 * a flag the harness sets itself is refused, naming the config key to use instead (``--beta`` -> ``gkd.beta``),
@@ -9,8 +9,8 @@ called from :func:`harness.config.validate.validate_config`).
 * no control characters.
 
 Whether ms-swift knows the flag and accepts its value is checked against the table of ms-swift's own argument
-classes (:mod:`harness.config.swift_flags`): here where the table is cached (``launch/setup_env.sh`` builds it),
-and in the dry run and before every launch, which build it when missing (:mod:`harness.launcher.extra_args`).
+classes (:mod:`gkd_harness.harness.config.swift_flags`): here where the table is cached (``launch/setup_env.sh`` builds it),
+and in the dry run and before every launch, which build it when missing (:mod:`gkd_harness.harness.launcher.extra_args`).
 This module must not import ms-swift.
 """
 from __future__ import annotations
@@ -18,13 +18,13 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Sequence, Tuple
 
-from harness.config.schema import ConfigError
-from harness.config.secrets import is_secret_key, looks_like_credential
-from harness.config.swift_flags import load_table, refusal
+from gkd_harness.harness.config.schema import ConfigError
+from gkd_harness.harness.config.secrets import is_secret_key, looks_like_credential
+from gkd_harness.harness.config.swift_flags import load_table, refusal
 
 KEY = "run.extra_args"
 
-#: ms-swift flags that ``harness.launcher.swift_argv`` / ``rollout_argv`` set, and the config key that sets each
+#: ms-swift flags that ``gkd_harness.harness.launcher.swift_argv`` / ``rollout_argv`` set, and the config key that sets each
 #: (``None``: the harness owns it outright).
 HARNESS_FLAGS: Dict[str, str | None] = {
     "beta": "gkd.beta", "temperature": "gkd.temperature", "sft_alpha": "gkd.sft_alpha",

@@ -1,5 +1,5 @@
 """Names from the config that become folder names or wandb names (torch-free; called from
-:func:`harness.config.validate.validate_config`).
+:func:`gkd_harness.harness.config.validate.validate_config`).
 
 ``tracking.wandb.group`` is a folder of the output root (``runs/<group>/``, ``multirun/<group>/``) and the wandb
 group; ``run.name`` and ``tracking.wandb.tags`` become wandb names and tags. None of them may be empty, ``.`` or
@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Optional
 
-from harness.config.schema import ConfigError
+from gkd_harness.harness.config.schema import ConfigError
 
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 MAX_NAME_LENGTH = 128
@@ -97,7 +97,7 @@ def validate_names(cfg) -> None:
     """``tracking.wandb.group``, ``run.name`` (when set) and every ``tracking.wandb.tags`` entry are names
     (:func:`name_problem`; no tag the harness owns); every other string value of a key outside
     :data:`NOT_NAME_KEYS` is one path segment (:func:`segment_problem`). Raises :class:`ConfigError` naming the key."""
-    from harness.config.flat import flatten
+    from gkd_harness.harness.config.flat import flatten
 
     check_name("tracking.wandb.group", cfg.tracking.wandb.group)
     if cfg.run.name is not None:

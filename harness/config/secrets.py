@@ -3,7 +3,7 @@
 :func:`find_secret_keys` lists credential-looking keys (``api_key``, ``token``, ``secret``, ``password``, at any
 depth) so validation can refuse them, :func:`secret_env_var` names the environment variable to use instead, and
 :func:`redact` / :func:`redact_text` / :func:`redact_name` remove their values from anything saved (config trees,
-text files, folder names). ``harness.store.hydra_files.scrub_hydra_dir`` applies them to Hydra's own output files.
+text files, folder names). ``gkd_harness.harness.store.hydra_files.scrub_hydra_dir`` applies them to Hydra's own output files.
 
 A value is a credential by its key (``hub_token``) or by its look, whatever key or flag holds it
 (:func:`looks_like_credential`: a Hugging Face token ``hf_...``, an OpenAI-style ``sk-...``, a wandb key):
@@ -20,7 +20,7 @@ REDACTED = "<redacted>"
 #: What replaces a secret inside a file or folder name (no characters a shell or a file system would trip on).
 REDACTED_NAME = "REDACTED"
 
-from harness.config.flat import _as_mapping
+from gkd_harness.harness.config.flat import _as_mapping
 
 #: credential-looking text whatever key or flag holds it: a Hugging Face token (``hf_`` + 34 letters and digits),
 #: an OpenAI-style key, a wandb v1 key

@@ -2,7 +2,7 @@
 ms-swift's own argument classes (torch-free: this module never imports ms-swift).
 
 The table is extracted once from the argparse parser ms-swift builds from its argument dataclass
-(:func:`harness.launcher.extra_args.extract_table`: ``RLHFArguments`` for ``swift rlhf``,
+(:func:`gkd_harness.harness.launcher.extra_args.extract_table`: ``RLHFArguments`` for ``swift rlhf``,
 ``MegatronRLHFArguments`` for ``megatron rlhf``), one JSON file per backend and per installed version of the
 packages those classes come from (:data:`VERSIONED`), in the harness's cache folder (:func:`cache_dir`).
 ``launch/setup_env.sh`` builds it; otherwise the first check that needs it does (about 20 s, importing ms-swift).
@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from harness.contract import CACHE_ENV, cache_dir
+from gkd_harness.harness.contract import CACHE_ENV, cache_dir
 
 #: the table's format; a change makes every cached table stale
 TABLE_FORMAT = 1
@@ -122,7 +122,7 @@ def refusal(extra_args: Sequence[str], actions: Sequence[Mapping[str, Any]],
             harness_key: Callable[[str], Any]) -> Optional[str]:
     """Why ms-swift's flags refuse ``extra_args`` (None: they accept them). ``harness_key(dest)`` is the config
     key that sets a field (``None``: the harness owns it; ``False``: free), as in
-    :func:`harness.config.extra_args_rules.harness_key`."""
+    :func:`gkd_harness.harness.config.extra_args_rules.harness_key`."""
     parser = parser_from_table(actions)
     try:
         namespace, unknown = parser.parse_known_args(list(extra_args))

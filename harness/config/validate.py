@@ -1,11 +1,11 @@
-"""Range and cross-field rules of a :class:`~harness.config.schema.TrainConfig`, run once before any model loads.
+"""Range and cross-field rules of a :class:`~gkd_harness.harness.config.schema.TrainConfig`, run once before any model loads.
 
-Types and structure are the schema's job (``harness.config.schema``); this module checks what a type cannot say: β in
+Types and structure are the schema's job (``gkd_harness.harness.config.schema``); this module checks what a type cannot say: β in
 [0, 1], a positive temperature, finite numbers, existing model folders, matching vocabularies, a rollout engine
 that fits ``gkd.lmbda``, no boundary cast on Megatron unless asked for, and hub ids that cannot be fetched while
 offline, safe group / run / tag names (``name_rules``), guarded ``run.extra_args`` (``extra_args_rules``) and
 the first rows of a local dataset (``dataset_rules``).
-Every error is a :class:`~harness.config.schema.ConfigError` naming the key. It reads only small files
+Every error is a :class:`~gkd_harness.harness.config.schema.ConfigError` naming the key. It reads only small files
 (``config.json`` of local models) and imports neither torch nor ms-swift.
 """
 from __future__ import annotations
@@ -15,17 +15,17 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
-from harness.config.schema import (
+from gkd_harness.harness.config.schema import (
     BACKENDS, BETA_FORMS, DEVICES, DTYPE_NAMES, EMBEDDED, PRECISIONS, WANDB_MODES, ConfigError,
     MegatronBackendConfig, TrainConfig, to_dict,
 )
-from harness.config.rollout_rules import validate_rollout
-from harness.config.dataset_rules import hub_offline, validate_datasets
-from harness.config.extra_args_rules import validate_extra_args
-from harness.config.name_rules import validate_names
-from harness.config.candidate_rules import validate_candidate
-from harness.config.secrets import find_secret_keys, secret_refusal
-from harness.config.flat import flatten
+from gkd_harness.harness.config.rollout_rules import validate_rollout
+from gkd_harness.harness.config.dataset_rules import hub_offline, validate_datasets
+from gkd_harness.harness.config.extra_args_rules import validate_extra_args
+from gkd_harness.harness.config.name_rules import validate_names
+from gkd_harness.harness.config.candidate_rules import validate_candidate
+from gkd_harness.harness.config.secrets import find_secret_keys, secret_refusal
+from gkd_harness.harness.config.flat import flatten
 
 #: the smallest vocabulary the byte-level embedded tokenizer can have (256 bytes + chat tokens + merges)
 MIN_EMBEDDED_VOCAB = 300

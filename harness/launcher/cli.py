@@ -1,7 +1,7 @@
 """``gkd-train``: the thin entry point (the only Hydra reader). ``main`` hands the composed config to
-:func:`harness.launcher.run.train`, which does the work:
+:func:`gkd_harness.harness.launcher.run.train`, which does the work:
 
-typed config (once) -> validation (before any model loads) -> the launch plan (``harness.launcher.plan``) ->
+typed config (once) -> validation (before any model loads) -> the launch plan (``gkd_harness.harness.launcher.plan``) ->
 with ``run.dry_run=true``: print the plan and stop -> skip if the run folder already completed with the same
 config -> run folder (config.yaml, summary.json "running") -> plugin settings (the typed config serialised) ->
 ``swift rlhf`` / ``megatron rlhf`` as a subprocess (output to ``swift.log``) -> summary.json "completed", or
@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from harness.config.schema import ConfigError
-from harness.launcher import run as run_mod
-from harness.launcher.process import Interrupted, TrainingFailed
-from harness.launcher.run import _is_multirun, train
-from harness.store.provenance import version_line
+from gkd_harness.harness.config.schema import ConfigError
+from gkd_harness.harness.launcher import run as run_mod
+from gkd_harness.harness.launcher.process import Interrupted, TrainingFailed
+from gkd_harness.harness.launcher.run import _is_multirun, train
+from gkd_harness.harness.store.provenance import version_line
 
 log = logging.getLogger("gkd_harness.train")
 EXIT_FAILED, EXIT_CONFIG = 1, 2
@@ -83,7 +83,7 @@ class PointFailed:
     code: int
     error: str
     #: the point was refused (its folder is busy or holds another config): the folder is not this job's, so
-    #: nothing may be written into it (launch.sweep reports the refusal on the sweep's console and log instead)
+    #: nothing may be written into it (gkd_harness.launch.sweep reports the refusal on the sweep's console and log instead)
     refused: bool = False
 
 
@@ -92,9 +92,9 @@ class PointFailed:
 def _exit_code(e: BaseException) -> tuple[int, str]:
     """Exit code and label: 2 for what the user must change (the config, a busy or mismatched folder, a path that
     is read-only or not allowed), 1 where the run itself failed (ms-swift, a full disk)."""
-    from harness.store.files import RunFolderError, os_exit_code
-    from harness.store.fingerprint import ConfigMismatch
-    from harness.store.lock import RunFolderBusy
+    from gkd_harness.harness.store.files import RunFolderError, os_exit_code
+    from gkd_harness.harness.store.fingerprint import ConfigMismatch
+    from gkd_harness.harness.store.lock import RunFolderBusy
 
     if isinstance(e, ConfigError):
         return EXIT_CONFIG, "invalid config"
@@ -116,9 +116,9 @@ def _scrub_sweep_files(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    from harness.config.secrets import secret_values
-    from harness.store.files import RunFolderError
-    from harness.store.hydra_files import scrub_hydra_dir
+    from gkd_harness.harness.config.secrets import secret_values
+    from gkd_harness.harness.store.files import RunFolderError
+    from gkd_harness.harness.store.hydra_files import scrub_hydra_dir
 
     values = secret_values(OmegaConf.to_container(cfg, resolve=False))
     sweep_dir = Path(str(HydraConfig.get().sweep.dir))
@@ -130,10 +130,10 @@ def _scrub_sweep_files(cfg) -> None:
 
 
 def _redact_log_records() -> None:
-    """Every log record's text with credentials redacted (:func:`harness.config.secrets.redact_text`): Hydra's
+    """Every log record's text with credentials redacted (:func:`gkd_harness.harness.config.secrets.redact_text`): Hydra's
     launch line ("#0 : key=value ...") and its job log never show one; a log write that fails (a full disk) is
     dropped instead of printing a traceback."""
-    from harness.config.secrets import redact_text
+    from gkd_harness.harness.config.secrets import redact_text
 
     logging.raiseExceptions = False
     make = logging.getLogRecordFactory()
@@ -159,15 +159,15 @@ def _job(cfg) -> Optional[int]:
     """The Hydra job: :func:`train`, with one-line errors. A single run exits 2 (config error, busy or mismatched
     folder) or 1 (failed run); in a sweep the error is re-raised so Hydra records the point as failed and the
     other points go on."""
-    from harness.store.files import RunFolderError
-    from harness.launcher.wandb_env import experiment_name
+    from gkd_harness.harness.store.files import RunFolderError
+    from gkd_harness.harness.launcher.wandb_env import experiment_name
 
     run_mod._TASK_CFG[:] = [cfg]
     try:
         _scrub_sweep_files(cfg)
         summary = train(cfg, experiment=experiment_name())
     except (ConfigError, TrainingFailed, RunFolderError, OSError) as e:
-        from harness.store.files import os_error_line
+        from gkd_harness.harness.store.files import os_error_line
 
         code, what = _exit_code(e)
         line = os_error_line(e) if isinstance(e, OSError) else str(e)
@@ -191,7 +191,7 @@ def _one_line_config_errors(run_and_report):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from harness.launcher.compose import composition_error
+    from gkd_harness.harness.launcher.compose import composition_error
 
     def guarded_run_and_report(func):
         def composed():
@@ -205,7 +205,7 @@ def _one_line_config_errors(run_and_report):
             except OSError as e:  # Hydra's own run folder or log file (a read-only or full disk): one line
                 if os.environ.get("HYDRA_FULL_ERROR") == "1":
                     raise
-                from harness.store.files import os_error_line
+                from gkd_harness.harness.store.files import os_error_line
 
                 code, what = _exit_code(e)
                 print(f"gkd-train: {what}: {os_error_line(e)}", file=sys.stderr)
@@ -218,8 +218,8 @@ def _one_line_config_errors(run_and_report):
 
 def _job_leaving_no_empty_folder(cfg) -> Optional[int]:
     """:func:`_job`, then the run folder Hydra made for it removed again if the job left nothing in it (a dry
-    run, a config error, a refused point; ``harness.launcher.leftovers``)."""
-    from harness.launcher.leftovers import remove_if_empty
+    run, a config error, a refused point; ``gkd_harness.harness.launcher.leftovers``)."""
+    from gkd_harness.harness.launcher.leftovers import remove_if_empty
 
     result = None
     try:
@@ -240,7 +240,7 @@ def _hydra_main() -> None:
     import hydra
     import hydra._internal.utils as hydra_utils  # Hydra offers no public hook for its composition errors
 
-    from harness.launcher.compose import CONFIG_NAME, CONFIG_PATH, register
+    from gkd_harness.harness.launcher.compose import CONFIG_NAME, CONFIG_PATH, register
 
     register()
     _redact_log_records()
@@ -268,7 +268,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if "--version" in args:
         print(version_line("gkd-train"))
         return
-    from harness.config.secrets import secret_overrides, secret_refusal
+    from gkd_harness.harness.config.secrets import secret_overrides, secret_refusal
 
     overrides = [a for a in args if not a.startswith("-")]
     try:
@@ -276,7 +276,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             raise ConfigError(key, secret_refusal(key))
         dry = (_flag_value(overrides, "run.dry_run") or "").lower() in ("true", "1", "yes")
         if dry and not any(a in ("-m", "--multirun") or a.startswith("--") for a in args):
-            from harness.launcher.compose import compose_point
+            from gkd_harness.harness.launcher.compose import compose_point
 
             point = compose_point(overrides)
             train(point.cfg, experiment=point.experiment)
@@ -294,8 +294,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    # `python -m harness.launcher.cli`: run the importable module's main, so that what a job returns (PointFailed) is the
-    # class launch.sweep imports, not a __main__ copy of it
-    from harness.launcher.cli import main as _module_main
+    # `python -m gkd_harness.harness.launcher.cli`: run the importable module's main, so that what a job returns (PointFailed) is the
+    # class gkd_harness.launch.sweep imports, not a __main__ copy of it
+    from gkd_harness.harness.launcher.cli import main as _module_main
 
     _module_main()

@@ -1,6 +1,6 @@
 """Composing the config tree outside ``@hydra.main``: for the dry run, the SLURM dry run and tests.
 
-The tree ships inside the package ``gkd_harness_configs`` (``configs/`` in the repository), so it is found from an
+The tree ships inside the package ``gkd_harness.configs`` (``configs/`` in the repository), so it is found from an
 editable install and from a wheel alike. :func:`point_config` gives what a point's ``gkd-train`` job sees: the
 typed config with ``run.output_dir`` set to the folder Hydra would give it.
 """
@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-from harness.config.schema import ConfigError, TrainConfig, register_schemas, to_typed
+from gkd_harness.harness.config.schema import ConfigError, TrainConfig, register_schemas, to_typed
 
-CONFIG_MODULE = "gkd_harness_configs"
+CONFIG_MODULE = "gkd_harness.configs"
 CONFIG_PATH = f"pkg://{CONFIG_MODULE}"
 CONFIG_NAME = "train"
 #: The submitit plugin's launcher schemas, known to Hydra under these names instead of the plugin's own
@@ -27,16 +27,16 @@ def register() -> None:
     """Schemas into Hydra's ConfigStore and the harness's resolvers into OmegaConf (idempotent)."""
     from omegaconf import OmegaConf
 
-    from harness.launcher.node import local_gpu_count
+    from gkd_harness.harness.launcher.node import local_gpu_count
 
     register_schemas()
     _rename_launcher_schemas()
     if not OmegaConf.has_resolver("gkd_folder_name"):  # hydra.run.dir / sweep.dir never leave the output root
-        from harness.config.name_rules import folder_name
+        from gkd_harness.harness.config.name_rules import folder_name
 
         OmegaConf.register_new_resolver("gkd_folder_name", folder_name)
     if not OmegaConf.has_resolver("gkd_run_folder"):  # nor does a run folder named by an unsafe override
-        from harness.config.name_rules import run_folder_name
+        from gkd_harness.harness.config.name_rules import run_folder_name
 
         OmegaConf.register_new_resolver("gkd_run_folder", run_folder_name)
     if not OmegaConf.has_resolver("gkd_local_gpus"):

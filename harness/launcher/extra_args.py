@@ -1,17 +1,17 @@
 """``run.extra_args`` checked by ms-swift's own argument classes, before anything is launched (the dry run and
-every real launch call :func:`check_with_swift` through :func:`harness.launcher.plan.build_plan`; validation
+every real launch call :func:`check_with_swift` through :func:`gkd_harness.harness.launcher.plan.build_plan`; validation
 checks them too where the table below is cached).
 
 The harness's own rules (flags it sets, credential-looking flags) run at validation
-(:mod:`harness.config.extra_args_rules`, torch-free). The flags ms-swift knows come from the argparse parser it
+(:mod:`gkd_harness.harness.config.extra_args_rules`, torch-free). The flags ms-swift knows come from the argparse parser it
 builds from its argument dataclass (``RLHFArguments`` for ``swift rlhf``, ``MegatronRLHFArguments`` for
-``megatron rlhf``), extracted once into a table per installed version (:mod:`harness.config.swift_flags`):
+``megatron rlhf``), extracted once into a table per installed version (:mod:`gkd_harness.harness.config.swift_flags`):
 importing ``swift.arguments`` takes 15 to 40 s, parsing against the table milliseconds. An unknown flag, a value
 of the wrong type or outside a flag's choices is refused here instead of in ms-swift's ``remaining_argv`` error
 after the models have loaded. Only the parser is built, never the dataclass (whose ``__post_init__`` would
 resolve models and datasets). Costs nothing when the list is empty.
 
-    python -m harness.launcher.extra_args [--megatron]   # builds the table (launch/setup_env.sh runs it)
+    python -m gkd_harness.harness.launcher.extra_args [--megatron]   # builds the table (launch/setup_env.sh runs it)
 """
 from __future__ import annotations
 
@@ -23,11 +23,11 @@ import sys
 from enum import Enum
 from typing import Any, Dict, List, Optional, Sequence
 
-from harness.config.extra_args_rules import KEY, harness_key
-from harness.config.schema import ConfigError, MegatronBackendConfig, TrainConfig
-from harness.config.swift_flags import load_table, refusal, save_table, table_path
-from harness.fixtures import building
-from harness.fixtures.building import clock, exclusive, say
+from gkd_harness.harness.config.extra_args_rules import KEY, harness_key
+from gkd_harness.harness.config.schema import ConfigError, MegatronBackendConfig, TrainConfig
+from gkd_harness.harness.config.swift_flags import load_table, refusal, save_table, table_path
+from gkd_harness.harness.fixtures import building
+from gkd_harness.harness.fixtures.building import clock, exclusive, say
 
 log = logging.getLogger("gkd_harness.train")
 _TYPE_NAMES = {int: "int", float: "float", str: "str", dict: "dict"}
@@ -76,8 +76,8 @@ def flag_table(megatron: bool = False) -> Optional[List[Dict[str, Any]]]:
     """The cached table, built in a subprocess when missing (ms-swift's import stays out of this process: its
     log lines and logging set-up too). None, with a warning, when ms-swift's classes cannot be imported here
     (``megatron rlhf`` needs Transformer Engine). A build is never silent: one line when it starts, one every
-    :data:`~harness.fixtures.building.PROGRESS_EVERY_S` seconds, one when it is done; a second process that needs
-    the table meanwhile waits on the build's lock and names its owner (:func:`harness.fixtures.building.exclusive`)."""
+    :data:`~gkd_harness.harness.fixtures.building.PROGRESS_EVERY_S` seconds, one when it is done; a second process that needs
+    the table meanwhile waits on the build's lock and names its owner (:func:`gkd_harness.harness.fixtures.building.exclusive`)."""
     table = load_table(megatron)
     if table is not None:
         return table
@@ -111,7 +111,7 @@ def flag_table(megatron: bool = False) -> Optional[List[Dict[str, Any]]]:
 
 def _table_command(megatron: bool) -> List[str]:
     """The process that builds the table (:func:`main`): ms-swift's import stays out of this one."""
-    return [sys.executable, "-m", "harness.launcher.extra_args", *(["--megatron"] if megatron else [])]
+    return [sys.executable, "-m", "gkd_harness.harness.launcher.extra_args", *(["--megatron"] if megatron else [])]
 
 
 def swift_refusal(extra_args: Sequence[str], megatron: bool = False) -> str | None:

@@ -18,8 +18,8 @@ Where the values come from, highest priority first:
 A single process on a single node gets neither ``NPROC_PER_NODE`` nor ``NNODES`` (ms-swift then runs plain
 ``python`` without torchrun) unless the backend needs torchrun anyway (Megatron, colocated vLLM), but always
 ``MASTER_ADDR`` and a free ``MASTER_PORT``, because ms-swift's single-process default is port 29500 for everyone.
-This module is the one copy of that arithmetic: ``harness.launcher.plan`` uses it in ``gkd-train`` and
-``launch.slurm`` prints it for every node.
+This module is the one copy of that arithmetic: ``gkd_harness.harness.launcher.plan`` uses it in ``gkd-train`` and
+``gkd_harness.launch.slurm`` prints it for every node.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from harness.config.schema import BackendConfig, ConfigError
+from gkd_harness.harness.config.schema import BackendConfig, ConfigError
 
 DIST_KEYS = ("NPROC_PER_NODE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
 _PORT_BASE, _PORT_SPAN = 20000, 20000

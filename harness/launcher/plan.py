@@ -1,8 +1,8 @@
 """The launch plan: typed config + this node's environment -> the ms-swift argv and the process environment.
 
 One function, :func:`build_plan`, makes it. ``gkd-train`` executes it, ``gkd-train run.dry_run=true`` prints it,
-and ``python -m launch.slurm`` prints it for every node of a SLURM job, so the dry run is exactly what runs: the
-process layout (``harness.launcher.node.node_layout``), the data-parallel size and the global batch size derived from
+and ``python -m gkd_harness.launch.slurm`` prints it for every node of a SLURM job, so the dry run is exactly what runs: the
+process layout (``gkd_harness.harness.launcher.node.node_layout``), the data-parallel size and the global batch size derived from
 it, and the torchrun variables all come from the same objects.
 """
 from __future__ import annotations
@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from harness.config.schema import EMBEDDED, ConfigError, MegatronBackendConfig, TrainConfig
-from harness.launcher.extra_args import check_with_swift
-from harness.launcher.node import NodeLayout, detect_device, node_layout
-from harness.launcher.rollout_argv import needs_torchrun, rollout_env
-from harness.launcher.swift_argv import ResolvedInputs, build_argv, megatron_batch_note, megatron_batch_sizes
-from harness.contract import PLUGIN_SETTINGS_FILE, SETTINGS_ENV
+from gkd_harness.harness.config.schema import EMBEDDED, ConfigError, MegatronBackendConfig, TrainConfig
+from gkd_harness.harness.launcher.extra_args import check_with_swift
+from gkd_harness.harness.launcher.node import NodeLayout, detect_device, node_layout
+from gkd_harness.harness.launcher.rollout_argv import needs_torchrun, rollout_env
+from gkd_harness.harness.launcher.swift_argv import ResolvedInputs, build_argv, megatron_batch_note, megatron_batch_sizes
+from gkd_harness.harness.contract import PLUGIN_SETTINGS_FILE, SETTINGS_ENV
 
 #: Prefixes of the variables the plan sets (shown by the dry run and saved in command.json; never a key).
 SHOWN_PREFIXES = ("NPROC_PER_NODE", "NNODES", "NODE_RANK", "MASTER_", "WANDB_", "GKD_", "VLLM_", "HF_HUB_OFFLINE",
@@ -95,7 +95,7 @@ def resolve_inputs(cfg: TrainConfig, build: bool) -> ResolvedInputs:
     cache); without, their cache paths are named and nothing is built (the dry run)."""
     student, teacher, dataset = cfg.model.student, cfg.model.teacher, cfg.run.dataset
     if EMBEDDED in (student, teacher) or dataset is None:
-        from harness.fixtures.embedded import EmbeddedSpec, asset_paths, prepare_embedded
+        from gkd_harness.harness.fixtures.embedded import EmbeddedSpec, asset_paths, prepare_embedded
 
         spec = EmbeddedSpec(**dataclasses.asdict(cfg.model.embedded))
         if build:
@@ -131,7 +131,7 @@ def _held_out(cfg: TrainConfig, dataset: str, build: bool) -> Optional[str]:
     if cfg.run.dataset is not None:
         raise ConfigError("monitor.eval.dataset", "needed with run.dataset (the embedded split only holds out "
                                                   "rows of the embedded dataset)")
-    from harness.fixtures.embedded import prepare_validation, validation_path
+    from gkd_harness.harness.fixtures.embedded import prepare_validation, validation_path
 
     seed = cfg.model.embedded.seed
     return str(prepare_validation(Path(dataset), ev.embedded_samples, seed) if build
@@ -164,7 +164,7 @@ def build_plan(cfg: TrainConfig, base_env: Mapping[str, str], run_dir: Path, run
         run_dir: the run folder (ms-swift's output goes to ``run_dir/swift``).
         run_name: the run's name (wandb name, ms-swift ``--run_name``).
         wandb_mode: the mode after the online -> offline fallback.
-        wandb_vars: the ``WANDB_*`` variables (``harness.launcher.wandb_env.wandb_env``).
+        wandb_vars: the ``WANDB_*`` variables (``gkd_harness.harness.launcher.wandb_env.wandb_env``).
         settings_path: the plugin settings file (None in a dry run: the plan names where it would be).
         inputs: the resolved student / teacher / dataset (:func:`resolve_inputs`).
         extra_args: appended last (``--resume_from_checkpoint DIR`` on a resumed run).
@@ -173,9 +173,9 @@ def build_plan(cfg: TrainConfig, base_env: Mapping[str, str], run_dir: Path, run
     Raises:
         ConfigError: an invalid layout (naming the ``backend.*`` key or variable), ``run.extra_args`` that
             ms-swift's argument parser refuses, or an ms-swift outside the tested series
-            (``run.allow_untested_swift``, :mod:`harness.launcher.swift_version`).
+            (``run.allow_untested_swift``, :mod:`gkd_harness.harness.launcher.swift_version`).
     """
-    from harness.launcher.swift_version import check_swift_version
+    from gkd_harness.harness.launcher.swift_version import check_swift_version
 
     swift_version = check_swift_version(cfg.run.allow_untested_swift)  # one line, exit 2, outside the tested series
     check_with_swift(cfg)  # run.extra_args through ms-swift's own parser (nothing to do when empty)

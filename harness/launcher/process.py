@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from harness.launcher.plan import LaunchPlan
+from gkd_harness.harness.launcher.plan import LaunchPlan
 
 log = logging.getLogger("gkd_harness.train")
 
@@ -246,8 +246,8 @@ def execute(plan: LaunchPlan, log_path: Path, stream: bool, progress_of: Optiona
 
 def _show_progress(label: str, metrics: Path, max_steps: int, stop, every_s: float = 2.0) -> None:
     """A single run's live progress line, fed from its metrics.jsonl until ``stop`` is set."""
-    from harness.launcher.progress import ProgressDisplay, Running, Snapshot
-    from harness.store.metrics_io import tail_step
+    from gkd_harness.harness.launcher.progress import ProgressDisplay, Running, Snapshot
+    from gkd_harness.harness.store.metrics_io import tail_step
 
     display = ProgressDisplay()
 

@@ -90,23 +90,23 @@ class Attempt:
 
 
 def decide_attempt(folder, flat_config: Mapping[str, Any], *, overwrite: bool, resume: bool) -> Attempt:
-    """What to do with an earlier attempt in ``folder`` (a :class:`harness.store.run_folder.RunFolder`), given
+    """What to do with an earlier attempt in ``folder`` (a :class:`gkd_harness.harness.store.run_folder.RunFolder`), given
     the new flat resolved config; archives it if needed and returns the :class:`Attempt`. Call it holding the
     folder's lock, so the answer cannot change before it is acted on.
 
     - nothing there -> ``new``; files of an attempt without summary.json -> ``restart``
     - completed: same fingerprint -> ``skip`` (``restart`` with ``overwrite``); different -> ``restart`` with
-      ``overwrite``, else :class:`~harness.store.fingerprint.ConfigMismatch` (one line: the keys that differ and
+      ``overwrite``, else :class:`~gkd_harness.harness.store.fingerprint.ConfigMismatch` (one line: the keys that differ and
       how to proceed)
     - unfinished (failed, or running under a stale lock): same fingerprint -> ``resume`` if ``resume`` else
       ``restart``; different -> ``restart`` (it is archived, not lost), but a resume of a different config ->
-      :class:`~harness.store.fingerprint.ConfigMismatch` unless ``overwrite``
+      :class:`~gkd_harness.harness.store.fingerprint.ConfigMismatch` unless ``overwrite``
 
     ``run.resume=true`` continues only from a usable checkpoint. Without one the earlier attempt is archived and
     the run restarts from step 0 with a note, so ``metrics.jsonl`` never holds two copies of a step and the
     cumulative counters never restart inside one file.
     """
-    from harness.store.fingerprint import ConfigMismatch, mismatch_message, summary_diff
+    from gkd_harness.harness.store.fingerprint import ConfigMismatch, mismatch_message, summary_diff
 
     summary = folder.read_summary()
     if summary is None:

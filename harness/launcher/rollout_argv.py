@@ -1,5 +1,5 @@
 """On-policy rollout settings in ``gkd-train``: the ``rollout`` group as ms-swift arguments and as the subprocess
-environment (its rules are :mod:`harness.config.rollout_rules`).
+environment (its rules are :mod:`gkd_harness.harness.config.rollout_rules`).
 
 The ``rollout`` group (``configs/rollout/{none,hf,vllm_colocate,vllm_server}.yaml``) selects who generates the
 student's on-policy completions in GKD:
@@ -14,19 +14,19 @@ ms-swift's GKD trainer uses ONE ``--temperature`` for the rollout sampling and t
 may only be ``null`` (= ``gkd.temperature``) or equal to ``gkd.temperature``.
 
 What is installed inside ms-swift's ranks (the vLLM CPU prepack switch, the rollout counters) is
-``harness.rank.rollout_patches``.
+``gkd_harness.harness.rank.rollout_patches``.
 """
 from __future__ import annotations
 
 from typing import Optional
 
-from harness.config.schema import (
+from gkd_harness.harness.config.schema import (
     TrainConfig,
     VllmColocateRolloutConfig,
 )
-from harness.config.rollout_rules import server_urls, vllm_device
-from harness.contract import ROLLOUT_ENGINE_ENV
-from harness.launcher.argv_format import cli_value as _fmt
+from gkd_harness.harness.config.rollout_rules import server_urls, vllm_device
+from gkd_harness.harness.contract import ROLLOUT_ENGINE_ENV
+from gkd_harness.harness.launcher.argv_format import cli_value as _fmt
 
 
 def rollout_args(cfg: TrainConfig) -> list[str]:
@@ -92,7 +92,7 @@ def rollout_env(cfg: TrainConfig, device: Optional[str] = None) -> dict[str, str
       exist in the CPU lane (the registry's torchvision is a CUDA build).
     - ``GKD_VLLM_CPU_NO_PREPACK=1``: vLLM's CPU linear layers repack their weights at load time and drop the
       originals, so ms-swift's per-step ``load_weights`` sync fails; the plugin turns the prepack off
-      (``harness.rank.rollout_patches.disable_vllm_cpu_prepack``).
+      (``gkd_harness.harness.rank.rollout_patches.disable_vllm_cpu_prepack``).
     - ``VLLM_CPU_KVCACHE_SPACE``: KV cache in GiB (vLLM's CPU default of 4 GiB is larger than a tiny run needs).
 
     Every on-policy engine also gets ``GKD_ROLLOUT_ENGINE`` (:func:`rollout_engine_name`), which switches on the

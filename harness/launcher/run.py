@@ -1,8 +1,8 @@
 """One run of ``gkd-train``: typed config (once) -> validation (before any model loads) -> the launch plan
-(``harness.launcher.plan``) -> with ``run.dry_run=true``: print the plan and stop -> the attempt decision
-(``harness.launcher.resume.decide_attempt``: skip, fresh, restart or resume) -> run folder (config.yaml, summary.json
-"running") -> plugin settings (:class:`harness.contract.PluginSettings`) -> ``swift rlhf`` / ``megatron rlhf`` as a
-subprocess (``harness.launcher.process``) -> summary.json "completed", or "failed" with the error, or
+(``gkd_harness.harness.launcher.plan``) -> with ``run.dry_run=true``: print the plan and stop -> the attempt decision
+(``gkd_harness.harness.launcher.resume.decide_attempt``: skip, fresh, restart or resume) -> run folder (config.yaml, summary.json
+"running") -> plugin settings (:class:`gkd_harness.harness.contract.PluginSettings`) -> ``swift rlhf`` / ``megatron rlhf`` as a
+subprocess (``gkd_harness.harness.launcher.process``) -> summary.json "completed", or "failed" with the error, or
 "interrupted" with the signal (SIGTERM / SIGHUP / SIGINT: ms-swift's process group stopped, the lock released)."""
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
-from harness.config.schema import TrainConfig, to_dict, to_typed
-from harness.contract import PLUGIN_SETTINGS_FILE, SWIFT_LOG, PluginSettings
-from harness.launcher.plan import LaunchPlan, build_plan, resolve_inputs
-from harness.launcher.process import Interrupted, TrainingFailed, execute, stop_signals
+from gkd_harness.harness.config.schema import TrainConfig, to_dict, to_typed
+from gkd_harness.harness.contract import PLUGIN_SETTINGS_FILE, SWIFT_LOG, PluginSettings
+from gkd_harness.harness.launcher.plan import LaunchPlan, build_plan, resolve_inputs
+from gkd_harness.harness.launcher.process import Interrupted, TrainingFailed, execute, stop_signals
 
 log = logging.getLogger("gkd_harness.train")
 
@@ -45,7 +45,7 @@ def plugin_settings(cfg: TrainConfig, run_dir: Path, experiment: Optional[str] =
 
 
 def _wandb_mode(cfg: TrainConfig, dry_run: bool) -> str:
-    from harness.launcher.wandb_env import resolve_wandb_mode
+    from gkd_harness.harness.launcher.wandb_env import resolve_wandb_mode
 
     mode = cfg.tracking.wandb.mode
     return mode if dry_run else resolve_wandb_mode(mode)
@@ -53,12 +53,12 @@ def _wandb_mode(cfg: TrainConfig, dry_run: bool) -> str:
 
 def _wandb_vars(cfg: TrainConfig, mode: str, run_dir: Path, run_name: str,
                 experiment: Optional[str]) -> Dict[str, str]:
-    from harness.store.fingerprint import config_fingerprint
-    from harness.launcher.wandb_env import experiment_name, wandb_env
-    from harness.config.flat import flatten
-    from harness.config.secrets import redact
+    from gkd_harness.harness.store.fingerprint import config_fingerprint
+    from gkd_harness.harness.launcher.wandb_env import experiment_name, wandb_env
+    from gkd_harness.harness.config.flat import flatten
+    from gkd_harness.harness.config.secrets import redact
 
-    from harness.loss.candidate import candidate_tags
+    from gkd_harness.harness.loss.candidate import candidate_tags
 
     return wandb_env(dataclasses.asdict(cfg.tracking.wandb), mode, run_dir, run_name,
                      precision=cfg.loss.precision, beta_form=cfg.loss.beta_form,
@@ -92,7 +92,7 @@ def dry_run(cfg: TrainConfig, run_dir: Path, base_env: Optional[Dict[str, str]] 
 def train(cfg: Any, experiment: Optional[str] = None) -> Dict[str, Any]:
     """Run one GKD training through ms-swift; returns the final ``summary.json`` content.
 
-    Multi-node: every node runs this; only the main node (``harness.launcher.node.is_main_node``) owns the run folder
+    Multi-node: every node runs this; only the main node (``gkd_harness.harness.launcher.node.is_main_node``) owns the run folder
     (its lock, config.yaml, summary.json; the rank that computes the loss writes metrics.jsonl from inside
     ms-swift). Other nodes start their ms-swift process with node-local plugin settings and raise if it fails.
 
@@ -102,8 +102,8 @@ def train(cfg: Any, experiment: Optional[str] = None) -> Dict[str, Any]:
             written (the message names the folder / file).
         TrainingFailed: ms-swift failed, or the run did not meet the harness's checks.
     """
-    from harness.launcher.node import is_main_node
-    from harness.config.validate import validate_config
+    from gkd_harness.harness.launcher.node import is_main_node
+    from gkd_harness.harness.config.validate import validate_config
 
     cfg = to_typed(cfg)
     validate_config(cfg)
@@ -117,7 +117,7 @@ def train(cfg: Any, experiment: Optional[str] = None) -> Dict[str, Any]:
     with stop_signals():
         if not is_main_node(dict(os.environ)):
             return _train_other_node(cfg, run_dir, experiment)
-        from harness.store.run_folder import RunFolder
+        from gkd_harness.harness.store.run_folder import RunFolder
 
         folder = RunFolder(run_dir)
         with folder.lock():
@@ -125,8 +125,8 @@ def train(cfg: Any, experiment: Optional[str] = None) -> Dict[str, Any]:
 
 
 def _train_other_node(cfg: TrainConfig, run_dir: Path, experiment: Optional[str]) -> Dict[str, Any]:
-    from harness.launcher.resume import resume_args
-    from harness.store.run_folder import RunFolder
+    from gkd_harness.harness.launcher.resume import resume_args
+    from gkd_harness.harness.store.run_folder import RunFolder
 
     env = dict(os.environ)
     node = env.get("NODE_RANK") or env.get("SLURM_NODEID", "?")
@@ -142,9 +142,9 @@ def _train_other_node(cfg: TrainConfig, run_dir: Path, experiment: Optional[str]
 def _train_main_node(cfg: TrainConfig, run_dir: Path, folder, experiment: Optional[str]) -> Dict[str, Any]:
     from omegaconf import OmegaConf
 
-    from harness.config.flat import flatten
-    from harness.launcher.resume import decide_attempt
-    from harness.config.secrets import redact
+    from gkd_harness.harness.config.flat import flatten
+    from gkd_harness.harness.launcher.resume import decide_attempt
+    from gkd_harness.harness.config.secrets import redact
 
     flat = flatten(redact(to_dict(cfg)))
     attempt = decide_attempt(folder, flat, overwrite=cfg.run.overwrite, resume=cfg.run.resume)
@@ -164,14 +164,14 @@ def _train_main_node(cfg: TrainConfig, run_dir: Path, folder, experiment: Option
         folder.write_config(OmegaConf.to_yaml(OmegaConf.create(redact(to_dict(cfg)))))
         folder.start_summary(run_name_for(cfg, run_dir), cfg.tracking.wandb.group, flat)
     if cfg.loss.precision == "candidate":  # its source copied into the folder; name and sha256 in summary.json
-        from harness.loss.candidate import keep_in_run_folder
+        from gkd_harness.harness.loss.candidate import keep_in_run_folder
 
         folder.update_summary(candidate=keep_in_run_folder(cfg.loss.source, cfg.loss.name, str(run_dir)))
     try:
         totals = None
         if resume:
-            from harness.contract import CUMULATIVE_METRICS
-            from harness.store.metrics_io import read_metrics
+            from gkd_harness.harness.contract import CUMULATIVE_METRICS
+            from gkd_harness.harness.store.metrics_io import read_metrics
 
             rows = read_metrics(folder.metrics_path)
             totals = {k: rows[-1][k] for k in CUMULATIVE_METRICS if rows and k in rows[-1]}
@@ -210,7 +210,7 @@ def _save_hydra_files(run_dir: Path) -> None:
         HydraConfig.get()
     except Exception:  # noqa: BLE001 - not inside a Hydra app
         return
-    from harness.store.hydra_files import save_hydra_files
+    from gkd_harness.harness.store.hydra_files import save_hydra_files
 
     save_hydra_files(run_dir, _TASK_CFG[0] if _TASK_CFG else None)
 

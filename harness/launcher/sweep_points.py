@@ -31,8 +31,8 @@ def sweep_points(config: DictConfig) -> list[list[str]]:
 
 def point_name(job_overrides: Iterable[str], config: DictConfig) -> str:
     """The point's folder name: Hydra's ``override_dirname`` (same exclusions and separators as the config), or
-    the stand-in Hydra's ``sweep.subdir`` gives an unsafe one (:func:`harness.config.name_rules.run_folder_name`)."""
-    from harness.config.name_rules import run_folder_name
-    from harness.launcher.compose import override_dirname
+    the stand-in Hydra's ``sweep.subdir`` gives an unsafe one (:func:`gkd_harness.harness.config.name_rules.run_folder_name`)."""
+    from gkd_harness.harness.config.name_rules import run_folder_name
+    from gkd_harness.harness.launcher.compose import override_dirname
 
     return run_folder_name(override_dirname(job_overrides, config.hydra))

@@ -7,7 +7,7 @@
 
 Both load ``harness/rank/plugin.py`` through ``--external_plugins`` and enable its callback with
 ``--callbacks gkd_harness``. The process layout (how many data-parallel ranks there are) comes from
-``harness.launcher.node.NodeLayout``, the same object that sets the torchrun variables: ``harness.launcher.plan`` is the
+``gkd_harness.harness.launcher.node.NodeLayout``, the same object that sets the torchrun variables: ``gkd_harness.harness.launcher.plan`` is the
 only caller.
 """
 from __future__ import annotations
@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
-from harness.config.schema import HFBackendConfig, MegatronBackendConfig, TrainConfig
-from harness.launcher.node import NodeLayout
-from harness.launcher.rollout_argv import rollout_args
-from harness.launcher.swift_version import version_args
-from harness.contract import CALLBACK_NAME, PLUGIN_MODULE
-from harness.launcher.argv_format import cli_value as _fmt
+from gkd_harness.harness.config.schema import HFBackendConfig, MegatronBackendConfig, TrainConfig
+from gkd_harness.harness.launcher.node import NodeLayout
+from gkd_harness.harness.launcher.rollout_argv import rollout_args
+from gkd_harness.harness.launcher.swift_version import version_args
+from gkd_harness.harness.contract import CALLBACK_NAME, PLUGIN_MODULE
+from gkd_harness.harness.launcher.argv_format import cli_value as _fmt
 
 #: The plugin file ms-swift loads in every rank (found, not imported: gkd-train never imports the rank side).
 PLUGIN_PATH = str(importlib.util.find_spec(PLUGIN_MODULE).origin)
@@ -79,7 +79,7 @@ def _megatron_save_args(cfg: TrainConfig) -> List[str]:
     ``--save_steps`` and always one at the last step, ``megatron/callbacks/default_flow.py``).
 
     ``run.save_steps`` N: every N steps, with the optimizer and RNG state, so ``run.resume=true`` (a requeue)
-    continues from the newest (``harness.launcher.resume``: ``--mcore_model DIR --finetune false``). Null: weights
+    continues from the newest (``gkd_harness.harness.launcher.resume``: ``--mcore_model DIR --finetune false``). Null: weights
     only (``--no_save_optim true``), at the last step; with ``run.resume=true`` the optimizer is kept too, so a run
     cut short after that save can still continue.
     """
@@ -90,7 +90,7 @@ def _megatron_save_args(cfg: TrainConfig) -> List[str]:
 
 def _eval_args(cfg: TrainConfig, inputs: ResolvedInputs, megatron: bool = False) -> List[str]:
     """ms-swift's own evaluation on the held-out split every ``monitor.eval.every_n_steps`` steps (the plugin adds
-    the ``eval/*`` metrics and the final evaluation, harness.rank.evaluation); nothing when it is off."""
+    the ``eval/*`` metrics and the final evaluation, gkd_harness.harness.rank.evaluation); nothing when it is off."""
     every = cfg.monitor.eval.every_n_steps
     if not every or not inputs.val_dataset:
         return []
@@ -135,7 +135,7 @@ def hf_argv(cfg: TrainConfig, inputs: ResolvedInputs, run_dir: str | Path, devic
             *_save_args(cfg),
             "--output_dir", str(Path(run_dir) / "swift"), "--add_version", "false",
             "--seed", str(run.seed), "--data_seed", str(run.seed),
-            # no dataloader workers, and no persistent ones (4.5.x keeps them on: harness.launcher.swift_version)
+            # no dataloader workers, and no persistent ones (4.5.x keeps them on: gkd_harness.harness.launcher.swift_version)
             *version_args(swift_version, megatron=False),
             *_eval_args(cfg, inputs),
             *_common_tail(cfg, wandb_mode)]
@@ -198,7 +198,7 @@ def check_megatron_layout(cfg: TrainConfig, layout: NodeLayout) -> tuple[int, in
     Raises:
         ConfigError: naming the keys of the impossible layout.
     """
-    from harness.config.schema import ConfigError
+    from gkd_harness.harness.config.schema import ConfigError
 
     backend: MegatronBackendConfig = cfg.backend
     if _param_grad_on(cfg) and _flag_true(cfg.run.extra_args, FUSION_FLAG):

@@ -4,7 +4,7 @@ Tested: 4.5.x (CI's lane, ``launch/setup_swift453.sh``: ms-swift 4.5.3, the vers
 4.6.x (the main environment). ``pyproject.toml``'s ``ms-swift`` requirement is this range
 (``tests/harness/launcher/test_swift_version.py`` checks the two agree).
 
-What differs between them and how the argv handles it (``harness.launcher.swift_argv``: every such argument is
+What differs between them and how the argv handles it (``gkd_harness.harness.launcher.swift_argv``: every such argument is
 set explicitly, so both versions get the same run):
 
 * ``dataloader_persistent_workers`` (HF): 4.5.x keeps its default ``True`` with ``--dataloader_num_workers 0``,
@@ -18,7 +18,7 @@ set explicitly, so both versions get the same run):
 
 Outside the range ``gkd-train`` stops before launch with one line naming ``run.allow_untested_swift`` (exit 2);
 ``run.allow_untested_swift=true`` goes on, and the run folder's ``summary.json`` (``versions``), the wandb config
-and the sign-off report record the version either way (``harness.store.provenance.package_versions``).
+and the sign-off report record the version either way (``gkd_harness.harness.store.provenance.package_versions``).
 """
 from __future__ import annotations
 
@@ -73,9 +73,9 @@ def version_args(ver: Optional[str], megatron: bool) -> list[str]:
 
 
 def check_swift_version(allow_untested: bool, ver: Optional[str] = None) -> Optional[str]:
-    """Raise :class:`~harness.config.schema.ConfigError` naming :data:`ALLOW_KEY` for an untested (or missing)
+    """Raise :class:`~gkd_harness.harness.config.schema.ConfigError` naming :data:`ALLOW_KEY` for an untested (or missing)
     ms-swift; returns the installed version. ``ver`` defaults to the installed distribution's."""
-    from harness.config.schema import ConfigError
+    from gkd_harness.harness.config.schema import ConfigError
 
     ver = installed_swift_version() if ver is None else ver
     problem = untested_problem(ver, allow_untested)

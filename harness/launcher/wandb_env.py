@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 from urllib.parse import urlparse
 
-from harness.config.schema import WANDB_MODES
-from harness.contract import WANDB_DIR, role_of
-from harness.config.secrets import redact_name
+from gkd_harness.harness.config.schema import WANDB_MODES
+from gkd_harness.harness.contract import WANDB_DIR, role_of
+from gkd_harness.harness.config.secrets import redact_name
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -62,7 +62,7 @@ def _tag(value: Any) -> str:
 def run_tags(precision: Optional[str] = None, beta_form: Optional[str] = None, experiment: Optional[str] = None,
              group: Optional[str] = None, extra: Sequence[Any] = ()) -> List[str]:
     """Tags a dashboard can filter on, in this order, without repeats or empties:
-    the role (``original``, ``patched`` or ``reference``: :func:`harness.contract.role_of`); the precision; the β form; the
+    the role (``original``, ``patched`` or ``reference``: :func:`gkd_harness.harness.contract.role_of`); the precision; the β form; the
     experiment name; the group; then the user's ``tracking.wandb.tags``.
     ``run_tags("fp32", "paper", "smoke", "smoke")`` -> ``["patched", "fp32", "paper", "smoke"]``."""
     tags: List[str] = []
@@ -105,7 +105,7 @@ def wandb_env(wandb_cfg: Mapping[str, Any], mode: str, run_dir: Path, run_name: 
     for key, var in (("project", "WANDB_PROJECT"), ("entity", "WANDB_ENTITY"), ("group", "WANDB_RUN_GROUP")):
         if wandb_cfg.get(key):
             env[var] = str(wandb_cfg[key])
-    # loss_tags: a candidate's name and sha256 prefix (harness.loss.candidate.candidate_tags), before the user's tags
+    # loss_tags: a candidate's name and sha256 prefix (gkd_harness.harness.loss.candidate.candidate_tags), before the user's tags
     tags = run_tags(precision, beta_form, experiment, wandb_cfg.get("group"),
                     [*loss_tags, *list(wandb_cfg.get("tags") or [])])
     if tags:

@@ -38,8 +38,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from harness.config.source_files import find_module_file
-from harness.contract import CANDIDATE_DIR
+from gkd_harness.harness.config.source_files import find_module_file
+from gkd_harness.harness.contract import CANDIDATE_DIR
 
 #: The upstream module whose interface a candidate implements.
 UPSTREAM_MODULE = "swift.rlhf_trainers.gkd_loss"
@@ -369,7 +369,7 @@ def candidate_terms(gkd_loss: Callable, max_positions: int = 256) -> Callable:
     import torch
     from swift.rlhf_trainers.gkd_loss import TeacherOutput, extract_active
 
-    from harness.loss.variants import GKDTerms
+    from gkd_harness.harness.loss.variants import GKDTerms
 
     def terms(student_logits, teacher_output, labels, beta, temperature, *args, **kwargs):
         total, num_valid = gkd_loss(student_logits, teacher_output, labels, beta, temperature, *args, **kwargs)
@@ -394,12 +394,12 @@ def candidate_terms(gkd_loss: Callable, max_positions: int = 256) -> Callable:
 
 
 def main(argv=None) -> int:
-    """``python -m harness.loss.candidate SOURCE [NAME]``: load and check a candidate in a fresh process (what
-    ``harness.config.validate`` runs before any model loads). Prints ``ok NAME SHA256`` (exit 0) or the refusal
+    """``python -m gkd_harness.harness.loss.candidate SOURCE [NAME]``: load and check a candidate in a fresh process (what
+    ``gkd_harness.harness.config.validate`` runs before any model loads). Prints ``ok NAME SHA256`` (exit 0) or the refusal
     in one line (exit 2)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
-        print("usage: python -m harness.loss.candidate SOURCE [NAME]", file=sys.stderr)
+        print("usage: python -m gkd_harness.harness.loss.candidate SOURCE [NAME]", file=sys.stderr)
         return 2
     try:
         cand = load_candidate(args[0], args[1] if len(args) > 1 else None)

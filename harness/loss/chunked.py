@@ -10,8 +10,8 @@ import torch
 from swift.rlhf_trainers import gkd_loss as upstream
 from swift.rlhf_trainers.gkd_loss import default_kl_div, default_log_softmax
 
-from harness.loss.stable import TorchRows, _jsd_stable, _jsd_stable_and_grad, _pow2_row_scale
-from harness.loss.textbook import _jsd_from_logprobs, _safe_kl
+from gkd_harness.harness.loss.stable import TorchRows, _jsd_stable, _jsd_stable_and_grad, _pow2_row_scale
+from gkd_harness.harness.loss.textbook import _jsd_from_logprobs, _safe_kl
 
 def _prepare_chunk(s: torch.Tensor, t: torch.Tensor, cdtype: torch.dtype, temperature: Optional[float],
                    align_vocab: bool):
@@ -104,8 +104,8 @@ class _FusedChunkedJSD(torch.autograd.Function):
     ``[N, D]`` (no gradient) and its closed-form gradient, in one pass per block of ``rows`` rows.
 
     Equal vocabularies and a teacher without gradient. ``ops`` does the row reductions:
-    :class:`~harness.loss.stable.TorchRows` (the default primitives; ``fp32`` and the ``fp64`` reference) or
-    :class:`~harness.loss.stable.InjectedRows` (ms-swift's injected ``log_softmax_fn`` / ``kl_div_fn``, vocab-parallel
+    :class:`~gkd_harness.harness.loss.stable.TorchRows` (the default primitives; ``fp32`` and the ``fp64`` reference) or
+    :class:`~gkd_harness.harness.loss.stable.InjectedRows` (ms-swift's injected ``log_softmax_fn`` / ``kl_div_fn``, vocab-parallel
     under TP: a row may be a shard, and each rank keeps the derivative for its own shard). Forward keeps
     ``∂JSD_i/∂z_s`` ``[N, D]`` in the student's dtype (no activation graph, nothing recomputed, no FP32 copy of BF16
     inputs) plus, for a BF16/FP16 student, an int8 residual of its rounding (:func:`_residual`); backward scales it

@@ -1,6 +1,6 @@
 """The seed defect's inputs and the verdicts of the GPU proofs (``launch/gpu_bare.py``, ``launch/gpu_check.py``).
 
-Everything is judged against :mod:`harness.loss.reference` (FP64, written from the formulas), never against the
+Everything is judged against :mod:`gkd_harness.harness.loss.reference` (FP64, written from the formulas), never against the
 harness's own ``fp64`` variant, which shares its formula and gradient code with ``fp32``.
 
 Two kinds of rows:
@@ -9,7 +9,7 @@ Two kinds of rows:
   (the seed report's defect), ``not reproduced`` otherwise. It is never "ok": a GPU on which upstream happens to
   stay positive is a finding to report, not a pass;
 * a **fix** row is a *check*: it fails when the loss is negative or non-finite, off the reference beyond
-  :func:`harness.loss.tolerances.loss_tol`, or its gradient beyond :func:`harness.loss.tolerances.grad_tol`.
+  :func:`gkd_harness.harness.loss.tolerances.loss_tol`, or its gradient beyond :func:`gkd_harness.harness.loss.tolerances.grad_tol`.
 
 Inputs are made on the device they are used on (``torch.Generator(device=...)``), so a CUDA proof spends no host
 time on the ~1e9 random samples of the seed shape.
@@ -22,8 +22,8 @@ from typing import Any, Callable, Dict, Optional
 import torch
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
-from harness.loss.reference import reference_gkd
-from harness.loss.tolerances import grad_tol, loss_tol
+from gkd_harness.harness.loss.reference import reference_gkd
+from gkd_harness.harness.loss.tolerances import grad_tol, loss_tol
 
 #: Qwen3.5's vocabulary (the seed report's model) and its top-k.
 SEED_VOCAB = 248_320
@@ -68,7 +68,7 @@ def loss_and_grad(fn: Callable, student, teacher_output, labels, beta: float, te
 
 
 def reference(student, teacher_output, labels, beta: float, temperature: float) -> Dict[str, Any]:
-    """:func:`harness.loss.reference.reference_gkd` on the call's inputs: ``{"total", "num_valid", "loss",
+    """:func:`gkd_harness.harness.loss.reference.reference_gkd` on the call's inputs: ``{"total", "num_valid", "loss",
     "grad" (d loss / d student, FP64)}``."""
     kw: Dict[str, Any] = {"teacher_labels": teacher_output.labels}
     if teacher_output.is_topk_mode:
@@ -124,7 +124,7 @@ def report_repro(device, upstream_jsd: Optional[Callable] = None, fixed: Optiona
     if upstream_jsd is None:
         from swift.rlhf_trainers.gkd_loss import jsd_loss as upstream_jsd
     if fixed is None:
-        from harness.losses import make_gkd_loss
+        from gkd_harness.harness.losses import make_gkd_loss
 
         fixed = make_gkd_loss("fp32")
     student, to, labels = seed_like_inputs(REPORT_ROWS, REPORT_VOCAB, device, "full", seed=seed)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import torch
 
-from harness.loss.textbook import _weights
+from gkd_harness.harness.loss.textbook import _weights
 
 #: |d| beyond which expm1(±d) may overflow: those elements use the direct form.
 _CUT = 30.0

@@ -14,7 +14,7 @@ independent FP64 reference in ``harness/loss/reference.py``:
 
 (The textbook formula in FP32, as first written, measured 5e-05 relative and 5e-3 gradient error on the
 same grid, at β = 1e-3 with near-identical distributions: hence the cancellation-free form in
-``harness.loss.stable._jsd_stable``. Under TP/CP with injected vocab-parallel primitives, then on the textbook
+``gkd_harness.harness.loss.stable._jsd_stable``. Under TP/CP with injected vocab-parallel primitives, then on the textbook
 formula, tests/harness/loss/test_losses_parallel.py measured ≤ 1.1e-7 per position and ≤ 9.1e-6 gradient error;
 they take the cancellation-free form since issue 22, see docs/loss_accuracy.md.)
 

@@ -12,7 +12,7 @@ Two independent axes select a variant:
       closed-form gradient chunk by chunk (``_FusedChunkedJSD``): promotion per chunk, the gradient kept in
       the student's dtype, no activation graph, so no FP32 copy of a whole ``[N, V]`` BF16 tensor is ever
       alive. With injected primitives (Megatron's vocab-parallel ones) the same form and closed-form gradient
-      run with every row sum through the injected ``kl_div_fn`` (``harness.loss.stable.InjectedRows``); the textbook
+      run with every row sum through the injected ``kl_div_fn`` (``gkd_harness.harness.loss.stable.InjectedRows``); the textbook
       formula (per chunk, recompute-in-backward) is left for different vocabulary sizes, a teacher with a
       gradient or an explicit ``recompute``. The formula is chosen per row/element where a single one would lose digits
       (logits/T in the thousands, β within ~1/4 of an endpoint, |log T/S| > 30, nearly one-hot rows, −inf
@@ -49,9 +49,9 @@ from swift.rlhf_trainers import gkd_loss as upstream
 from swift.rlhf_trainers.gkd_loss import (TeacherOutput, default_gather, default_kl_div, default_log_softmax,
                                           extract_active)
 
-from harness.loss.chunked import _chunk_fn, _FusedChunkedJSD, _RecomputedChunkedJSD, _rows_per_chunk, block_rows
-from harness.loss.native import _jsd_native_chunk
-from harness.loss.stable import InjectedRows, TorchRows
+from gkd_harness.harness.loss.chunked import _chunk_fn, _FusedChunkedJSD, _RecomputedChunkedJSD, _rows_per_chunk, block_rows
+from gkd_harness.harness.loss.native import _jsd_native_chunk
+from gkd_harness.harness.loss.stable import InjectedRows, TorchRows
 
 PRECISIONS = ("native", "fp32", "fp64")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from harness.rank import state
+from gkd_harness.harness.rank import state
 
 #: Modules that did ``from swift.rlhf_trainers.gkd_loss import gkd_loss``.
 TRAINER_MODULES = (

@@ -10,13 +10,13 @@ import os
 import sys
 from typing import Any, Dict
 
-from harness.contract import CALLBACK_NAME, SUMMARY_FILE, WANDB_DIR
-from harness.rank import state
-from harness.rank.state import logger
+from gkd_harness.harness.contract import CALLBACK_NAME, SUMMARY_FILE, WANDB_DIR
+from gkd_harness.harness.rank import state
+from gkd_harness.harness.rank.state import logger
 
 
 def _run_folder():
-    from harness.store.run_folder import RunFolder
+    from gkd_harness.harness.store.run_folder import RunFolder
 
     return RunFolder(state.STATE.settings.run_dir)
 
@@ -27,8 +27,8 @@ def _record_start(world_size: int, is_writer: bool) -> None:
         return
     _run_folder().update_summary(world_size=world_size, train_pid=os.getpid(), plugin={"rebound": state.STATE.rebound})
     try:
-        from harness.store.provenance import package_versions
-        from harness.rank.wandb_run import attach_to_wandb_run
+        from gkd_harness.harness.store.provenance import package_versions
+        from gkd_harness.harness.rank.wandb_run import attach_to_wandb_run
 
         attach_to_wandb_run({**state.STATE.settings.config, "experiment": state.STATE.settings.experiment,
                              "world_size": world_size,
@@ -90,7 +90,7 @@ def _check_finite_logs(logs: Dict[str, Any], step: int) -> None:
         except (TypeError, ValueError):
             continue
         if not math.isfinite(value):
-            from harness.rank.instrument import NonFiniteError
+            from gkd_harness.harness.rank.instrument import NonFiniteError
 
             raise NonFiniteError(f"non-finite {key} ({value}) at step {step}; monitor.fail_on_nonfinite=true stops "
                                  f"the run")
@@ -100,8 +100,8 @@ def _record_log(logs: Dict[str, Any], step: int, is_writer: bool) -> None:
     """One ``metrics.jsonl`` record and the summary's last step / dtypes; only on the rank that owns the wandb run."""
     if not is_writer:
         return
-    from harness.store.metrics_io import MetricsWriter
-    from harness.rank.wandb_run import design_record, update_wandb_config
+    from gkd_harness.harness.store.metrics_io import MetricsWriter
+    from gkd_harness.harness.rank.wandb_run import design_record, update_wandb_config
 
     rec = design_record(logs, step)
     if rec is not None:
@@ -119,7 +119,7 @@ def _record_log(logs: Dict[str, Any], step: int, is_writer: bool) -> None:
 
 
 def _close_captures() -> None:
-    """Write the instrument's queued captures (``harness.rank.capture``) before the process ends."""
+    """Write the instrument's queued captures (``gkd_harness.harness.rank.capture``) before the process ends."""
     inst = state.STATE.instrument if state.STATE is not None else None
     if inst is not None:
         for err in inst.close():
@@ -155,7 +155,7 @@ def _make_hf_callback():
         def on_train_begin(self, args, tstate, control, **kwargs):
             import torch.distributed as dist
 
-            from harness.rank.call_site import check_rebound
+            from gkd_harness.harness.rank.call_site import check_rebound
 
             check_rebound()  # never train on upstream's loss unnoticed
             inst = state.STATE.instrument
@@ -206,7 +206,7 @@ def _eval_only(logs: Dict[str, Any]) -> bool:
     """A record of an evaluation only: the harness's held-out ``eval/*`` metrics, or ms-swift's Megatron
     evaluation (every key ``eval_*``). The instrument's training window is not read for it, so it neither writes a
     second record of the training counters at that step nor empties the window of the next training log."""
-    from harness.contract import EVAL_METRICS
+    from gkd_harness.harness.contract import EVAL_METRICS
 
     return bool(logs) and all(k in EVAL_METRICS or k.startswith(MEGATRON_EVAL_PREFIX) for k in logs)
 
@@ -231,7 +231,7 @@ def _megatron_params(trainer) -> Any:
     With activation recompute on (``args.recompute_granularity``; ms-swift's default is ``selective``) none are
     handed: megatron-core's checkpoint functions raise "Checkpointing is not compatible with .grad()" under the
     spot check's ``torch.autograd.grad`` (``megatron/core/tensor_parallel/random.py``), which would stop the run.
-    gkd-train passes ``--recompute_granularity none`` when the check is on (``harness.launcher.swift_argv``).
+    gkd-train passes ``--recompute_granularity none`` when the check is on (``gkd_harness.harness.launcher.swift_argv``).
 
     Raises:
         ParamGradRefusedError: ``gradient_accumulation_fusion`` is on (ms-swift's args or a model chunk's config):
@@ -270,7 +270,7 @@ def _make_megatron_callback():
             import torch.distributed as dist
             from swift.utils import get_current_device
 
-            from harness.rank.call_site import check_rebound
+            from gkd_harness.harness.rank.call_site import check_rebound
 
             check_rebound()  # never train on upstream's loss unnoticed
             inst = state.STATE.instrument
@@ -287,7 +287,7 @@ def _make_megatron_callback():
                 state.STATE.instrument.step = int(self.state.iteration) + 1
 
         def on_eval_begin(self):
-            from harness.rank.evaluation import find_tap
+            from gkd_harness.harness.rank.evaluation import find_tap
 
             tap = find_tap(state.STATE.boundary)
             if tap is not None:
@@ -295,7 +295,7 @@ def _make_megatron_callback():
 
         def on_eval_end(self):
             # every rank: the sums' all-reduce is a collective; logged as their own record at this iteration
-            from harness.rank.evaluation import find_tap
+            from gkd_harness.harness.rank.evaluation import find_tap
 
             tap = find_tap(state.STATE.boundary)
             values = tap.finish() if tap is not None else {}

@@ -1,9 +1,9 @@
 """Training captures: one loss call's inputs, whole under tensor parallelism, handed to the background writer.
 
-:class:`LossCapture` is called by :class:`harness.rank.instrument.LossInstrument` on spot-check steps with the
-call's own arguments. On the training device it keeps only what the loss saw (``harness.store.captures``: the
+:class:`LossCapture` is called by :class:`gkd_harness.harness.rank.instrument.LossInstrument` on spot-check steps with the
+call's own arguments. On the training device it keeps only what the loss saw (``gkd_harness.harness.store.captures``: the
 first ``max_tokens`` active rows; in top-k mode the student gathered at the teacher's ids), then starts
-non-blocking copies to pinned host memory and queues them on a :class:`~harness.store.capture_writer.CaptureWriter`;
+non-blocking copies to pinned host memory and queues them on a :class:`~gkd_harness.harness.store.capture_writer.CaptureWriter`;
 serialisation and disk writes happen on the writer's thread.
 
 **Tensor parallelism** (Megatron TP > 1: each TP rank holds a vocabulary shard ``[B, S, V/tp]``, rank ``r`` the ids
@@ -26,9 +26,9 @@ import torch
 import torch.distributed as dist
 
 from swift.rlhf_trainers.gkd_loss import TeacherOutput, default_gather
-from harness.rank.parallel_state import tensor_parallel_group
-from harness.store.capture_writer import CaptureWriter
-from harness.store.captures import STUDENT_FULL, TEACHER_FULL, capture_metadata, capture_tensors
+from gkd_harness.harness.rank.parallel_state import tensor_parallel_group
+from gkd_harness.harness.store.capture_writer import CaptureWriter
+from gkd_harness.harness.store.captures import STUDENT_FULL, TEACHER_FULL, capture_metadata, capture_tensors
 
 
 def gather_vocab_shards(x: torch.Tensor, group, tp_rank: int, tp_size: int) -> Optional[torch.Tensor]:

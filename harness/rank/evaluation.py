@@ -1,7 +1,7 @@
 """The held-out evaluation: the student against the teacher on a split training never sees (``monitor.eval``).
 
 ms-swift runs its own evaluation loop on ``--val_dataset`` every ``--eval_steps`` steps (the launcher passes both,
-``harness.launcher.swift_argv``): the GKD trainer's ``prediction_step`` calls ``gkd_loss`` under ``torch.no_grad``.
+``gkd_harness.harness.launcher.swift_argv``): the GKD trainer's ``prediction_step`` calls ``gkd_loss`` under ``torch.no_grad``.
 The harness adds what that loop lacks:
 
 - :class:`EvalTap` sits between the dtype boundary and the loss, so it sees the logits **as they reach the loss**.
@@ -11,7 +11,7 @@ The harness adds what that loop lacks:
   group counted once) and resets them; the HF hook (:func:`install_hf_hooks`) adds them to the loop's metrics, so
   they are logged with ``eval_loss`` at the same step and reach ``metrics.jsonl`` and wandb through the harness
   callback. On Megatron the harness callback's ``on_eval_begin`` / ``on_eval_end`` reset and finish them.
-- The harness callback asks for one more evaluation at the last step (``harness.rank.callbacks``).
+- The harness callback asks for one more evaluation at the last step (``gkd_harness.harness.rank.callbacks``).
 
 All metrics are token-weighted means over the active positions of the split: the generalized JSD at the run's
 β, beta form and temperature; forward KL(T‖S) and reverse KL(S‖T) of the temperature-scaled distributions; and
@@ -35,9 +35,9 @@ from typing import Callable, Dict, Optional
 
 import torch
 
-from harness.contract import (EVAL_FORWARD_KL, EVAL_JSD, EVAL_REVERSE_KL, EVAL_TOKENS, EVAL_TOP1_AGREEMENT)
-from harness.rank.parallel_state import tensor_parallel_group
-from harness.store.captures import capture_rows
+from gkd_harness.harness.contract import (EVAL_FORWARD_KL, EVAL_JSD, EVAL_REVERSE_KL, EVAL_TOKENS, EVAL_TOP1_AGREEMENT)
+from gkd_harness.harness.rank.parallel_state import tensor_parallel_group
+from gkd_harness.harness.store.captures import capture_rows
 
 F64 = torch.float64
 #: The order of the sums in :func:`eval_sums`'s vector.
@@ -136,7 +136,7 @@ def topk_divergences(s_logits: torch.Tensor, s_topk: torch.Tensor, t_topk_logpro
 
 def active_rows(student_logits: torch.Tensor, teacher_output, labels: torch.Tensor,
                 sharded: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """The active positions as the loss pairs them (``harness.store.captures.capture_rows``, as the spot check and
+    """The active positions as the loss pairs them (``gkd_harness.harness.store.captures.capture_rows``, as the spot check and
     captures do): student ``[B, S, V]`` rows where ``labels != -100``, teacher ``full_logits`` ``[B, S', V']`` rows
     where its own labels are; vocabularies aligned as upstream does (the shorter side takes the other side's logits
     for the extra ids). Returns ``([N, V*], [N, V*])``. With ``sharded`` (TP > 1) the rows are vocabulary shards,
@@ -211,7 +211,7 @@ class EvalTap:
     def __call__(self, student_logits, teacher_output, labels, beta, temperature, *args, **kwargs):
         if not self.evaluating(student_logits):
             return self.inner(student_logits, teacher_output, labels, beta, temperature, *args, **kwargs)
-        from harness.rank.instrument import loss_kwargs
+        from gkd_harness.harness.rank.instrument import loss_kwargs
 
         gather = loss_kwargs(args, kwargs).get("gather_fn")
         add = eval_sums(student_logits, teacher_output, labels, float(beta), float(temperature), self.beta_form,

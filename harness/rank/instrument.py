@@ -1,6 +1,6 @@
 """Instrumentation of the GKD loss while it trains.
 
-:class:`LossInstrument` wraps a per-position loss function (``harness.losses.make_gkd_loss_terms``) and is itself
+:class:`LossInstrument` wraps a per-position loss function (``gkd_harness.harness.losses.make_gkd_loss_terms``) and is itself
 a drop-in for ms-swift's ``gkd_loss`` (returns ``(total, num_valid)``). Per call it records, from detached
 values only (so the loss and its gradient are untouched):
 
@@ -9,12 +9,12 @@ values only (so the loss and its gradient are untouched):
 * the per-position JSD: how many positions are negative and the minimum;
 
 and every ``spot_every`` optimizer steps (first loss call of that step) a **FP64 spot check**
-(:mod:`harness.rank.spot_check`): the same inputs, capped at ``spot_max_tokens`` active positions and copied
+(:mod:`gkd_harness.harness.rank.spot_check`): the same inputs, capped at ``spot_max_tokens`` active positions and copied
 *before* the loss call (a loss that writes into its inputs cannot hide it), are recomputed with the run's variant
 and with the FP64 variant; loss and ``d loss / d student logits`` are compared. Optionally the **parameter gradient** of the
 full call is compared with the one of the FP64 loss (``param_grad``: from a graph of its own on copies of the
 inputs, refused where Megatron's backward writes ``main_grad``), and the loss inputs are **captured** as
-safetensors (``harness.rank.capture``: the rows the loss saw, whole under TP, written off the hot path).
+safetensors (``gkd_harness.harness.rank.capture``: the rows the loss saw, whole under TP, written off the hot path).
 
 Cost per call: one device-to-host transfer (a stacked vector of five numbers), no other synchronisation.
 
@@ -40,9 +40,9 @@ from typing import Callable, Dict, Iterable, Optional
 import torch
 import torch.distributed as dist
 from swift.metrics.utils import Metric
-from harness.contract import JSD_LOSS, LOSS_CALLS_TOTAL, MIN_TOKEN_JSD, NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, NEG_TOKEN_FRAC, NONFINITE_CALLS_TOTAL, SFT_LOSS, SPOT_GRAD_REL_L2, SPOT_GRAD_REL_L2_DTYPE_FLOOR, SPOT_LOSS, SPOT_LOSS_ABS_ERR, SPOT_LOSS_FP64, SPOT_LOSS_REL_ERR, SPOT_PARAM_GRAD_REL_L2, SPOT_SIGN_MISMATCH
-from harness.rank.parallel_state import context_parallel_group, loss_replicas
-from harness.rank.spot_check import (SPOT_CHUNK_ELEMENTS, ParamGradInputs, loss_kwargs,  # noqa: F401 - re-exported
+from gkd_harness.harness.contract import JSD_LOSS, LOSS_CALLS_TOTAL, MIN_TOKEN_JSD, NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, NEG_TOKEN_FRAC, NONFINITE_CALLS_TOTAL, SFT_LOSS, SPOT_GRAD_REL_L2, SPOT_GRAD_REL_L2_DTYPE_FLOOR, SPOT_LOSS, SPOT_LOSS_ABS_ERR, SPOT_LOSS_FP64, SPOT_LOSS_REL_ERR, SPOT_PARAM_GRAD_REL_L2, SPOT_SIGN_MISMATCH
+from gkd_harness.harness.rank.parallel_state import context_parallel_group, loss_replicas
+from gkd_harness.harness.rank.spot_check import (SPOT_CHUNK_ELEMENTS, ParamGradInputs, loss_kwargs,  # noqa: F401 - re-exported
                                      param_grad_rel_l2, spot_check, spot_check_pieces, spot_inputs)
 
 #: Contract metric names produced by the instrument (all but ``spot/param_grad_rel_l2`` always registered).
@@ -241,7 +241,7 @@ class LossInstrument:
         spot_max_tokens: cap on the positions a spot check recomputes.
         param_grad: also compare the parameter gradient with the FP64 loss's on spot steps (needs ``params``).
         capture_dir: if set, save the loss inputs of spot steps there as ``step{S}_rank{R}.safetensors``
-            (:class:`harness.rank.capture.LossCapture`: whole under TP, written off the hot path; :meth:`close`).
+            (:class:`gkd_harness.harness.rank.capture.LossCapture`: whole under TP, written off the hot path; :meth:`close`).
         capture_max_tokens: rows kept per capture (the first active ones, as the spot check takes them).
         meta: strings stored in captures (precision, beta_form, ...).
         fail_on_nonfinite: raise :class:`NonFiniteError` (naming the step) on a non-finite loss call, after
@@ -357,10 +357,10 @@ class LossInstrument:
 
     @staticmethod
     def _make_capture(capture_dir: Optional[str], max_tokens: int, meta: Optional[dict], rank: int):
-        """The :class:`harness.rank.capture.LossCapture` of ``capture_dir`` (None when captures are off)."""
+        """The :class:`gkd_harness.harness.rank.capture.LossCapture` of ``capture_dir`` (None when captures are off)."""
         if not capture_dir:
             return None
-        from harness.rank.capture import LossCapture
+        from gkd_harness.harness.rank.capture import LossCapture
 
         return LossCapture(capture_dir, max_tokens, meta, rank)
 

@@ -1,14 +1,14 @@
 """The harness plugin: loaded by ms-swift through ``--external_plugins`` on every rank.
 
 On import it reads its settings (a JSON file named by ``$GKD_HARNESS_PLUGIN_SETTINGS``, written by
-``harness.launcher.run``; :class:`harness.contract.PluginSettings`, parsed once) and
+``gkd_harness.harness.launcher.run``; :class:`gkd_harness.harness.contract.PluginSettings`, parsed once) and
 
-1. builds the loss: the selected variant (``harness.losses``), behind a dtype boundary that casts the
+1. builds the loss: the selected variant (``gkd_harness.harness.losses``), behind a dtype boundary that casts the
    student / teacher logits to ``model.student_dtype`` / ``model.teacher_dtype`` (the mixed FP32-student /
    BF16-teacher case of Megatron, made on purpose on the HF backend) and records the dtypes that arrived, and,
-   unless ``monitor=off``, wrapped by :class:`harness.rank.instrument.LossInstrument`;
+   unless ``monitor=off``, wrapped by :class:`gkd_harness.harness.rank.instrument.LossInstrument`;
 2. rebinds ``gkd_loss`` where ms-swift's HF, Megatron and Ray GKD trainers imported it; a module that cannot
-   import on this machine is skipped with a warning, and at train begin (``harness.rank.call_site.check_rebound``,
+   import on this machine is skipped with a warning, and at train begin (``gkd_harness.harness.rank.call_site.check_rebound``,
    called by the callbacks) the active backend's call site must hold the configured loss, or the run stops at once
    naming the module and its import error (``LossNotInstalledError``): never a "completed" run on upstream's loss;
 3. registers the ``gkd_harness`` trainer callback (``--callbacks gkd_harness``) that puts the instrument's
@@ -19,7 +19,7 @@ On import it reads its settings (a JSON file named by ``$GKD_HARNESS_PLUGIN_SETT
 4. keeps the harness's metric names (``gkd/*``, ``spot/*``, ``rollout/*``) in wandb on both backends (HF's and
    Megatron's ``rewrite_logs`` would prefix or flatten them), and logs NaN/Inf as themselves: HF's
    ``logging_nan_inf_filter`` is turned off, and with ``monitor.fail_on_nonfinite`` the run stops with
-   :class:`harness.rank.instrument.NonFiniteError` naming the step at the first non-finite loss or grad_norm.
+   :class:`gkd_harness.harness.rank.instrument.NonFiniteError` naming the step at the first non-finite loss or grad_norm.
 
 Nothing here queries a CUDA device on import or install: the metrics' device is bound at train begin or on the
 first loss call (ms-swift imports plugins before it sets each rank's device).
@@ -32,15 +32,15 @@ import importlib
 import os
 from typing import Callable, Dict, Optional
 
-from harness.config.schema import from_dict
-from harness.contract import CANDIDATE, CAPTURES_DIR, PLUGIN_MODULE, SETTINGS_ENV, PluginSettings
-from harness.rank import state
-from harness.rank.boundary import DtypeBoundary
-from harness.rank.call_site import (ACTIVE_CALL_SITE, TRAINER_MODULES, LossNotInstalledError,  # noqa: F401 - re-exported
+from gkd_harness.harness.config.schema import from_dict
+from gkd_harness.harness.contract import CANDIDATE, CAPTURES_DIR, PLUGIN_MODULE, SETTINGS_ENV, PluginSettings
+from gkd_harness.harness.rank import state
+from gkd_harness.harness.rank.boundary import DtypeBoundary
+from gkd_harness.harness.rank.call_site import (ACTIVE_CALL_SITE, TRAINER_MODULES, LossNotInstalledError,  # noqa: F401 - re-exported
                                     check_rebound)
-from harness.rank.callbacks import register_callbacks
-from harness.rank.state import PluginState, global_rank, logger
-from harness.rank.wandb_run import keep_harness_names_in_wandb
+from gkd_harness.harness.rank.callbacks import register_callbacks
+from gkd_harness.harness.rank.state import PluginState, global_rank, logger
+from gkd_harness.harness.rank.wandb_run import keep_harness_names_in_wandb
 
 def load_settings(path: Optional[str] = None) -> Optional[PluginSettings]:
     """The settings file named by ``path`` or ``$GKD_HARNESS_PLUGIN_SETTINGS``; None without either."""
@@ -51,12 +51,12 @@ def load_settings(path: Optional[str] = None) -> Optional[PluginSettings]:
 def build_loss(settings: PluginSettings, cfg):
     """``(DtypeBoundary, LossInstrument or None)`` for the typed config ``cfg`` of ``settings``: the boundary is the
     drop-in ``gkd_loss`` to install."""
-    from harness.losses import DTYPES_BY_NAME, make_gkd_loss, make_gkd_loss_terms
+    from gkd_harness.harness.losses import DTYPES_BY_NAME, make_gkd_loss, make_gkd_loss_terms
 
     precision, beta_form = cfg.loss.precision, cfg.loss.beta_form
     mon = cfg.monitor
     if precision == CANDIDATE:  # a fix loaded from loss.source, installed exactly like a built-in variant
-        from harness.loss.candidate import candidate_terms, load_candidate, run_source
+        from gkd_harness.harness.loss.candidate import candidate_terms, load_candidate, run_source
 
         run_loss = load_candidate(run_source(cfg.loss.source, settings.run_dir), cfg.loss.name).gkd_loss
         run_terms = candidate_terms(run_loss, mon.spot_check.max_tokens)
@@ -64,7 +64,7 @@ def build_loss(settings: PluginSettings, cfg):
         run_loss, run_terms = make_gkd_loss(precision, beta_form), make_gkd_loss_terms(precision, beta_form)
     instrument = None
     if mon.enabled:
-        from harness.rank.instrument import LossInstrument, build_metrics
+        from gkd_harness.harness.rank.instrument import LossInstrument, build_metrics
 
         capture_dir = os.path.join(settings.run_dir, CAPTURES_DIR) if mon.capture else None
         instrument = LossInstrument(
@@ -80,7 +80,7 @@ def build_loss(settings: PluginSettings, cfg):
     else:
         inner = run_loss
     if mon.eval.every_n_steps:  # the held-out evaluation sees the logits as they reach the loss
-        from harness.rank.evaluation import EvalTap
+        from gkd_harness.harness.rank.evaluation import EvalTap
 
         inner = EvalTap(inner, run_loss, beta_form)
     boundary = DtypeBoundary(inner, DTYPES_BY_NAME.get(cfg.model.student_dtype),
@@ -145,13 +145,13 @@ def install(settings: PluginSettings) -> PluginState:
         logger.info(f"SFT term not recorded: {e}")
     if cfg.monitor.eval.every_n_steps:
         try:
-            from harness.rank.evaluation import find_tap, install_hf_hooks
+            from gkd_harness.harness.rank.evaluation import find_tap, install_hf_hooks
 
             install_hf_hooks(find_tap(boundary))
         except Exception as e:  # noqa: BLE001 - the HF trainer cannot import here (Megatron-only machine)
             logger.info(f"HF evaluation hook not installed: {type(e).__name__}: {e}")
     try:  # vLLM CPU-lane switches and rollout counters; a no-op unless the launcher's rollout_env set them
-        from harness.rank.rollout_patches import install_rollout_patches
+        from gkd_harness.harness.rank.rollout_patches import install_rollout_patches
 
         logger.info(f"rollout patches: {install_rollout_patches()}")
     except Exception as e:  # noqa: BLE001
@@ -173,6 +173,6 @@ def ensure_installed() -> Optional[PluginState]:
 if __name__ != PLUGIN_MODULE:
     # ms-swift imports this file by path under a private module name: delegate to the package module so a
     # process has exactly one plugin state, whoever imports it.
-    from harness.rank import plugin as _package_module
+    from gkd_harness.harness.rank import plugin as _package_module
 
     _package_module.ensure_installed()

@@ -7,15 +7,15 @@
 - :func:`install_rollout_patches`: both of the above, as the environment asks.
 
 What runs in ``gkd-train`` (validation, ms-swift arguments, the subprocess environment) is
-``harness.launcher.rollout_argv``.
+``gkd_harness.harness.launcher.rollout_argv``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from harness.contract import ROLLOUT_COMPLETION_TOKENS, ROLLOUT_ENGINE_ENV, ROLLOUT_ON_POLICY_FRAC
-from harness.contract import ROLLOUT_ON_POLICY_LOSS_TOKENS, SETTINGS_ENV
+from gkd_harness.harness.contract import ROLLOUT_COMPLETION_TOKENS, ROLLOUT_ENGINE_ENV, ROLLOUT_ON_POLICY_FRAC
+from gkd_harness.harness.contract import ROLLOUT_ON_POLICY_LOSS_TOKENS, SETTINGS_ENV
 
 def disable_vllm_cpu_prepack() -> bool:
     """Keep vLLM's CPU linear layers on their original ``weight`` so ms-swift's weight sync reaches them.
@@ -143,7 +143,7 @@ def _publish(trainer: Any, values: dict[str, float]) -> None:
             metrics["train"][k].update(float(v))
     run_dir = _run_dir()
     if run_dir and _is_rank0() and STATS is not None:
-        from harness.store.run_folder import RunFolder
+        from gkd_harness.harness.store.run_folder import RunFolder
 
         RunFolder(run_dir).update_summary(rollout=STATS.as_dict())
 

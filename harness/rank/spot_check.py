@@ -1,5 +1,5 @@
 """The FP64 spot check of one loss call (``spot/*``), and the parameter-gradient comparison
-(``spot/param_grad_rel_l2``); :class:`harness.rank.instrument.LossInstrument` runs them on spot steps.
+(``spot/param_grad_rel_l2``); :class:`gkd_harness.harness.rank.instrument.LossInstrument` runs them on spot steps.
 
 Inputs are the caller's: :func:`spot_inputs` copies the rows the check recomputes, and the instrument takes that
 copy **before** the loss call, so a loss that writes into its inputs (an in-place shift of the teacher's logits,
@@ -18,10 +18,10 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from swift.rlhf_trainers.gkd_loss import TeacherOutput, default_gather
 
-from harness.contract import (SPOT_GRAD_REL_L2, SPOT_GRAD_REL_L2_DTYPE_FLOOR, SPOT_LOSS, SPOT_LOSS_ABS_ERR,
+from gkd_harness.harness.contract import (SPOT_GRAD_REL_L2, SPOT_GRAD_REL_L2_DTYPE_FLOOR, SPOT_LOSS, SPOT_LOSS_ABS_ERR,
                               SPOT_LOSS_FP64, SPOT_LOSS_REL_ERR, SPOT_SIGN_MISMATCH)
-from harness.loss.tolerances import LOW_PRECISION_GRAD_FACTOR
-from harness.store.captures import capture_rows, gather_rows
+from gkd_harness.harness.loss.tolerances import LOW_PRECISION_GRAD_FACTOR
+from gkd_harness.harness.store.captures import capture_rows, gather_rows
 
 #: The extra arguments of ms-swift's ``gkd_loss`` after ``temperature``, in order.
 _LOSS_EXTRA_ARGS = ("gather_fn", "log_softmax_fn", "kl_div_fn", "chunk_size")
@@ -50,7 +50,7 @@ def loss_kwargs(args: tuple, kwargs: dict) -> dict:
 
 def _active_rows(student_logits: torch.Tensor, teacher_output: TeacherOutput, labels: torch.Tensor, max_tokens: int):
     """Row indices of the call's active positions as ``extract_active`` pairs them, capped at ``max_tokens``: the
-    rows a capture of the call holds (``harness.store.captures.capture_rows``), so replay and spot check agree.
+    rows a capture of the call holds (``gkd_harness.harness.store.captures.capture_rows``), so replay and spot check agree.
 
     Returns ``(student rows [R, V] (a view where possible), student row ids [n], teacher row ids [n])``; nothing
     of size ``[n, V]`` is copied here.
@@ -223,7 +223,7 @@ def param_grad_rel_l2(run_terms: Callable, ref_terms: Callable, student_logits: 
     returns the parameter gradients without accumulating them into ``.grad`` (the graph is retained for the
     trainer's own backward). That pull-back runs the model's backward functions: with Megatron's
     ``gradient_accumulation_fusion`` they write ``main_grad`` themselves, so the check is refused there
-    (``harness.launcher.swift_argv``, and at train begin by ``harness.rank.callbacks``).
+    (``gkd_harness.harness.launcher.swift_argv``, and at train begin by ``gkd_harness.harness.rank.callbacks``).
     """
     params = [p for p in params if p.requires_grad]
     if not params or not student_logits.requires_grad:

@@ -1,4 +1,4 @@
-"""The plugin's process-wide state: one per ms-swift process, set by ``harness.rank.plugin.install`` and read by
+"""The plugin's process-wide state: one per ms-swift process, set by ``gkd_harness.harness.rank.plugin.install`` and read by
 the callbacks and the trainer wrappers (``state.STATE``, never a copy of it)."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import logging
 import os
 from typing import Any, Dict, Optional
 
-from harness.config.schema import TrainConfig
-from harness.contract import PluginSettings
+from gkd_harness.harness.config.schema import TrainConfig
+from gkd_harness.harness.contract import PluginSettings
 
 logger = logging.getLogger("gkd_harness.plugin")
 if not logger.handlers:
@@ -28,8 +28,8 @@ class PluginState:
     """What the plugin installed in this process.
 
     settings: what ``gkd-train`` sent (parsed once); config: its typed config (parsed once).
-    boundary: the installed ``gkd_loss`` (:class:`harness.rank.boundary.DtypeBoundary`).
-    instrument: the :class:`harness.rank.instrument.LossInstrument`, or None with ``monitor=off``.
+    boundary: the installed ``gkd_loss`` (:class:`gkd_harness.harness.rank.boundary.DtypeBoundary`).
+    instrument: the :class:`gkd_harness.harness.rank.instrument.LossInstrument`, or None with ``monitor=off``.
     rebound: ``{trainer module: "rebound" | "skipped: ..."}``.
     """
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional
 
-from harness.config.flat import flatten
-from harness.contract import HARNESS_PREFIXES, HF_KEY_MAP, WANDB_CONFIG_KEY, WANDB_SUMMARIES
+from gkd_harness.harness.config.flat import flatten
+from gkd_harness.harness.contract import HARNESS_PREFIXES, HF_KEY_MAP, WANDB_CONFIG_KEY, WANDB_SUMMARIES
 import importlib
 import sys
 from typing import Callable
 
-from harness.config.secrets import redact
+from gkd_harness.harness.config.secrets import redact
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -41,7 +41,7 @@ def _merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def _add_to_wandb_config(run: Any, tree: Mapping[str, Any]) -> None:
-    """Merge ``tree`` into the run's harness config, nested under :data:`~harness.contract.WANDB_CONFIG_KEY`
+    """Merge ``tree`` into the run's harness config, nested under :data:`~gkd_harness.harness.contract.WANDB_CONFIG_KEY`
     (wandb's ``update`` replaces a key's whole value, so the subtree is merged here). Nested, not flat dotted
     keys: wandb stores it as ``harness.value.gkd.beta``, the form wandb-workspaces addresses as
     ``Config("harness.gkd.beta")`` and keeps through its own load-and-save."""
@@ -62,7 +62,7 @@ def attach_to_wandb_run(harness_config: Mapping[str, Any]) -> bool:
         return False
     tree = redact(dict(harness_config))
     flat = flatten(tree)
-    from harness.store.provenance import provenance
+    from gkd_harness.harness.store.provenance import provenance
 
     prov = provenance(flat.get("loss.precision"), flat.get("loss.source"))
     _add_to_wandb_config(run, {**tree, "provenance": dict(prov)})
@@ -86,7 +86,7 @@ def _keep_harness_names(rewrite: Callable) -> Callable:
     through unchanged; every other key is renamed by ``rewrite`` as before."""
     if getattr(rewrite, "_gkd_harness", False):
         return rewrite
-    from harness.contract import HARNESS_PREFIXES
+    from gkd_harness.harness.contract import HARNESS_PREFIXES
 
     def rewrite_logs(d):
         keep = {k: v for k, v in d.items() if isinstance(k, str) and k.startswith(HARNESS_PREFIXES)}

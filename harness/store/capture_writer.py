@@ -2,7 +2,7 @@
 
 :meth:`CaptureWriter.submit` takes host tensors (for a CUDA source, pinned buffers still being filled by
 non-blocking copies, with the CUDA event that marks their end) and returns at once; the thread waits for the
-event, serialises, writes a temporary file and renames it (``harness.store.captures.write_capture``), so a reader
+event, serialises, writes a temporary file and renames it (``gkd_harness.harness.store.captures.write_capture``), so a reader
 never sees a partial capture. At most ``max_pending`` captures wait: a further ``submit`` blocks until one is
 written, which bounds the host memory held by captures.
 
@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from harness.store.captures import write_capture
+from gkd_harness.harness.store.captures import write_capture
 
 logger = logging.getLogger(__name__)
 _STOP = object()

@@ -10,7 +10,7 @@ caps are equal). Two formats, named by the metadata ``format``:
   ids), ``labels`` ``[n]``; metadata ``student_vocab`` (the full vocabulary width). In top-k mode the loss reads
   the student only at those ids, so the capture replays exactly, at ``n·K`` instead of ``B·S·V`` values.
 * ``rows`` (full vocabulary): ``student_logits`` ``[n, V]``, ``teacher_full_logits`` ``[n, V']``, ``labels``
-  ``[n]``. Under tensor parallelism the caller gathers the vocabulary shards first (``harness.rank.capture``).
+  ``[n]``. Under tensor parallelism the caller gathers the vocabulary shards first (``gkd_harness.harness.rank.capture``).
 
 Files written before these formats (no ``format``: ``student_logits`` ``[B, S, V]``, ``labels`` ``[B, S]``,
 ``teacher_full_logits`` or ``teacher_topk_*`` ``[B, S, ·]``, optional ``teacher_labels``) still load.
@@ -170,7 +170,7 @@ def save_capture(path: str | os.PathLike,
                  gather_fn: Callable = default_gather) -> Path:
     """Capture one single-process loss call to ``path`` now (:func:`capture_tensors`, then :func:`write_capture`).
 
-    Training captures go through ``harness.rank.capture`` (vocab shards gathered, written off the hot path).
+    Training captures go through ``gkd_harness.harness.rank.capture`` (vocab shards gathered, written off the hot path).
     """
     tensors, fmt = capture_tensors(student_logits, teacher_output, labels, max_tokens, gather_fn)
     metadata = capture_metadata(beta, temperature, {**(meta or {}), **fmt})

@@ -11,10 +11,10 @@ import json
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
-from harness.config.secrets import redact
-from harness.contract import ARCHIVE_DIR, SUMMARY_FILE
-from harness.store.files import RunFolderError
-from harness.store.provenance import harness_version
+from gkd_harness.harness.config.secrets import redact
+from gkd_harness.harness.contract import ARCHIVE_DIR, SUMMARY_FILE
+from gkd_harness.harness.store.files import RunFolderError
+from gkd_harness.harness.store.provenance import harness_version
 
 #: Keys that say where and how to run a config, not what it trains: left out of the fingerprint and the diff.
 FINGERPRINT_EXCLUDE = frozenset({"run.output_dir", "run.overwrite", "run.resume", "run.dry_run", "run.verbose",

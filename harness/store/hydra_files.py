@@ -6,10 +6,10 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, List
 
-from harness.config.secrets import REDACTED, find_secret_keys, redact_name, redact_text, secret_values
-from harness.contract import CONFIG_FILE
-from harness.store.files import RunFolderError, os_error as _os_error, write_atomic as _write_atomic
-from harness.store.lock import describe_owner, host_name, owned_by_this_process, pid_alive, read_lock
+from gkd_harness.harness.config.secrets import REDACTED, find_secret_keys, redact_name, redact_text, secret_values
+from gkd_harness.harness.contract import CONFIG_FILE
+from gkd_harness.harness.store.files import RunFolderError, os_error as _os_error, write_atomic as _write_atomic
+from gkd_harness.harness.store.lock import describe_owner, host_name, owned_by_this_process, pid_alive, read_lock
 
 def _override_secret_values(overrides: Iterable[str]) -> List[str]:
     out = []
@@ -41,7 +41,7 @@ def hydra_secret_values(hydra_dir: str | os.PathLike) -> List[str]:
 
 
 def scrub_file(path: str | os.PathLike, values: Iterable[str] = ()) -> bool:
-    """Redact credentials in one text file in place (atomic; :func:`harness.config.secrets.redact_text`). Returns
+    """Redact credentials in one text file in place (atomic; :func:`gkd_harness.harness.config.secrets.redact_text`). Returns
     whether it changed."""
     path = Path(path)
     try:

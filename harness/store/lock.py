@@ -18,8 +18,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, Iterator, Mapping, Optional
 
-from harness.contract import LOCK_FILE
-from harness.store.files import RunFolderError, now_iso, os_error as _os_error, unlink_quietly as _unlink_quietly
+from gkd_harness.harness.contract import LOCK_FILE
+from gkd_harness.harness.store.files import RunFolderError, now_iso, os_error as _os_error, unlink_quietly as _unlink_quietly
 
 log = logging.getLogger("gkd_harness.run_folder")
 

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
-from harness.store.files import os_error as _os_error
+from gkd_harness.harness.store.files import os_error as _os_error
 
 
 def record_step(record: Mapping[str, Any]) -> Optional[int]:

@@ -7,7 +7,7 @@
   ``swift/rlhf_trainers/gkd_loss.py`` (found through the ms-swift distribution, without importing swift); every
   other precision: the harness's own ``harness/loss/*.py`` (names and contents, in name order); ``candidate``: the
   file ``loss.source`` names (a ``.py`` path, or a module's file found without importing it; the same hash as
-  ``harness.loss.candidate.loss_source_sha256``); ``loss_code``: the file or folder hashed;
+  ``gkd_harness.harness.loss.candidate.loss_source_sha256``); ``loss_code``: the file or folder hashed;
 * ``ms_swift``: the installed ms-swift version.
 
 Also the versions every entry point and summary.json report: :func:`harness_version` (this package) and
@@ -22,7 +22,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from harness.config.source_files import source_file
+from gkd_harness.harness.config.source_files import source_file
 
 __all__ = ["provenance", "git_state", "loss_code_path", "sha256_path", "harness_version", "version_line",
            "package_versions"]

@@ -3,21 +3,21 @@ files, the archive of an earlier attempt).
 
 Run folder (one per run, ``run.output_dir``)::
 
-    .lock              the owner (:mod:`harness.store.lock`); present while a run lives
+    .lock              the owner (:mod:`gkd_harness.harness.store.lock`); present while a run lives
     config.yaml        resolved harness config (secrets redacted)
-    metrics.jsonl      one JSON object per logging step (:mod:`harness.store.metrics_io`), "step" an integer
+    metrics.jsonl      one JSON object per logging step (:mod:`gkd_harness.harness.store.metrics_io`), "step" an integer
     summary.json       status running|completed|failed|interrupted (then "signal"), error, run_name, group, flat config,
-                       fingerprint (:mod:`harness.store.fingerprint`), harness_version, dtypes_seen, versions,
+                       fingerprint (:mod:`gkd_harness.harness.store.fingerprint`), harness_version, dtypes_seen, versions,
                        last_step, started_at, ended_at, wall_s
     captures/          step{S}_rank{R}.safetensors where capture is enabled
     wandb/             WANDB_DIR
     swift/             ms-swift's own output_dir (logging.jsonl, args.json)
     previous_attempts/<n>/   earlier attempts, moved here only by the lock's owner
 
-What a rerun does with an earlier attempt is decided in one place, ``harness.launcher.resume.decide_attempt``.
-Hydra's own files: :mod:`harness.store.hydra_files`.
+What a rerun does with an earlier attempt is decided in one place, ``gkd_harness.harness.launcher.resume.decide_attempt``.
+Hydra's own files: :mod:`gkd_harness.harness.store.hydra_files`.
 
-Errors: every failed write raises :class:`~harness.store.files.RunFolderError`, one line naming the file and
+Errors: every failed write raises :class:`~gkd_harness.harness.store.files.RunFolderError`, one line naming the file and
 ``run.output_dir``; temporary files are removed on every path; :meth:`RunFolder.record_failure` records ``failed``
 where the disk allows (rewriting summary.json in place when there is no room for a new file). ``last_step`` is
 always the step of the last line in metrics.jsonl.
@@ -31,14 +31,14 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
-from harness.config.secrets import redact, redact_name, redact_text
-from harness.contract import ARCHIVE_DIR, CAPTURES_DIR, CONFIG_FILE, LOCK_FILE, METRICS_FILE, PLUGIN_SETTINGS_FILE, SUMMARY_FILE, SWIFT_DIR, SWIFT_LOG, WANDB_DIR
-from harness.store.files import (RunFolderError, dump_json as _json, now_iso, os_error as _os_error,
+from gkd_harness.harness.config.secrets import redact, redact_name, redact_text
+from gkd_harness.harness.contract import ARCHIVE_DIR, CAPTURES_DIR, CONFIG_FILE, LOCK_FILE, METRICS_FILE, PLUGIN_SETTINGS_FILE, SUMMARY_FILE, SWIFT_DIR, SWIFT_LOG, WANDB_DIR
+from gkd_harness.harness.store.files import (RunFolderError, dump_json as _json, now_iso, os_error as _os_error,
                                  write_atomic as _write_atomic, write_in_place as _write_in_place)
-from harness.store.fingerprint import canonical_config, config_fingerprint
-from harness.store.lock import RunLock, describe_owner, owned_by_this_process, read_lock
-from harness.store.metrics_io import last_metrics_step, read_metrics, record_step
-from harness.store.provenance import harness_version, package_versions
+from gkd_harness.harness.store.fingerprint import canonical_config, config_fingerprint
+from gkd_harness.harness.store.lock import RunLock, describe_owner, owned_by_this_process, read_lock
+from gkd_harness.harness.store.metrics_io import last_metrics_step, read_metrics, record_step
+from gkd_harness.harness.store.provenance import harness_version, package_versions
 
 log = logging.getLogger("gkd_harness.run_folder")
 
@@ -173,8 +173,8 @@ class RunFolder:
     def start_summary(self, run_name: str, group: Optional[str], flat_config: Mapping[str, Any]) -> Dict[str, Any]:
         """summary.json of a new attempt: status running, the flat config (redacted), its fingerprint, the
         harness version and the provenance (git commit and dirty flag, sha256 of the loss code, ms-swift version:
-        :mod:`harness.store.provenance`)."""
-        from harness.store.provenance import provenance
+        :mod:`gkd_harness.harness.store.provenance`)."""
+        from gkd_harness.harness.store.provenance import provenance
 
         version = harness_version()
         summary = {

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.synthetic import write_sweep
+from gkd_harness.bench.synthetic import write_sweep
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""FP64 D(β): the β-curve runs the harness's own fp64 loss (harness.losses); checked against the table in
+"""FP64 D(β): the β-curve runs the harness's own fp64 loss (gkd_harness.harness.losses); checked against the table in
 docs/beta.md, the independent FP64 reference (harness/loss/reference.py) and ms-swift's upstream jsd_loss in FP64."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from analysis.signoff.betacurve import (capture_inputs, endpoint_jumps, fp64_beta_curve, generalized_jsd_fp64,
+from gkd_harness.analysis.signoff.betacurve import (capture_inputs, endpoint_jumps, fp64_beta_curve, generalized_jsd_fp64,
                                 beta_defect_inputs)
 
 
@@ -53,7 +53,7 @@ def test_paper_form_matches_upstream_jsd_loss_in_fp64(beta):
 @pytest.mark.parametrize("form", ["paper", "continuous"])
 @pytest.mark.parametrize("beta", [0.0, 0.01, 0.5, 0.8, 1.0])
 def test_matches_independent_reference(form, beta):
-    from harness.loss.reference import reference_jsd
+    from gkd_harness.harness.loss.reference import reference_jsd
 
     s, t = _random_logits(1)
     ours = generalized_jsd_fp64(s, t, beta, form, temperature=0.7)
@@ -62,8 +62,8 @@ def test_matches_independent_reference(form, beta):
 
 
 def test_is_the_harness_fp64_loss():
-    """No second copy of the formula: the curve's value is harness.losses' fp64 total, bit for bit."""
-    from harness.losses import make_jsd_loss
+    """No second copy of the formula: the curve's value is gkd_harness.harness.losses' fp64 total, bit for bit."""
+    from gkd_harness.harness.losses import make_jsd_loss
 
     s, t = _random_logits(4)
     for form in ("paper", "continuous"):
@@ -87,9 +87,9 @@ def test_forms_coincide_exactly_at_0_half_1():
 
 @pytest.mark.parametrize("topk", [None, 8])
 def test_capture_inputs_match_harness_gkd_fp64(tmp_path, topk):
-    """D(β) on a real capture file (harness.store.captures) equals the harness' fp64 GKD loss / num_valid."""
-    from harness.store.captures import load_capture, save_capture
-    from harness.losses import make_gkd_loss
+    """D(β) on a real capture file (gkd_harness.harness.store.captures) equals the harness' fp64 GKD loss / num_valid."""
+    from gkd_harness.harness.store.captures import load_capture, save_capture
+    from gkd_harness.harness.losses import make_gkd_loss
     from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
     g = torch.Generator().manual_seed(3)

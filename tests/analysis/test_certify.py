@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.certify.cli import main
+from gkd_harness.analysis.certify.cli import main
 from tests.conftest import entry_point
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,7 +90,7 @@ def test_unusable_input_exits_2_in_one_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"gkd-certify: {tmp_path / 'missing.py'}: no such file (loss.source)"
     (tmp_path / "bad.py").write_text("def gkd_loss(student_logits):\n    return 0, 0\n")
-    proc = subprocess.run([sys.executable, "-m", "analysis.certify.cli", str(tmp_path / "bad.py")],
+    proc = subprocess.run([sys.executable, "-m", "gkd_harness.analysis.certify.cli", str(tmp_path / "bad.py")],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 2 and "gkd_loss signature differs" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -99,7 +99,7 @@ def test_unusable_input_exits_2_in_one_line(tmp_path):
 def _runs(tmp_path, source, name="cand"):
     import pandas as pd
 
-    from harness.loss.candidate import copy_into_run_folder
+    from gkd_harness.harness.loss.candidate import copy_into_run_folder
 
     run = tmp_path / "sweep" / "0_loss=candidate"
     run.mkdir(parents=True)
@@ -111,8 +111,8 @@ def _runs(tmp_path, source, name="cand"):
 
 
 def test_signoff_certificate_passes_and_is_cached_per_hash(tmp_path):
-    from analysis.signoff.certificates import certificate_rows
-    from harness.loss.candidate import loss_source_sha256
+    from gkd_harness.analysis.signoff.certificates import certificate_rows
+    from gkd_harness.harness.loss.candidate import loss_source_sha256
 
     runs = _runs(tmp_path, EXAMPLES / "good_promote_first.py", "pr-1")
     status, _, measured, details, applies = certificate_rows(runs, str(tmp_path / "sweep"), quick=True)
@@ -126,7 +126,7 @@ def test_signoff_certificate_passes_and_is_cached_per_hash(tmp_path):
 
 
 def test_signoff_certificate_fails_a_broken_candidate_naming_the_family(tmp_path):
-    from analysis.signoff.certificates import certificate_rows
+    from gkd_harness.analysis.signoff.certificates import certificate_rows
 
     runs = _runs(tmp_path, EXAMPLES / "broken_cast_back.py")
     status, _, measured, details, _ = certificate_rows(runs, str(tmp_path / "sweep"), quick=True)

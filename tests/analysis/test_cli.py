@@ -10,18 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from analysis.cli import main
-from harness.store.provenance import harness_version
+from gkd_harness.analysis.cli import main
+from gkd_harness.harness.store.provenance import harness_version
 
 
 def _analyze(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "analysis.cli", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "gkd_harness.analysis.cli", *map(str, args)], capture_output=True, text=True,
                           timeout=300)
 
 
 def _config_failed_points(sweep: Path) -> tuple:
     """The two shapes a point that failed at config validation leaves: summary.json with status failed and no
-    loss/gkd config, or only Hydra's .hydra/ with job_return.json FAILED (launch.sweep's callback)."""
+    loss/gkd config, or only Hydra's .hydra/ with job_return.json FAILED (gkd_harness.launch.sweep's callback)."""
     a = sweep / "gkd.beta=1.5,loss=fp32"
     a.mkdir()
     (a / "summary.json").write_text(json.dumps({
@@ -52,12 +52,12 @@ def test_config_failed_points_are_reported_not_a_traceback(sweep_copy, tmp_path)
 
 def test_internal_error_is_exit_2_one_line_and_leaves_no_report(synthetic_sweep_dir, tmp_path, monkeypatch, capsys):
     """On main: the exception escaped (exit 1, the FAIL code) and the report folder was left half-written."""
-    import analysis.signoff.plots
+    import gkd_harness.analysis.signoff.plots
 
     def broken(*a, **k):
         raise RuntimeError("plot exploded")
 
-    monkeypatch.setattr(analysis.signoff.plots, "plot_beta_curve", broken)
+    monkeypatch.setattr(gkd_harness.analysis.signoff.plots, "plot_beta_curve", broken)
     report = tmp_path / "report"
     assert main([str(synthetic_sweep_dir), "--report", str(report)]) == 2
     err = capsys.readouterr().err
@@ -73,13 +73,13 @@ def test_report_folder_replaced_only_when_complete(synthetic_sweep_dir, tmp_path
     assert main([str(synthetic_sweep_dir), "--report", str(report)]) == 0
     (report / "stale.png").write_bytes(b"old")
     before = (report / "verdict.json").read_text()
-    import analysis.signoff.plots
+    import gkd_harness.analysis.signoff.plots
 
-    real = analysis.signoff.plots.plot_beta_curve
-    monkeypatch.setattr(analysis.signoff.plots, "plot_beta_curve", lambda *a, **k: 1 / 0)
+    real = gkd_harness.analysis.signoff.plots.plot_beta_curve
+    monkeypatch.setattr(gkd_harness.analysis.signoff.plots, "plot_beta_curve", lambda *a, **k: 1 / 0)
     assert main([str(synthetic_sweep_dir), "--report", str(report)]) == 2
     assert (report / "verdict.json").read_text() == before and (report / "stale.png").exists()  # old one intact
-    monkeypatch.setattr(analysis.signoff.plots, "plot_beta_curve", real)
+    monkeypatch.setattr(gkd_harness.analysis.signoff.plots, "plot_beta_curve", real)
     assert main([str(synthetic_sweep_dir), "--report", str(report)]) == 0
     assert not (report / "stale.png").exists()  # replaced as a whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]

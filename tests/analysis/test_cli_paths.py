@@ -16,7 +16,7 @@ def test_a_report_folder_on_a_read_only_file_system_is_one_line_naming_it(synthe
     if res.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({res.stderr.decode().strip() or 'not root'})")
     try:
-        proc = subprocess.run([sys.executable, "-m", "analysis.cli", str(synthetic_sweep_dir), "--report",
+        proc = subprocess.run([sys.executable, "-m", "gkd_harness.analysis.cli", str(synthetic_sweep_dir), "--report",
                                str(ro / "report")], capture_output=True, text=True, timeout=300)
     finally:
         subprocess.run(["umount", "-l", str(ro)], check=False)

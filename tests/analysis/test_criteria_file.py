@@ -8,8 +8,8 @@ import typing
 import pytest
 import yaml
 
-from analysis.sweep.records import UnusableInput
-from analysis.signoff.criteria_file import (CRITERIA_NAMES, SignoffCriteria, criteria_from_dict, default_criteria_text,
+from gkd_harness.analysis.sweep.records import UnusableInput
+from gkd_harness.analysis.signoff.criteria_file import (CRITERIA_NAMES, SignoffCriteria, criteria_from_dict, default_criteria_text,
                                      load_criteria)
 
 
@@ -58,7 +58,7 @@ def test_override_merges_and_accepts_yaml12_floats(tmp_path):
     ("original_shows_defect:\n  require: most\n", "'original_shows_defect.require' must be all | any, got 'most'"),
     ("beta_forms_unchanged:\n  betas: [0.0, 1.5]\n", "'beta_forms_unchanged.betas' must be a non-empty list of "
                                                      "numbers >= 0 and <= 1, got [0.0, 1.5]"),
-    # The roles have one definition (harness.contract.role_of): the criteria file no longer sets them (issue 29).
+    # The roles have one definition (gkd_harness.harness.contract.role_of): the criteria file no longer sets them (issue 29).
     ("patched_precisions: [fp32]\n", "unknown criteria key 'patched_precisions'"),
     ("report:\n  first_steps: 0\n", "'report.first_steps' must be an integer >= 1, got 0"),
     ("- a\n- b\n", "expected a mapping"),

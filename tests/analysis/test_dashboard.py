@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from analysis.signoff.criteria import load_criteria
-from analysis.dashboard.cli import main as dashboard_main
-from analysis.sweep.offline import OfflineRun, find_offline_runs
-from harness.config.flat import flatten
+from gkd_harness.analysis.signoff.criteria import load_criteria
+from gkd_harness.analysis.dashboard.cli import main as dashboard_main
+from gkd_harness.analysis.sweep.offline import OfflineRun, find_offline_runs
+from gkd_harness.harness.config.flat import flatten
 
 STEPS = 3
 
@@ -54,7 +54,7 @@ def _script(name: str) -> str:
 
 def _dashboard(*args, env=None, timeout=300) -> subprocess.CompletedProcess:
     exe = _script("gkd-dashboard")
-    cmd = [exe] if Path(exe).is_absolute() else [sys.executable, "-m", "analysis.dashboard.cli"]
+    cmd = [exe] if Path(exe).is_absolute() else [sys.executable, "-m", "gkd_harness.analysis.dashboard.cli"]
     return subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True, timeout=timeout,
                           env=env or dict(os.environ, WANDB_MODE="offline"))
 
@@ -346,9 +346,9 @@ def _round_trip(sweep: Path, monkeypatch) -> tuple:
     import wandb_workspaces.workspaces as ws
     from wandb_workspaces.workspaces import internal
 
-    from analysis.dashboard.build import build_workspace
-    from analysis.dashboard.facts import facts_from_folder
-    from analysis.dashboard.panels import keep_available, standard_sections
+    from gkd_harness.analysis.dashboard.build import build_workspace
+    from gkd_harness.analysis.dashboard.facts import facts_from_folder
+    from gkd_harness.analysis.dashboard.panels import keep_available, standard_sections
 
     server = _ViewServer()
     monkeypatch.setattr(internal, "execute_graphql", server.execute)
@@ -439,10 +439,10 @@ def test_eval_panels_are_left_out_where_no_run_evaluated(synthetic_sweep_dir, tm
 
 def test_line_plots_are_drawn_against_the_optimizer_step(synthetic_sweep_dir):
     """x = train/global_step (the step transformers declares and the report uses), not wandb's log counter."""
-    from analysis.dashboard.build import build_report, build_workspace
-    from analysis.dashboard.facts import facts_from_folder
-    from analysis.dashboard.panels import keep_available, standard_sections
-    from harness.contract import TRAIN_GLOBAL_STEP
+    from gkd_harness.analysis.dashboard.build import build_report, build_workspace
+    from gkd_harness.analysis.dashboard.facts import facts_from_folder
+    from gkd_harness.analysis.dashboard.panels import keep_available, standard_sections
+    from gkd_harness.harness.contract import TRAIN_GLOBAL_STEP
 
     facts = facts_from_folder(synthetic_sweep_dir)
     sections, _ = keep_available(standard_sections(load_criteria()), facts.metric_keys)

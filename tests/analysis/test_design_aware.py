@@ -1,6 +1,6 @@
 """Issue 19: a verdict a reviewer can defend. Criteria that know the sweep's design (not_applicable is never a
 failure), a gradient gate that knows the student dtype, and completeness (planned points, logged steps,
-duplicate steps, foreign runs) as evidence. Synthetic run folders (bench.synthetic.write_run), no training."""
+duplicate steps, foreign runs) as evidence. Synthetic run folders (gkd_harness.bench.synthetic.write_run), no training."""
 from __future__ import annotations
 
 import json
@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from analysis.cli import main
-from analysis.signoff.criteria import evaluate
-from analysis.sweep.runs import load_sweep
-from analysis.signoff.criteria_file import load_criteria
-from bench.synthetic import write_run
-from harness.contract import (NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, SPOT_GRAD_REL_L2, SPOT_GRAD_REL_L2_DTYPE_FLOOR,
+from gkd_harness.analysis.cli import main
+from gkd_harness.analysis.signoff.criteria import evaluate
+from gkd_harness.analysis.sweep.runs import load_sweep
+from gkd_harness.analysis.signoff.criteria_file import load_criteria
+from gkd_harness.bench.synthetic import write_run
+from gkd_harness.harness.contract import (NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, SPOT_GRAD_REL_L2, SPOT_GRAD_REL_L2_DTYPE_FLOOR,
                               SWEEP_MANIFEST_FILE)
 
 STEPS = 8

@@ -1,4 +1,4 @@
-"""analysis.signoff.document: verdict banner, table of contents with GitHub anchors, tables in scroll boxes, inlined images.
+"""gkd_harness.analysis.signoff.document: verdict banner, table of contents with GitHub anchors, tables in scroll boxes, inlined images.
 
 Layout in a real browser is checked by test_report_browser.py; these check the markup both renderings share.
 """
@@ -10,7 +10,7 @@ import re
 import pandas as pd
 import pytest
 
-from analysis.signoff.document import Document, slugify
+from gkd_harness.analysis.signoff.document import Document, slugify
 
 
 @pytest.mark.parametrize("text, anchor", [

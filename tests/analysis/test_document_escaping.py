@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.signoff.document import Document
+from gkd_harness.analysis.signoff.document import Document
 
 XSS = "<script>alert(1)</script>"
 IMG = "<img src=x onerror=alert(1)>"

@@ -1,6 +1,6 @@
-"""Issue 29: the sign-off judges a declared experiment. One evidence model (analysis.sweep.evidence): each run's
+"""Issue 29: the sign-off judges a declared experiment. One evidence model (gkd_harness.analysis.sweep.evidence): each run's
 identity (role, precision, β form, loss sha256, candidate, harness tree, ms-swift version, dtypes at the loss) and
-completeness; criteria judge that evidence. Synthetic run folders (bench.synthetic.write_run), no training.
+completeness; criteria judge that evidence. Synthetic run folders (gkd_harness.bench.synthetic.write_run), no training.
 
 Reproductions of the issue: 1 (fp32 punished for being closer to FP64), 2 (original,continuous has no β-form
 pair), 4 (a candidate pooled with the harness's own patched runs), 5 (mixed versions), 6 (one variant, two
@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from analysis.cli import main
-from analysis.signoff.criteria import evaluate
-from analysis.signoff.criteria_file import load_criteria
-from analysis.sweep.evidence import annotate, judged_runs, mixed_evidence
-from analysis.sweep.runs import load_sweep
-from bench.synthetic import write_run
-from harness.contract import (NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, SPOT_LOSS, SPOT_LOSS_ABS_ERR, SPOT_LOSS_FP64,
+from gkd_harness.analysis.cli import main
+from gkd_harness.analysis.signoff.criteria import evaluate
+from gkd_harness.analysis.signoff.criteria_file import load_criteria
+from gkd_harness.analysis.sweep.evidence import annotate, judged_runs, mixed_evidence
+from gkd_harness.analysis.sweep.runs import load_sweep
+from gkd_harness.bench.synthetic import write_run
+from gkd_harness.harness.contract import (NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, SPOT_LOSS, SPOT_LOSS_ABS_ERR, SPOT_LOSS_FP64,
                               SPOT_LOSS_REL_ERR, SPOT_SIGN_MISMATCH, TRAIN_LOSS)
 
 STEPS = 6
@@ -73,7 +73,7 @@ def test_identity_role_variant_and_completeness(tmp_path):
 
 
 def test_patched_precisions_is_gone_from_the_criteria_file():
-    # The role of a precision has one definition: harness.contract.role_of.
+    # The role of a precision has one definition: gkd_harness.harness.contract.role_of.
     assert not hasattr(load_criteria(), "patched_precisions")
     assert not hasattr(load_criteria(), "original_precision")
 

@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from analysis.load import CONFIG_COLUMNS, UnusableInput, load_run_folder, load_sweep
-from analysis.sweep.metrics import read_metrics_file
-from bench.synthetic import write_run
+from gkd_harness.analysis.load import CONFIG_COLUMNS, UnusableInput, load_run_folder, load_sweep
+from gkd_harness.analysis.sweep.metrics import read_metrics_file
+from gkd_harness.bench.synthetic import write_run
 
 
 def test_runs_table_has_config_columns_and_one_row_per_run(synthetic_sweep_dir):
@@ -58,7 +58,7 @@ def test_nonfinite_values_are_listed_and_missing_keys_are_not(tmp_path):
     assert np.isnan(df.loc[0, "b"]) and np.isinf(df.loc[1, "a"]) and np.isnan(df.loc[1, "b"])
     expected = [(1, "b", "nan"), (2, "a", "inf"), (3, "b", "-inf")]
     assert sorted((s, m, repr(v)) for s, m, v in t.nonfinite) == expected
-    from analysis.sweep.records import RunRecord, tabulate
+    from gkd_harness.analysis.sweep.records import RunRecord, tabulate
 
     for history, listed in ((t, []), (df, t.nonfinite), (rows, [])):
         sw = tabulate([RunRecord("r", "completed", {}, history, nonfinite=listed)], "t")
@@ -145,7 +145,7 @@ def test_missing_or_empty_sweep_is_unusable(tmp_path):
 
 
 def test_point_that_failed_before_summary_counts_as_failed(tmp_path):
-    """launch.sweep's Hydra callback leaves .hydra/job_return.json for a point that died at start-up."""
+    """gkd_harness.launch.sweep's Hydra callback leaves .hydra/job_return.json for a point that died at start-up."""
     write_run(tmp_path / "ok", beta=0.5, beta_form="paper", precision="fp32", seed=0, steps=3)
     bad = tmp_path / "gkd.beta=2"
     (bad / ".hydra").mkdir(parents=True)

@@ -1,6 +1,6 @@
-"""The metrics reader (analysis.sweep.metrics) and what the loaded tables make of it.
+"""The metrics reader (gkd_harness.analysis.sweep.metrics) and what the loaded tables make of it.
 
-- evaluation records (``eval/*``, as harness.rank.callbacks writes them at a training step) are counted apart from
+- evaluation records (``eval/*``, as gkd_harness.harness.rank.callbacks writes them at a training step) are counted apart from
   training steps: no duplicate-step problem for them, while a training step logged twice is still reported
   (issue 29, reproduction 3);
 - typed records: a ``step`` that is not an integer, or a contract metric holding a string or a bool, is a tampered
@@ -15,9 +15,9 @@ import math
 import numpy as np
 import pytest
 
-from analysis.load import UnusableInput, load_sweep
-from bench.synthetic import write_run
-from harness.contract import (EVAL_FORWARD_KL, EVAL_JSD, EVAL_REVERSE_KL, EVAL_TOKENS, EVAL_TOP1_AGREEMENT,
+from gkd_harness.analysis.load import UnusableInput, load_sweep
+from gkd_harness.bench.synthetic import write_run
+from gkd_harness.harness.contract import (EVAL_FORWARD_KL, EVAL_JSD, EVAL_REVERSE_KL, EVAL_TOKENS, EVAL_TOP1_AGREEMENT,
                               METRICS_FILE, TRAIN_GRAD_NORM, TRAIN_LOSS)
 
 
@@ -106,8 +106,8 @@ def _tamper(tmp_path, line_no: int, **changes):
 ])
 def test_a_record_of_the_wrong_type_is_a_tampered_record(tmp_path, changes, why):
     """Issue 32 item 6: the run is ``tampered`` (never completed) and the sign-off's no_failed_runs fails."""
-    from analysis.signoff.criteria import evaluate
-    from analysis.signoff.criteria_file import load_criteria
+    from gkd_harness.analysis.signoff.criteria import evaluate
+    from gkd_harness.analysis.signoff.criteria_file import load_criteria
 
     sw = _tamper(tmp_path, 2, **changes)
     runs = sw.runs.set_index("run")
@@ -132,7 +132,7 @@ def test_a_key_outside_the_contract_with_a_string_is_dropped_not_tampered(tmp_pa
 
 def test_columns_equal_json_loads_of_every_line(tmp_path):
     """An independent reference: json.loads per line, NaN/Inf written by Python's json included."""
-    from analysis.sweep.metrics import read_metrics_file
+    from gkd_harness.analysis.sweep.metrics import read_metrics_file
 
     run = write_run(tmp_path / "r", beta=0.9, beta_form="paper", precision="native", seed=3, steps=40, spot_every=7)
     with open(run / METRICS_FILE, "a") as f:
@@ -163,7 +163,7 @@ def test_unreadable_lines_still_make_the_folder_unusable(tmp_path):
 def test_wandb_rows_keep_evaluation_apart_too():
     """A wandb history (HF's integration writes ``eval/loss`` with ``train/global_step`` and ``train/epoch``) gives
     the same counts as a run folder: the evaluation at step 2 is no duplicate of training step 2."""
-    from analysis.sweep.records import RunRecord, tabulate
+    from gkd_harness.analysis.sweep.records import RunRecord, tabulate
 
     rows = [{"step": 1, TRAIN_LOSS: 0.5}, {"step": 2, TRAIN_LOSS: 0.4},
             {"step": 2, EVAL_JSD: 0.1, "eval/loss": 0.3, "train/global_step": 2, "train/epoch": 0.5}]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.cli import main
-from analysis.load import load_sweep
+from gkd_harness.analysis.cli import main
+from gkd_harness.analysis.load import load_sweep
 
 RUN = "b0.9_paper_fp32_T0.9_s0"  # β=0.9: no paper/continuous pair, so only the NaN can fail the sweep
 

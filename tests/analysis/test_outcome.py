@@ -1,16 +1,16 @@
-"""Seed statistics of the held-out evaluation (analysis.signoff.outcome) and the patched_not_worse criterion, on synthetic run
-folders (bench.synthetic.write_run plus eval/* rows), checked against a hand computation."""
+"""Seed statistics of the held-out evaluation (gkd_harness.analysis.signoff.outcome) and the patched_not_worse criterion, on synthetic run
+folders (gkd_harness.bench.synthetic.write_run plus eval/* rows), checked against a hand computation."""
 import json
 import math
 
 import pytest
 
-from analysis.signoff.criteria import evaluate
-from analysis.sweep.runs import load_sweep
-from analysis.signoff.outcome import final_values, paired_differences, pooled, t_interval, variant_table
-from analysis.signoff.criteria_file import load_criteria
-from bench.synthetic import write_run
-from harness.contract import EVAL_FORWARD_KL, EVAL_JSD, EVAL_REVERSE_KL, EVAL_TOP1_AGREEMENT, METRICS_FILE
+from gkd_harness.analysis.signoff.criteria import evaluate
+from gkd_harness.analysis.sweep.runs import load_sweep
+from gkd_harness.analysis.signoff.outcome import final_values, paired_differences, pooled, t_interval, variant_table
+from gkd_harness.analysis.signoff.criteria_file import load_criteria
+from gkd_harness.bench.synthetic import write_run
+from gkd_harness.harness.contract import EVAL_FORWARD_KL, EVAL_JSD, EVAL_REVERSE_KL, EVAL_TOP1_AGREEMENT, METRICS_FILE
 
 STEPS = 10
 #: final eval/jsd by (precision, seed); an earlier evaluation at step 5 is 2x larger (must not be the one used)
@@ -110,8 +110,8 @@ def test_patched_not_worse_is_required_in_the_outcome_experiments(tmp_path, grou
 
 
 def test_report_section_states_the_effect_and_plots_the_seed_band(tmp_path):
-    from analysis.signoff.document import Document
-    from analysis.signoff.outcome import headline, ratio_decimals, report_section, seed_band
+    from gkd_harness.analysis.signoff.document import Document
+    from gkd_harness.analysis.signoff.outcome import headline, ratio_decimals, report_section, seed_band
 
     sweep = _sweep(tmp_path / "sweep")
     rels = [(FINAL[("fp32", s)] - FINAL[("native", s)]) / FINAL[("native", s)] for s in (1, 2, 3)]

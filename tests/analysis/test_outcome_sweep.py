@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.contract import (EVAL_FORWARD_KL, EVAL_JSD, EVAL_REVERSE_KL, EVAL_TOKENS, EVAL_TOP1_AGREEMENT,
+from gkd_harness.harness.contract import (EVAL_FORWARD_KL, EVAL_JSD, EVAL_REVERSE_KL, EVAL_TOKENS, EVAL_TOP1_AGREEMENT,
                               METRICS_FILE, VALIDATION_FILE)
-from harness.loss.reference import reference_jsd
+from gkd_harness.harness.loss.reference import reference_jsd
 from tests.conftest import OUTCOME_EVAL_EVERY, OUTCOME_SEEDS, OUTCOME_STEPS, entry_point
 
 pytestmark = pytest.mark.slow

@@ -15,12 +15,12 @@ import pytest
 from matplotlib.lines import Line2D
 from PIL import Image
 
-from analysis.signoff import plots
-from analysis.signoff.betacurve import fp64_beta_curve, beta_defect_inputs, training_beta_curve
-from analysis.signoff.compare import negatives_table, spot_table
-from analysis.signoff.criteria_file import load_criteria
-from analysis.load import load_sweep
-from bench.synthetic import write_run
+from gkd_harness.analysis.signoff import plots
+from gkd_harness.analysis.signoff.betacurve import fp64_beta_curve, beta_defect_inputs, training_beta_curve
+from gkd_harness.analysis.signoff.compare import negatives_table, spot_table
+from gkd_harness.analysis.signoff.criteria_file import load_criteria
+from gkd_harness.analysis.load import load_sweep
+from gkd_harness.bench.synthetic import write_run
 
 VARIANTS = [("native", "paper"), ("native", "continuous"), ("fp32", "paper"), ("fp32", "continuous")]
 
@@ -116,7 +116,7 @@ def test_curves_smoke_shape_difference_panel(smoke_like, tmp_path, figs):
 def test_curves_one_panel_per_beta_no_pairs(synthetic_sweep_dir, tmp_path, figs):
     sweep = load_sweep(synthetic_sweep_dir)
     fp32_only = sweep.runs[sweep.runs["loss.precision"] == "fp32"]
-    from analysis.sweep.records import Sweep
+    from gkd_harness.analysis.sweep.records import Sweep
 
     sub = Sweep(source=sweep.source, runs=fp32_only.reset_index(drop=True),
                 history=sweep.history[sweep.history["run"].isin(fp32_only["run"])].reset_index(drop=True),

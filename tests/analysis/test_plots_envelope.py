@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.load import load_sweep
-from analysis.signoff import plots
-from bench.synthetic import write_run
+from gkd_harness.analysis.load import load_sweep
+from gkd_harness.analysis.signoff import plots
+from gkd_harness.bench.synthetic import write_run
 
 
 def _bin_extremes(x: np.ndarray, y: np.ndarray, edges: np.ndarray) -> list:

@@ -8,10 +8,10 @@ import subprocess
 from importlib.metadata import distribution, version
 from pathlib import Path
 
-from analysis.sweep.runs import load_sweep
-from bench.synthetic import write_run
-from harness.store.provenance import provenance
-from harness.store.run_folder import RunFolder
+from gkd_harness.analysis.sweep.runs import load_sweep
+from gkd_harness.bench.synthetic import write_run
+from gkd_harness.harness.store.provenance import provenance
+from gkd_harness.harness.store.run_folder import RunFolder
 
 REPO = Path(__file__).resolve().parents[2]
 

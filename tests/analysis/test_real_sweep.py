@@ -111,7 +111,7 @@ def test_real_run_folder_missing_or_corrupt_exit_2(real_sweep, tmp_path):
 
 def test_wandb_offline_runs_of_the_real_sweep(real_sweep, tmp_path):
     """The wandb runs ms-swift wrote (offline) load into the same table as the run folders."""
-    from analysis.load import load_sweep, load_wandb_offline
+    from gkd_harness.analysis.load import load_sweep, load_wandb_offline
 
     local = load_sweep(real_sweep)
     group = local.groups[0]

@@ -5,12 +5,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from harness.store.captures import save_capture
-from analysis.replay.cli import main
-from analysis.replay.variants import evaluate_variants, replay_table, synthetic_inputs
+from gkd_harness.harness.store.captures import save_capture
+from gkd_harness.analysis.replay.cli import main
+from gkd_harness.analysis.replay.variants import evaluate_variants, replay_table, synthetic_inputs
 from tests.loss_cases import make_case
-from harness.loss.reference import reference_gkd
-from harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT, loss_tol
+from gkd_harness.harness.loss.reference import reference_gkd
+from gkd_harness.harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT, loss_tol
 from tests.conftest import entry_point
 
 SEED_FP64 = 7.975079402659209e-05  # report 000's FP64 value for its recipe

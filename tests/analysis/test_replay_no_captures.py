@@ -2,7 +2,7 @@
 writes captures (monitor.capture=true)."""
 from __future__ import annotations
 
-from analysis.replay.cli import main
+from gkd_harness.analysis.replay.cli import main
 
 
 def test_sweep_without_captures_names_monitor_capture(synthetic_sweep_dir, capsys):

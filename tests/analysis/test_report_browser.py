@@ -3,7 +3,7 @@ table inside its box), a verdict banner whose text is the verdict, every image l
 contents, nothing loaded from outside the file.
 
 Chromium is required (Debian's ``chromium`` package; CI installs it): without it these tests fail, they do not
-skip. The reports are built from small synthetic sweeps (``bench.synthetic``), so the tests take seconds.
+skip. The reports are built from small synthetic sweeps (``gkd_harness.bench.synthetic``), so the tests take seconds.
 """
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from analysis.cli import main
+from gkd_harness.analysis.cli import main
 from tests.analysis.browser import VIEWPORT, find_chromium, measure
 
-GREEN, RED = "rgb(26, 127, 55)", "rgb(207, 34, 46)"  # .banner.pass / .banner.fail in analysis.signoff.document.STYLE
+GREEN, RED = "rgb(26, 127, 55)", "rgb(207, 34, 46)"  # .banner.pass / .banner.fail in gkd_harness.analysis.signoff.document.STYLE
 
 
 @pytest.fixture(scope="module", autouse=True)

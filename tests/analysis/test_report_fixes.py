@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.cli import main
-from analysis.signoff.document import Document, constant_settings
-from bench.synthetic import write_run
-from harness.contract import EVAL_JSD
+from gkd_harness.analysis.cli import main
+from gkd_harness.analysis.signoff.document import Document, constant_settings
+from gkd_harness.bench.synthetic import write_run
+from gkd_harness.harness.contract import EVAL_JSD
 
 IMG = "<img src=x onerror=alert(1)>"
 
@@ -81,9 +81,9 @@ def test_null_setting_is_shown_as_null_not_an_empty_value():
 
 
 def test_versions_table_shows_each_sha256_with_its_variant(tmp_path):
-    from analysis.signoff.report import _versions_table
-    from analysis.sweep.evidence import annotate
-    from analysis.sweep.runs import load_sweep
+    from gkd_harness.analysis.signoff.report import _versions_table
+    from gkd_harness.analysis.sweep.evidence import annotate
+    from gkd_harness.analysis.sweep.runs import load_sweep
 
     for prec, loss, sha in (("native", "original", "a" * 64), ("fp32", "fp32", "b" * 64)):
         run = write_run(tmp_path / f"loss={loss}", beta=0.5, beta_form="paper", precision=prec, seed=1, steps=4,
@@ -101,7 +101,7 @@ def test_held_out_jsd_plot_shows_both_lines_and_a_difference_panel(tmp_path):
     import matplotlib
 
     matplotlib.use("Agg")
-    from analysis.signoff import outcome
+    from gkd_harness.analysis.signoff import outcome
 
     steps = [2, 4, 6]
     rows, runs = [], []

@@ -3,10 +3,10 @@ criteria, once in the report), the report is one function per section over one c
 come from the same evidence the criteria judged."""
 from __future__ import annotations
 
-import analysis.signoff.compare as compare
-from analysis.signoff import report
-from analysis.signoff.criteria_file import load_criteria
-from analysis.sweep.runs import load_sweep
+import gkd_harness.analysis.signoff.compare as compare
+from gkd_harness.analysis.signoff import report
+from gkd_harness.analysis.signoff.criteria_file import load_criteria
+from gkd_harness.analysis.sweep.runs import load_sweep
 
 
 def test_spot_and_negatives_tables_are_computed_once_per_report(synthetic_sweep_dir, tmp_path, monkeypatch):
@@ -19,7 +19,7 @@ def test_spot_and_negatives_tables_are_computed_once_per_report(synthetic_sweep_
             return _real(*a, **k)
 
         monkeypatch.setattr(compare, name, counted)
-        for mod in ("analysis.signoff.criteria", "analysis.signoff.report"):
+        for mod in ("gkd_harness.analysis.signoff.criteria", "gkd_harness.analysis.signoff.report"):
             import importlib
 
             m = importlib.import_module(mod)

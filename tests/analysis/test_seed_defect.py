@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from analysis.cli import main as analyze
-from analysis.replay.cli import main as replay
-from analysis.replay.variants import synthetic_inputs
-from analysis.signoff.seed_defect import seed_defect_table
-from harness.loss.reference import reference_gkd
-from harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT
+from gkd_harness.analysis.cli import main as analyze
+from gkd_harness.analysis.replay.cli import main as replay
+from gkd_harness.analysis.replay.variants import synthetic_inputs
+from gkd_harness.analysis.signoff.seed_defect import seed_defect_table
+from gkd_harness.harness.loss.reference import reference_gkd
+from gkd_harness.harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT
 
 SEED_FP64 = 7.975079402659209e-05  # report 000's FP64 value for its recipe (CUDA; FP64 agrees across devices)
 

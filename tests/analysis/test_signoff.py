@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from analysis.cli import main
-from analysis.signoff.compare import forms_agreement
-from analysis.load import load_sweep
+from gkd_harness.analysis.cli import main
+from gkd_harness.analysis.signoff.compare import forms_agreement
+from gkd_harness.analysis.load import load_sweep
 
 
 def _edit_metrics(run: Path, step: int, **values) -> None:
@@ -40,7 +40,7 @@ def _status(v: dict) -> dict:
 
 def test_passing_sweep_exit_0_and_report_files(synthetic_sweep_dir, tmp_path):
     report = tmp_path / "report"
-    proc = subprocess.run([sys.executable, "-m", "analysis.cli", str(synthetic_sweep_dir), "--report", str(report)],
+    proc = subprocess.run([sys.executable, "-m", "gkd_harness.analysis.cli", str(synthetic_sweep_dir), "--report", str(report)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     v = _verdict(report)

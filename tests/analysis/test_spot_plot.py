@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.signoff import plots
-from analysis.cli import main
-from analysis.signoff.criteria import load_criteria
+from gkd_harness.analysis.signoff import plots
+from gkd_harness.analysis.cli import main
+from gkd_harness.analysis.signoff.criteria import load_criteria
 
 
 @pytest.fixture

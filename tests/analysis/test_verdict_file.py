@@ -5,8 +5,8 @@ import json
 import platform
 from importlib.metadata import version
 
-from analysis.cli import main
-from analysis.signoff.report import VERDICT_SCHEMA_VERSION
+from gkd_harness.analysis.cli import main
+from gkd_harness.analysis.signoff.report import VERDICT_SCHEMA_VERSION
 
 
 def test_schema_and_package_versions(synthetic_sweep_dir, tmp_path):
@@ -17,6 +17,6 @@ def test_schema_and_package_versions(synthetic_sweep_dir, tmp_path):
     for name in ("torch", "transformers", "ms-swift", "numpy", "pandas", "matplotlib", "gkd-harness"):
         assert here[name] == version(name), name
     assert here["python"] == platform.python_version()
-    # the runs' versions, as each run recorded them in summary.json (bench.synthetic writes these)
+    # the runs' versions, as each run recorded them in summary.json (gkd_harness.bench.synthetic writes these)
     recorded = json.loads(next(synthetic_sweep_dir.glob("*/summary.json")).read_text())["versions"]
     assert v["package_versions"]["runs"] == {k: [val] for k, val in recorded.items()}

@@ -1,7 +1,7 @@
 """Issue 29, reproduction 10: a verifiable verdict. verdict.json carries the sha256 of each judged run's files and
 of the criteria; ``gkd-analyze --verify REPORT_DIR`` recomputes the verdict from the run folders: exit 0 when
 everything matches, 1 naming the first difference (an edited verdict, an edited run, other criteria).
-One report is written per module (synthetic run folders, bench.synthetic.write_run); each test edits a copy."""
+One report is written per module (synthetic run folders, gkd_harness.bench.synthetic.write_run); each test edits a copy."""
 from __future__ import annotations
 
 import hashlib
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from analysis.cli import main
-from bench.synthetic import write_run
+from gkd_harness.analysis.cli import main
+from gkd_harness.bench.synthetic import write_run
 
 
 @pytest.fixture(scope="module")

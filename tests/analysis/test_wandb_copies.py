@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from analysis.cli import main
-from analysis.load import find_offline_runs, load_wandb_offline
-from analysis.sweep.records import mixed_sweep_problems
+from gkd_harness.analysis.cli import main
+from gkd_harness.analysis.load import find_offline_runs, load_wandb_offline
+from gkd_harness.analysis.sweep.records import mixed_sweep_problems
 
 _WRITER = textwrap.dedent("""
     import sys, wandb

@@ -15,7 +15,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from analysis.load import OfflineRun, UnusableInput, find_offline_runs, load_wandb_offline, load_wandb_sweep
+from gkd_harness.analysis.load import OfflineRun, UnusableInput, find_offline_runs, load_wandb_offline, load_wandb_sweep
 
 _WRITER = textwrap.dedent("""
     import os, sys, wandb
@@ -108,7 +108,7 @@ def test_offline_errors_are_unusable(tmp_path, offline_root):
 
 def test_analysis_run_logged_offline(synthetic_sweep_dir, tmp_path, monkeypatch):
     """--wandb: an analysis run (job_type=analysis) in the sweep's group with the verdict, read back from disk."""
-    from analysis.cli import main
+    from gkd_harness.analysis.cli import main
 
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
     monkeypatch.setenv("WANDB_MODE", "offline")

@@ -10,12 +10,12 @@ import statistics
 
 import pytest
 
-from bench import cli as bench
-from harness.contract import METRICS_FILE
+from gkd_harness.bench import cli as bench
+from gkd_harness.harness.contract import METRICS_FILE
 
 
 def test_analysis_rows_are_the_hand_computation():
-    from bench.analysis_time import analysis_rows
+    from gkd_harness.bench.analysis_time import analysis_rows
 
     res = {"variant_cpu_s": {"json_loads": [2.0, 4.0, 3.0], "load": [1.0, 2.0, 3.0], "report": [9.0, 12.0, 15.0]},
            "variant_wall_s": {"json_loads": [2.0, 4.0, 3.0], "load": [2.0, 2.0, 2.0], "report": [30.0, 30.0, 30.0]},

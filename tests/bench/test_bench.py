@@ -12,9 +12,9 @@ import math
 import pytest
 import torch
 
-from bench import cli as bench
-from bench.cases import BETA, TEMPERATURE, Sizes, full_inputs, topk_inputs
-from bench.measure import peak_rss_delta_mib, quantiles
+from gkd_harness.bench import cli as bench
+from gkd_harness.bench.cases import BETA, TEMPERATURE, Sizes, full_inputs, topk_inputs
+from gkd_harness.bench.measure import peak_rss_delta_mib, quantiles
 
 
 def _fp64_reference(student, teacher_output, labels) -> float:
@@ -118,7 +118,7 @@ def test_bench_quick_spot_rows_at_the_seed_shape(tmp_path):
     reference computed here."""
     from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
-    from bench.spot_cases import TOPK, wide_inputs
+    from gkd_harness.bench.spot_cases import TOPK, wide_inputs
 
     js = tmp_path / "bench.json"
     rc = bench.main(["--quick", "--only", "spot_wide", "spot_topk_wide", "--json", str(js), "--work-dir",
@@ -149,7 +149,7 @@ def test_bench_quick_spot_rows_at_the_seed_shape(tmp_path):
 
 def test_scaling_exponent_and_table():
     """The fitted exponent recovers a known power law; a not-run point is shown as such and left out of the fit."""
-    from bench.scaling import exponent, format_scaling
+    from gkd_harness.bench.scaling import exponent, format_scaling
     assert exponent([512, 2048, 8192], [3.0 * x**1.5 for x in (512, 2048, 8192)]) == pytest.approx(1.5)
     assert exponent([8, 64], [None, 2.0]) is None
     rows = []
@@ -165,7 +165,7 @@ def test_scaling_exponent_and_table():
 
 
 def test_memory_guard_reports_what_cannot_fit():
-    from bench.cases import memory_guard
+    from gkd_harness.bench.cases import memory_guard
     sizes = Sizes()
     big = dataclasses_replace(sizes, full_n=8192)
     assert memory_guard("full/upstream", sizes, "cpu", available=24 * 2**30) is None

@@ -11,12 +11,12 @@ import time
 
 import torch
 
-from harness.contract import LOSS_CALLS_TOTAL, METRICS_FILE, SUMMARY_FILE
+from gkd_harness.harness.contract import LOSS_CALLS_TOTAL, METRICS_FILE, SUMMARY_FILE
 
 
 def test_synthetic_sweep_is_a_sweep_the_loader_reads(tmp_path):
-    from analysis.load import load_sweep
-    from bench.synthetic import write_sweep
+    from gkd_harness.analysis.load import load_sweep
+    from gkd_harness.bench.synthetic import write_sweep
 
     write_sweep(tmp_path / "runs", betas=(0.5, 1.0), steps=6, seeds=range(2))
     folders = sorted(p for p in (tmp_path / "runs").iterdir() if p.is_dir())
@@ -30,7 +30,7 @@ def test_synthetic_sweep_is_a_sweep_the_loader_reads(tmp_path):
 
 
 def test_host_syncs_counts_a_host_read_and_nothing_for_pure_tensor_work():
-    from bench.host_syncs import count_host_syncs
+    from gkd_harness.bench.host_syncs import count_host_syncs
 
     x = torch.randn(8)
     assert count_host_syncs(lambda: (x * 2).sum()) == []
@@ -39,15 +39,15 @@ def test_host_syncs_counts_a_host_read_and_nothing_for_pure_tensor_work():
 
 
 def test_amortised_ratio_is_the_hand_computation():
-    from bench.instrument_cost import amortised_ratio
+    from gkd_harness.bench.instrument_cost import amortised_ratio
 
     # 49 instrumented steps at 1.2 s and one spot step at 3 s, against 50 bare steps at 1 s
     assert abs(amortised_ratio(1.0, 1.2, 3.0, every=50) - (49 * 1.2 + 3.0) / 50.0) < 1e-12
 
 
 def test_analysis_read_baseline_reads_every_line(tmp_path):
-    from bench.analysis_time import _read_all
-    from bench.synthetic import write_sweep
+    from gkd_harness.bench.analysis_time import _read_all
+    from gkd_harness.bench.synthetic import write_sweep
 
     write_sweep(tmp_path / "runs", betas=(0.5,), steps=5, seeds=range(1))
     n_runs = sum(1 for p in (tmp_path / "runs").iterdir() if p.is_dir())
@@ -55,7 +55,7 @@ def test_analysis_read_baseline_reads_every_line(tmp_path):
 
 
 def test_e2e_cpu_accounting_sees_a_child_burning_cpu():
-    from bench.e2e import _tree_cpu_s
+    from gkd_harness.bench.e2e import _tree_cpu_s
 
     child = subprocess.Popen([sys.executable, "-c", "import time\nt=time.process_time()\n"
                               "while time.process_time() - t < 0.6: pass\nimport sys; sys.stdin.read()"],

@@ -9,16 +9,16 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from harness.launcher.compose import CONFIG_MODULE, compose as compose_train, point_config, register
-from harness.config.schema import TrainConfig
+from gkd_harness.harness.launcher.compose import CONFIG_MODULE, compose as compose_train, point_config, register
+from gkd_harness.harness.config.schema import TrainConfig
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
 
 
 def compose(overrides, config_name="train"):
-    """Hydra's compose API on the packaged config tree (``gkd_harness_configs``): ``train`` with its hydra node
-    (``harness.launcher.compose.compose``), or any other config of the tree composed on its own (e.g. ``signoff/default``)."""
+    """Hydra's compose API on the packaged config tree (``gkd_harness.configs``): ``train`` with its hydra node
+    (``gkd_harness.harness.launcher.compose.compose``), or any other config of the tree composed on its own (e.g. ``signoff/default``)."""
     if config_name == "train":
         return compose_train(overrides)
     from hydra import compose as hydra_compose
@@ -37,7 +37,7 @@ def task_config(overrides: Sequence[str], run_dir="/tmp/run", multirun: bool = F
 def harness_env(output_root: Path, **extra: str) -> dict[str, str]:
     """Environment for a gkd-train subprocess: outputs under ``output_root``, no hub, no stale rendezvous.
 
-    The embedded models are cached where harness.fixtures.embedded puts them (``$GKD_HARNESS_CACHE``, set by the
+    The embedded models are cached where gkd_harness.harness.fixtures.embedded puts them (``$GKD_HARNESS_CACHE``, set by the
     session fixture ``embedded_cache`` in tests/conftest.py), so every test shares one build.
     """
     env = dict(os.environ)
@@ -51,7 +51,7 @@ def harness_env(output_root: Path, **extra: str) -> dict[str, str]:
 
 def gkd_train_cmd(overrides: Sequence[str], multirun: bool = False) -> list[str]:
     """``gkd-train [-m] overrides...`` through the same entry point as the console script."""
-    return [sys.executable, "-m", "harness.launcher.cli", *(["-m"] if multirun else []), *overrides]
+    return [sys.executable, "-m", "gkd_harness.harness.launcher.cli", *(["-m"] if multirun else []), *overrides]
 
 
 def run_gkd_train(overrides: Sequence[str], env: dict[str, str], cwd: Path, multirun: bool = False,
@@ -96,8 +96,8 @@ def tail(text: str, n: int = 60) -> str:
 
 def wandb_records(path: Path):
     """Protobuf ``Record``s of an offline ``run-*.wandb`` file, read by the harness's one reader
-    (:func:`analysis.sweep.wandb_file.read_records`)."""
-    from analysis.sweep.wandb_file import read_records
+    (:func:`gkd_harness.analysis.sweep.wandb_file.read_records`)."""
+    from gkd_harness.analysis.sweep.wandb_file import read_records
 
     yield from read_records(Path(path))
 
@@ -118,9 +118,9 @@ def wandb_offline_run(run_dir: Path):
 
 
 def with_value(cfg: TrainConfig, key: str, value) -> TrainConfig:
-    """A copy of ``cfg`` with the dotted ``key`` set to ``value``, rebuilt through ``harness.config.schema.from_dict`` (for
+    """A copy of ``cfg`` with the dotted ``key`` set to ``value``, rebuilt through ``gkd_harness.harness.config.schema.from_dict`` (for
     values a Hydra override cannot express, such as an empty string where the job would see its run folder)."""
-    from harness.config.schema import from_dict, to_dict
+    from gkd_harness.harness.config.schema import from_dict, to_dict
 
     data = to_dict(cfg)
     node = data

@@ -17,7 +17,7 @@ from tests.launch.helpers import REPO
 def _bare(tmp_path, *args, code=None):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1",
            "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-c", code] if code else [sys.executable, "-m", "launch.gpu_bare", *args]
+    cmd = [sys.executable, "-c", code] if code else [sys.executable, "-m", "gkd_harness.launch.gpu_bare", *args]
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -52,14 +52,14 @@ def test_bare_rows_on_cpu_report_the_defect_and_pass_the_fix(tmp_path):
 
 
 def _fp32():
-    from harness.losses import make_gkd_loss
+    from gkd_harness.harness.losses import make_gkd_loss
 
     return make_gkd_loss("fp32")
 
 
 def test_a_fixed_upstream_makes_the_defect_rows_not_reproduced(tmp_path):
-    from harness.losses import make_jsd_loss
-    from launch.gpu_bare import Upstream, run
+    from gkd_harness.harness.losses import make_jsd_loss
+    from gkd_harness.launch.gpu_bare import Upstream, run
 
     rows = run(tmp_path, "cpu", tokens=(4, 1), only=("repro", "seed/topk/beta0.5", "seed/full/beta1"),
                upstream=Upstream(gkd_loss=_fp32(), jsd_loss=make_jsd_loss("fp64")))
@@ -81,7 +81,7 @@ def _grad_off(total_fn):
 def test_a_broken_fp32_makes_the_fix_rows_fail(tmp_path, broken):
     from swift.rlhf_trainers.gkd_loss import gkd_loss as upstream_gkd_loss
 
-    from launch.gpu_bare import main, run
+    from gkd_harness.launch.gpu_bare import main, run
 
     fix = upstream_gkd_loss if broken == "negative" else _grad_off(_fp32())
     rows = run(tmp_path, "cpu", tokens=(4, 1), only=("repro", "seed/topk/beta0.5", "seed/full/beta0.5"), fix=fix)
@@ -100,7 +100,7 @@ def test_a_broken_fp32_makes_the_fix_rows_fail(tmp_path, broken):
 
 def test_a_run_cut_short_leaves_its_rows(tmp_path):
     """The files are rewritten after every row: a run stopped in its third row group still has the first two."""
-    from launch.gpu_bare import run
+    from gkd_harness.launch.gpu_bare import run
 
     calls = []
 
@@ -124,11 +124,11 @@ def test_loss_file_loads_without_ms_swift_package_init(tmp_path):
     the spot check load (swift.utils stays blocked: the spot check needs no more of ms-swift), and the harness's
     native variant binds to the loaded file."""
     code = ("import sys; sys.modules['swift.utils'] = None\n"
-            "from launch.gpu_bare import load_upstream_loss\n"
+            "from gkd_harness.launch.gpu_bare import load_upstream_loss\n"
             "mod, how = load_upstream_loss(); print(how)\n"
-            "from harness.losses import make_gkd_loss\n"
+            "from gkd_harness.harness.losses import make_gkd_loss\n"
             "assert make_gkd_loss('native') is mod.gkd_loss\n"
-            "from harness.rank.spot_check import spot_check\n"
+            "from gkd_harness.harness.rank.spot_check import spot_check\n"
             "assert sys.modules['swift.utils'] is None\n")
     proc = _bare(tmp_path, code=code)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""launch/gpu_check.sh and launch.gpu_check, checked on the CPU: preflight rows, commands, configs, timeouts,
+"""launch/gpu_check.sh and gkd_harness.launch.gpu_check, checked on the CPU: preflight rows, commands, configs, timeouts,
 install commands, repro, table verdicts."""
 
 import json
@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from launch.gpu_check import PREFLIGHT, judge_repro, preflight_row, seed_repro, table
+from gkd_harness.launch.gpu_check import PREFLIGHT, judge_repro, preflight_row, seed_repro, table
 from tests.launch.helpers import REPO, task_config
-from harness.config.validate import validate_config
+from gkd_harness.harness.config.validate import validate_config
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 

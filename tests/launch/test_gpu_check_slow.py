@@ -2,7 +2,7 @@
 took 180 s on a loaded machine and the dry run said "import mcore_bridge fails", so its checks were skipped)."""
 from __future__ import annotations
 
-from launch.gpu_check import main, preflight_row, table
+from gkd_harness.launch.gpu_check import main, preflight_row, table
 
 
 def _slow_module(tmp_path, monkeypatch, seconds: float = 30.0) -> None:
@@ -24,7 +24,7 @@ def test_an_import_past_the_timeout_is_slow_not_failed(tmp_path, monkeypatch):
 
 
 def test_the_preflight_prints_slow_and_leaves_it_out_of_the_failed_list(tmp_path, monkeypatch, capsys):
-    import launch.gpu_check as gpu_check
+    import gkd_harness.launch.gpu_check as gpu_check
 
     _slow_module(tmp_path, monkeypatch)
     monkeypatch.setattr(gpu_check, "PREFLIGHT", (("slow", "gkd_slow_mod", "gkd-slow-mod", "-"),))

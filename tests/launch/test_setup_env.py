@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launch import torch_choice as tc
+from gkd_harness.launch import torch_choice as tc
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -105,5 +105,5 @@ def test_setup_env_builds_the_table_of_ms_swifts_flags():
     """run.extra_args is checked against it in milliseconds (issue 24; before, each check imported
     swift.arguments, 20 to 40 s); Megatron's only where Transformer Engine is there, a failure is one line."""
     script = (ROOT / "launch" / "setup_env.sh").read_text()
-    assert "python -W ignore -m harness.launcher.extra_args >/dev/null 2>&1" in script
-    assert "find_spec('transformer_engine')" in script and "-m harness.launcher.extra_args --megatron" in script
+    assert "python -W ignore -m gkd_harness.harness.launcher.extra_args >/dev/null 2>&1" in script
+    assert "find_spec('transformer_engine')" in script and "-m gkd_harness.harness.launcher.extra_args --megatron" in script

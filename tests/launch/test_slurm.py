@@ -1,11 +1,11 @@
-"""launch.slurm: the SLURM dry run (submitit's real sbatch text, per-node env, ms-swift's torchrun command)."""
+"""gkd_harness.launch.slurm: the SLURM dry run (submitit's real sbatch text, per-node env, ms-swift's torchrun command)."""
 
 import re
 import shlex
 
 import pytest
 
-from launch.slurm import dry_run, main, node_slurm_env, sbatch_script, torchrun_command
+from gkd_harness.launch.slurm import dry_run, main, node_slurm_env, sbatch_script, torchrun_command
 
 SEED_2x8 = ["experiment=precision_ab", "hydra/launcher=submitit_slurm", "hydra.launcher.nodes=2",
             "hydra.launcher.gpus_per_node=8", "run.dataset=org/gkd-prompts",
@@ -99,7 +99,7 @@ def test_cli_prints(capsys):
 
 
 def test_wrapped_command_is_the_same_command():
-    from launch.slurm import format_command
+    from gkd_harness.launch.slurm import format_command
 
     argv = ["python", "-m", "torch.distributed.run", "--nproc_per_node", "8", "--master_addr", "node01",
             "/x/rlhf.py", "--model", "Qwen/Qwen3.5-0.8B", "--external_plugins", "/x/plugin.py", "--flag",
@@ -110,11 +110,11 @@ def test_wrapped_command_is_the_same_command():
 
 
 def test_node_plan_is_the_plan_gkd_train_builds_on_that_node(tmp_path):
-    """launch.slurm prints harness.launcher.run.make_plan's plan under the node's SLURM variables: same argv, same torchrun
+    """gkd_harness.launch.slurm prints gkd_harness.harness.launcher.run.make_plan's plan under the node's SLURM variables: same argv, same torchrun
     variables (one copy of the layout arithmetic)."""
-    from harness.launcher.compose import point_config
-    from harness.launcher.run import make_plan
-    from launch.slurm import node_plan
+    from gkd_harness.harness.launcher.compose import point_config
+    from gkd_harness.harness.launcher.run import make_plan
+    from gkd_harness.launch.slurm import node_plan
 
     cfg, run_dir = point_config(["experiment=seed", "run.dataset=x/y"], run_dir=tmp_path / "run")
     for node in (0, 1):
@@ -126,7 +126,7 @@ def test_node_plan_is_the_plan_gkd_train_builds_on_that_node(tmp_path):
 
 
 def test_a_point_without_its_dataset_is_one_line_exit_2(capsys):
-    """Before: ``python -m launch.slurm experiment=precision_ab`` (no run.dataset) printed a TypeError traceback from
+    """Before: ``python -m gkd_harness.launch.slurm experiment=precision_ab`` (no run.dataset) printed a TypeError traceback from
     deep inside the plan; the dry run now applies gkd-train's own validation first."""
     rc = main(["experiment=precision_ab"])
     err = capsys.readouterr().err.strip()

@@ -1,6 +1,6 @@
-"""launch.sweep with real Hydra multiruns of a small task function (fast; no ms-swift).
+"""gkd_harness.launch.sweep with real Hydra multiruns of a small task function (fast; no ms-swift).
 
-The task function follows the run-folder contract the way harness.launcher.cli does (summary.json running ->
+The task function follows the run-folder contract the way gkd_harness.harness.launcher.cli does (summary.json running ->
 completed | failed, metrics.jsonl one line per step, skip when completed) so the callback's bookkeeping is
 exercised through the repo's own ``configs/hydra`` (callbacks, folders, names, launchers). The end-to-end
 versions with the real ``gkd-train`` live in ``tests/launch/test_sweep_e2e.py``.
@@ -22,7 +22,7 @@ APP = textwrap.dedent(
     import json, os, sys
     from pathlib import Path
     import hydra
-    from harness.launcher.compose import register
+    from gkd_harness.harness.launcher.compose import register
 
     register()  # the harness's resolvers (configs/hydra/launcher/submitit_local.yaml's gkd_local_gpus)
 
@@ -129,7 +129,7 @@ def test_resume_skips_completed_and_reruns_failed(app):
 
 
 def test_progress_line_reports_done_failed_and_current_step(tmp_path):
-    from launch.sweep import SweepStatusCallback
+    from gkd_harness.launch.sweep import SweepStatusCallback
 
     cb = SweepStatusCallback(progress_interval_s=0)
     cb._group = "g"
@@ -143,11 +143,11 @@ def test_progress_line_reports_done_failed_and_current_step(tmp_path):
     assert " elapsed, ETA " in line
 
 
-REFUSING_APP = APP.replace(  # as harness.launcher.cli does when run_folder refuses a folder holding another config
+REFUSING_APP = APP.replace(  # as gkd_harness.harness.launcher.cli does when run_folder refuses a folder holding another config
     '    out = Path(cfg.run.output_dir)\n',
     '    out = Path(cfg.run.output_dir)\n'
     '    if cfg.run.get("dataset") == "b":\n'
-    '        from harness.launcher.cli import PointFailed\n'
+    '        from gkd_harness.harness.launcher.cli import PointFailed\n'
     '        return PointFailed(2, "ConfigMismatch: the folder holds a run of another config", refused=True)\n')
 assert REFUSING_APP != APP
 
@@ -205,11 +205,11 @@ def test_a_sweep_of_invalid_points_exits_2_like_a_single_run(tmp_path):
     assert "1 of 2 points have an invalid config (first: gkd.beta: must lie in [0, 1], got 1.5)" in out, out
 
 
-INVALID_APP = APP.replace(  # as harness.launcher.cli does when validation refuses a point (ConfigError, exit 2)
+INVALID_APP = APP.replace(  # as gkd_harness.harness.launcher.cli does when validation refuses a point (ConfigError, exit 2)
     '    out = Path(cfg.run.output_dir)\n',
     '    out = Path(cfg.run.output_dir)\n'
     '    if cfg.run.get("dataset") == "b":\n'
-    '        from harness.launcher.cli import PointFailed\n'
+    '        from gkd_harness.harness.launcher.cli import PointFailed\n'
     '        return PointFailed(2, "ConfigError: run.dataset: b: row 1 has no assistant turn")\n')
 assert INVALID_APP != APP
 
@@ -345,7 +345,7 @@ def test_the_certify_recipe_after_a_smoke_sweep_leaves_the_original_folder_untou
         "loss=candidate", "loss=continuous", "loss=fp32", "loss=original"]
 
 
-SKIP_LOGGING_APP = APP.replace(  # as harness.launcher.run does: a skipped point logs one line, then returns
+SKIP_LOGGING_APP = APP.replace(  # as gkd_harness.harness.launcher.run does: a skipped point logs one line, then returns
     '        with open(out / "skipped", "a") as fh:\n            fh.write("x")\n',
     '        import logging\n'
     '        logging.getLogger("gkd_harness.train").info(f"{out}: completed earlier with the same config, skipping")\n')

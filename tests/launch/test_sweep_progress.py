@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-from harness.launcher.progress import Running
+from gkd_harness.harness.launcher.progress import Running
 
 
 def test_every_running_point_is_in_the_snapshot_and_the_line(tmp_path):
-    from launch.sweep import SweepStatusCallback
+    from gkd_harness.launch.sweep import SweepStatusCallback
 
     cb = SweepStatusCallback(progress_interval_s=0)
     cb._group = "outcome"

@@ -2,8 +2,8 @@
 
 Two node processes (``gkd-train``, one per "node", as submitit_slurm starts one task per node) get
 ``NNODES=2``, ``NODE_RANK`` 0 / 1 and one rendezvous (``MASTER_ADDR=127.0.0.1``, a free ``MASTER_PORT``) in
-their environment. Each builds its launch plan (``harness.launcher.plan``, the layout from
-``harness.launcher.node.node_layout``: the SLURM path's mapping) and starts ms-swift's CLI, whose own torchrun
+their environment. Each builds its launch plan (``gkd_harness.harness.launcher.plan``, the layout from
+``gkd_harness.harness.launcher.node.node_layout``: the SLURM path's mapping) and starts ms-swift's CLI, whose own torchrun
 (``--nnodes 2 --node_rank i``, one process per node) joins one gloo process group on the CPU (``--use_cpu true``).
 Checked: the training world size is 2 across the "nodes", and the harness's rank reduction counts both ranks'
 loss calls.
@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from harness.launcher.node import free_port
+from gkd_harness.harness.launcher.node import free_port
 from tests.launch.helpers import read_metrics, read_summary, run_two_localhost_nodes, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.parallel]

@@ -1,7 +1,7 @@
 """Multi-node run folders must be shared: the 2-"node" localhost run of ``test_two_nodes`` with a node-local run
 folder on node 1 (its own ``run.output_dir``, as a node whose ``/tmp`` or local disk holds the folder).
 
-Every rank checks at train begin that it sees node 0's ``summary.json`` (``harness.rank.callbacks.
+Every rank checks at train begin that it sees node 0's ``summary.json`` (``gkd_harness.harness.rank.callbacks.
 check_run_folder_shared``, one all-reduce), so both nodes stop before the first step and gkd-train on node 0
 fails with one line naming the folder and how to set it. Before, the run trained, node 1's rank 1 wrote nothing
 node 0 could see (on Megatron, the last rank writes ``metrics.jsonl`` and the dtypes), and node 0 ended with
@@ -11,7 +11,7 @@ node 0 could see (on Megatron, the last rank writes ``metrics.jsonl`` and the dt
 
 import pytest
 
-from harness.launcher.node import free_port
+from gkd_harness.harness.launcher.node import free_port
 from tests.launch.helpers import read_summary, run_two_localhost_nodes, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.parallel]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT, LOSS_ATOL_PER_POSITION, LOSS_RTOL
+from gkd_harness.harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT, LOSS_ATOL_PER_POSITION, LOSS_RTOL
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -33,7 +33,7 @@ def run_cpu_lane(loss: str, out: Path, cache: Path) -> Path:
     run_dir = out / loss
     env = dict(os.environ, HF_HUB_OFFLINE="1", GKD_HARNESS_CACHE=str(cache), WANDB_SILENT="true",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    cmd = [sys.executable, "-m", "harness.launcher.cli", f"loss={loss}", "model=tiny_vllm", "rollout=vllm_colocate",
+    cmd = [sys.executable, "-m", "gkd_harness.harness.launcher.cli", f"loss={loss}", "model=tiny_vllm", "rollout=vllm_colocate",
            "gkd.lmbda=1", f"run.max_steps={STEPS}", f"run.per_device_batch_size={BATCH}",
            f"rollout.max_completion_length={MAX_COMPLETION}", "tracking.wandb.mode=offline",
            f"run.output_dir={run_dir}", f"hydra.run.dir={run_dir}"]
@@ -77,7 +77,7 @@ def test_run_completed_all_steps_with_harness_metrics(runs, loss):
 def test_rollout_engine_reported_is_vllm(runs, loss):
     run_dir = runs[loss]
     s = summary(run_dir)
-    assert "rollout" in s, "no rollout counters: harness/rank/plugin.py must call harness.rank.rollout_patches.install_rollout_patches()"
+    assert "rollout" in s, "no rollout counters: harness/rank/plugin.py must call gkd_harness.harness.rank.rollout_patches.install_rollout_patches()"
     rollout = s["rollout"]
     assert rollout["engine"] == "vllm-colocate"
     # the object that generated is vLLM's own engine (inside ms-swift's GRPOVllmEngine), not HF generate

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.vllm
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    from harness.fixtures.embedded import EmbeddedSpec, prepare_embedded
+    from gkd_harness.harness.fixtures.embedded import EmbeddedSpec, prepare_embedded
 
     assets = prepare_embedded(EmbeddedSpec(head_dim=32, init_std=0.1), root=tmp_path_factory.mktemp("embedded"))
     return assets.student_dir
@@ -28,7 +28,7 @@ def llm(tiny_model_dir):
         for k, v in {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_PLUGINS": "none", "VLLM_CPU_KVCACHE_SPACE": "1",
                      "GKD_VLLM_CPU_NO_PREPACK": "1", "HF_HUB_OFFLINE": "1"}.items():
             mp.setenv(k, v)
-        from harness.rank.rollout_patches import install_rollout_patches
+        from gkd_harness.harness.rank.rollout_patches import install_rollout_patches
 
         assert "vllm_cpu_no_prepack" in install_rollout_patches()
         from vllm import LLM

@@ -48,7 +48,7 @@ EDITS: Dict[str, Tuple[str, List[Tuple[str, str]]]] = {
 
 
 def source(name: str) -> str:
-    from harness.loss.candidate import upstream_file
+    from gkd_harness.harness.loss.candidate import upstream_file
 
     base, edits = EDITS[name]
     text = (GOOD if base == "good" else upstream_file()).read_text()

@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from analysis.certify.certificate import certify, load
-from analysis.certify.cli import main
-from analysis.certify.families import REQUIRED_FAMILIES
+from gkd_harness.analysis.certify.certificate import certify, load
+from gkd_harness.analysis.certify.cli import main
+from gkd_harness.analysis.certify.families import REQUIRED_FAMILIES
 from tests.analysis.certify.defects import write
 from tests.analysis.test_certify import EXAMPLES
 
@@ -35,7 +35,7 @@ def test_a_candidate_that_writes_into_its_inputs_fails_naming_the_input(capsys, 
 def test_the_reference_reads_the_callers_inputs_not_the_candidates_copy(tmp_path):
     """The case's tensors are the same after the in-place candidate ran on them (it got copies)."""
     fam = next(f for f in REQUIRED_FAMILIES if f.name.startswith("mixed"))
-    from analysis.certify.evaluate import evaluate
+    from gkd_harness.analysis.certify.evaluate import evaluate
 
     cand = load(str(write("in_place_teacher_shift", tmp_path)), None, "paper", ())
     case = fam.build("paper", True)[0]

@@ -3,7 +3,7 @@
 The README's certify recipe sweeps ``loss=original,candidate loss.source=F loss.name=my-pr``: Hydra applies the two
 keys to every point. Before the fix the original point inherited them: its folder was renamed
 (``loss.name=my-pr,loss=original``), so upstream trained again beside its completed run, and its config recorded
-the candidate's source. Now a non-candidate loss carries neither key (``harness.config.schema.LossConfig``), and
+the candidate's source. Now a non-candidate loss carries neither key (``gkd_harness.harness.config.schema.LossConfig``), and
 neither names a folder (``configs/hydra/default.yaml``): the original point is the same point as in any other
 sweep of the group.
 """
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.config.flat import flatten
-from harness.config.schema import LossConfig, from_dict, to_dict
-from harness.launcher.compose import compose, point_config
+from gkd_harness.harness.config.flat import flatten
+from gkd_harness.harness.config.schema import LossConfig, from_dict, to_dict
+from gkd_harness.harness.launcher.compose import compose, point_config
 
 REPO = Path(__file__).resolve().parents[3]
 CANDIDATE = str(REPO / "examples" / "candidates" / "good_promote_first.py")

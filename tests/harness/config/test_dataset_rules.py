@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from harness.config.schema import ConfigError
-from harness.config.validate import validate_config
+from gkd_harness.harness.config.schema import ConfigError
+from gkd_harness.harness.config.validate import validate_config
 from tests.harness.config.test_validate import base_cfg, model_dir
 
 GOOD = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
@@ -42,7 +42,7 @@ def test_a_malformed_line_is_named_by_number(tmp_path):
 def test_a_row_without_an_assistant_turn_is_refused_unless_on_policy(tmp_path):
     text = json.dumps(GOOD) + "\n" + json.dumps(PROMPT_ONLY) + "\n"
     assert "line 2 has no assistant turn" in _error(tmp_path, text)
-    from harness.config.dataset_rules import check_dataset  # on-policy: the student writes every response
+    from gkd_harness.harness.config.dataset_rules import check_dataset  # on-policy: the student writes every response
     check_dataset("run.dataset", str(tmp_path / "train.jsonl"), on_policy=True)
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.config.schema import ConfigError
-from harness.config.validate import validate_config
+from gkd_harness.harness.config.schema import ConfigError
+from gkd_harness.harness.config.validate import validate_config
 from tests.harness.config.test_validate import base_cfg
 
 

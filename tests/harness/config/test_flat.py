@@ -1,9 +1,9 @@
-"""harness.config.flat: the one flattener of config trees."""
+"""gkd_harness.harness.config.flat: the one flattener of config trees."""
 from __future__ import annotations
 
 import dataclasses
 
-from harness.config.flat import flatten
+from gkd_harness.harness.config.flat import flatten
 
 
 # ------------------------------------------------------------------------------------------------ config trees

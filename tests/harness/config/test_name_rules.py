@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness.config.name_rules import UNSAFE_NAME_STANDIN, folder_name
-from harness.config.schema import ConfigError
-from harness.config.validate import validate_config
-from harness.launcher.compose import point_config
+from gkd_harness.harness.config.name_rules import UNSAFE_NAME_STANDIN, folder_name
+from gkd_harness.harness.config.schema import ConfigError
+from gkd_harness.harness.config.validate import validate_config
+from gkd_harness.harness.launcher.compose import point_config
 from tests.harness.config.test_validate import base_cfg
 
 
@@ -46,7 +46,7 @@ import dataclasses  # noqa: E402
 import typing  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from harness.config.name_rules import (NOT_NAME_KEYS, OWNED_TAG_PREFIXES, OWNED_TAGS,  # noqa: E402
+from gkd_harness.harness.config.name_rules import (NOT_NAME_KEYS, OWNED_TAG_PREFIXES, OWNED_TAGS,  # noqa: E402
                                        run_folder_name)
 
 #: one composed config per schema variant, so that every string key of every variant is walked
@@ -150,8 +150,8 @@ def test_tags_the_harness_owns_cannot_be_given_by_hand(tag):
 
 def test_owned_tags_are_the_tags_the_harness_sets():
     """OWNED_TAGS / OWNED_TAG_PREFIXES against the harness's own tag makers (contract roles, candidate tags)."""
-    from harness.contract import ROLE_BY_PRECISION
-    from harness.loss.candidate import candidate_tags
+    from gkd_harness.harness.contract import ROLE_BY_PRECISION
+    from gkd_harness.harness.loss.candidate import candidate_tags
 
     assert OWNED_TAGS == set(ROLE_BY_PRECISION.values())
     tags = candidate_tags("candidate", str(REPO / "harness" / "loss" / "gkd.py"), "mine")

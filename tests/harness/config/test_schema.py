@@ -1,4 +1,4 @@
-"""harness.config.schema: the typed schema of the config tree, through real Hydra composition (``harness.launcher.compose``).
+"""gkd_harness.harness.config.schema: the typed schema of the config tree, through real Hydra composition (``gkd_harness.harness.launcher.compose``).
 
 * A wrong type fails at compose time and the error names the full key; an unknown key is refused.
 * The schema holds no default values: every dataclass field defaults to ``MISSING`` (the YAML is their only home).
@@ -8,7 +8,7 @@
 """
 from __future__ import annotations
 
-from harness.config.flat import flatten
+from gkd_harness.harness.config.flat import flatten
 
 import dataclasses
 import json
@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from omegaconf import MISSING
 
-import harness.config.schema as config_module
-from harness.launcher.compose import compose, point_config
-from harness.config.schema import (ConfigError, HFBackendConfig, MegatronBackendConfig, TrainConfig, VllmColocateRolloutConfig,
+import gkd_harness.harness.config.schema as config_module
+from gkd_harness.harness.launcher.compose import compose, point_config
+from gkd_harness.harness.config.schema import (ConfigError, HFBackendConfig, MegatronBackendConfig, TrainConfig, VllmColocateRolloutConfig,
                             from_dict, to_dict, to_typed)
 
 REPO = Path(__file__).resolve().parents[3]
@@ -137,9 +137,9 @@ def test_typed_values_are_the_yaml_values():
 VALIDATE_BAD_VALUE = """
 import sys, time
 t0 = time.perf_counter()
-from harness.launcher.compose import point_config
-from harness.config.schema import ConfigError
-from harness.config.validate import validate_config
+from gkd_harness.harness.launcher.compose import point_config
+from gkd_harness.harness.config.schema import ConfigError
+from gkd_harness.harness.config.validate import validate_config
 cfg, _ = point_config(["gkd.beta=1.5"], run_dir="/tmp/unused")
 try:
     validate_config(cfg)

@@ -4,7 +4,7 @@ import textwrap
 from pathlib import Path
 
 
-from harness.config.secrets import REDACTED, find_secret_keys, is_secret_key, redact, redact_name, redact_text, secret_env_var, secret_overrides, secret_refusal, secret_values
+from gkd_harness.harness.config.secrets import REDACTED, find_secret_keys, is_secret_key, redact, redact_name, redact_text, secret_env_var, secret_overrides, secret_refusal, secret_values
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -73,7 +73,7 @@ TOKEN = "hf_" + "Ab3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3h"  # the shape of a Hugging F
 
 def test_a_credential_looking_value_is_a_secret_under_any_key():
     """Before the fix only the key counted: `run.dataset=hf_...` was accepted and written unredacted into 11 files."""
-    from harness.config.secrets import looks_like_credential
+    from gkd_harness.harness.config.secrets import looks_like_credential
 
     tree = {"run": {"dataset": TOKEN, "extra_args": ["--lr", f"--hub_model_id={TOKEN}", TOKEN], "name": "hf_dataset_name"},
             "model": {"template": f"data/{TOKEN}.jsonl"}}

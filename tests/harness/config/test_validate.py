@@ -1,6 +1,6 @@
 """Every invalid config input fails before any model loads, with an error naming the key.
 
-Each value is given the way a user gives it (a Hydra override, composed for real by ``harness.launcher.compose``); a wrong
+Each value is given the way a user gives it (a Hydra override, composed for real by ``gkd_harness.harness.launcher.compose``); a wrong
 type fails at compose time (the schema), a value out of range at ``validate_config``. Either way the error is a
 :class:`ConfigError` whose message names the full key.
 """
@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from harness.launcher.compose import point_config
-from harness.config.schema import ConfigError
-from harness.launcher.run import train
-from harness.config.validate import validate_config
+from gkd_harness.harness.launcher.compose import point_config
+from gkd_harness.harness.config.schema import ConfigError
+from gkd_harness.harness.launcher.run import train
+from gkd_harness.harness.config.validate import validate_config
 from tests.launch.helpers import with_value
 
 
@@ -116,7 +116,7 @@ def test_boundary_cast_on_megatron_needs_explicit_consent():
 
 def test_train_rejects_before_creating_anything(tmp_path, monkeypatch):
     """train() raises on a bad value without building models or starting ms-swift."""
-    import harness.launcher.run as tr
+    import gkd_harness.harness.launcher.run as tr
 
     monkeypatch.setattr(tr, "resolve_inputs", lambda *a, **k: pytest.fail("models prepared before validation"))
     cfg = base_cfg("gkd.temperature=-2", run_dir=tmp_path / "run")

@@ -2,7 +2,7 @@
 
 For every experiment preset (``configs/experiment/*.yaml``, every point of a sweep preset) and the default config,
 composed for real with ``run.dataset=x/y`` where the preset needs a dataset, the launch plan of node 0 of a 1-node
-and of a 2-node SLURM job (``launch.slurm.node_plan``: ``harness.launcher.run.make_plan`` under the node's SLURM
+and of a 2-node SLURM job (``gkd_harness.launch.slurm.node_plan``: ``gkd_harness.harness.launcher.run.make_plan`` under the node's SLURM
 variables, ``SLURM_GPUS_ON_NODE=8``) is parsed by the class ms-swift's CLI parses it with:
 
 - ``swift rlhf`` -> ``swift.pipelines.train.rlhf.SwiftRLHF.args_class`` (``RLHFArguments``);
@@ -30,9 +30,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.launcher.compose import compose, point_config
-from launch.slurm import node_plan
-from harness.launcher.sweep_points import point_name, sweep_points
+from gkd_harness.harness.launcher.compose import compose, point_config
+from gkd_harness.launch.slurm import node_plan
+from gkd_harness.harness.launcher.sweep_points import point_name, sweep_points
 
 REPO = Path(__file__).resolve().parents[3]
 EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "experiment").glob("*.yaml"))

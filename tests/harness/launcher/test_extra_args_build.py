@@ -10,17 +10,17 @@ import threading
 
 import pytest
 
-from harness.config.swift_flags import TABLE_FORMAT, backend_name, load_table, table_path
-from harness.fixtures import building
-from harness.fixtures.building import exclusive
-from harness.launcher import extra_args
+from gkd_harness.harness.config.swift_flags import TABLE_FORMAT, backend_name, load_table, table_path
+from gkd_harness.harness.fixtures import building
+from gkd_harness.harness.fixtures.building import exclusive
+from gkd_harness.harness.launcher import extra_args
 
 ROW = {"flags": ["--lora_rank"], "dest": "lora_rank", "action": "store", "nargs": None, "type": "int", "const": None,
        "choices": None}
 
 
 def _stand_in(path, sleep_s: float):
-    """A process like ``python -m harness.launcher.extra_args``: sleeps (the import), writes a one-flag table."""
+    """A process like ``python -m gkd_harness.harness.launcher.extra_args``: sleeps (the import), writes a one-flag table."""
     body = json.dumps({"format": TABLE_FORMAT, "backend": backend_name(False), "actions": [ROW]})
     code = f"import time, pathlib; time.sleep({sleep_s}); pathlib.Path({str(path)!r}).write_text({body!r})"
     return [sys.executable, "-c", code]

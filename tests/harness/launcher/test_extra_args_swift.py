@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.config.extra_args_rules import harness_key
-from harness.config.schema import ConfigError
-from harness.config.swift_flags import CACHE_ENV, load_table, refusal, table_path
-from harness.config.validate import validate_config
-from harness.launcher.compose import point_config
-from harness.launcher.extra_args import flag_table, swift_refusal
-from harness.launcher.run import dry_run
+from gkd_harness.harness.config.extra_args_rules import harness_key
+from gkd_harness.harness.config.schema import ConfigError
+from gkd_harness.harness.config.swift_flags import CACHE_ENV, load_table, refusal, table_path
+from gkd_harness.harness.config.validate import validate_config
+from gkd_harness.harness.launcher.compose import point_config
+from gkd_harness.harness.launcher.extra_args import flag_table, swift_refusal
+from gkd_harness.harness.launcher.run import dry_run
 from tests.conftest import entry_point
 
 #: (argv, accepted) - what ms-swift's own parser says, with abbreviations off (a flag is a field's own name)
@@ -103,9 +103,9 @@ def test_abbreviations_and_negations_cannot_reach_a_harness_flag(table_cache, ex
 
 def test_validation_checks_the_flags_without_importing_ms_swift(table_cache):
     code = ("import sys\n"
-            "from harness.launcher.compose import point_config\n"
-            "from harness.config.validate import validate_config\n"
-            "from harness.config.schema import ConfigError\n"
+            "from gkd_harness.harness.launcher.compose import point_config\n"
+            "from gkd_harness.harness.config.validate import validate_config\n"
+            "from gkd_harness.harness.config.schema import ConfigError\n"
             "cfg, _ = point_config(['run.extra_args=[--lora_rank,eight]'], run_dir='/tmp/unused')\n"
             "try:\n"
             "    validate_config(cfg)\n"

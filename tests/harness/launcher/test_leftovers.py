@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from harness.launcher.leftovers import remove_if_empty
+from gkd_harness.harness.launcher.leftovers import remove_if_empty
 from tests.conftest import entry_point
 
 

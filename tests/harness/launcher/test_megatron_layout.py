@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.config.schema import ConfigError, MegatronBackendConfig
-from harness.launcher.compose import point_config
-from launch.slurm import node_plan
+from gkd_harness.harness.config.schema import ConfigError, MegatronBackendConfig
+from gkd_harness.harness.launcher.compose import point_config
+from gkd_harness.launch.slurm import node_plan
 
 EXPERIMENTS = sorted(p.stem for p in (Path(__file__).resolve().parents[3] / "configs" / "experiment").glob("*.yaml"))
 LAYOUTS = list(itertools.product([1, 2], [1, 2], [1, 2]))
@@ -104,7 +104,7 @@ def test_off_policy_keeps_the_plain_default(tmp_path):
 
 def test_megatron_saves_resumable_checkpoints_with_run_save_steps(tmp_path):
     """run.resume=true on Megatron (refused before issue 31): with run.save_steps N ms-swift saves a checkpoint every N
-    steps with the optimizer (no --no_save_optim), so a requeue continues from it (harness.launcher.resume:
+    steps with the optimizer (no --no_save_optim), so a requeue continues from it (gkd_harness.harness.launcher.resume:
     --mcore_model DIR --finetune false, tests/harness/launcher/test_resume.py); without run.save_steps the last
     step's checkpoint holds weights only, unless run.resume=true asks to keep the optimizer too."""
     def argv(*overrides):

@@ -1,4 +1,4 @@
-"""harness.launcher.node: the NNODES / NODE_RANK / MASTER_* / NPROC_PER_NODE layout ms-swift's torchrun reads.
+"""gkd_harness.harness.launcher.node: the NNODES / NODE_RANK / MASTER_* / NPROC_PER_NODE layout ms-swift's torchrun reads.
 
 The ``backend`` group comes from real Hydra composition; the node's environment is a plain mapping (a SLURM
 task's variables, or a hand-started node process).
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.launcher.compose import point_config
-from harness.config.schema import ConfigError
-from harness.launcher.node import (DIST_KEYS, detect_device, is_main_node, node_layout, parse_slurm_nodelist,
+from gkd_harness.harness.launcher.compose import point_config
+from gkd_harness.harness.config.schema import ConfigError
+from gkd_harness.harness.launcher.node import (DIST_KEYS, detect_device, is_main_node, node_layout, parse_slurm_nodelist,
                               slurm_port)
 
 
@@ -30,7 +30,7 @@ def test_single_process_single_node_gets_no_torchrun_but_a_private_port():
 def test_process_env_drops_stale_torchrun_variables_and_keeps_the_rest(tmp_path):
     """The ms-swift process of a single-process run must not inherit NNODES/NPROC_PER_NODE (ms-swift would then
     start torchrun); everything else of the node's environment is kept."""
-    from harness.launcher.run import make_plan
+    from gkd_harness.harness.launcher.run import make_plan
 
     cfg = point_config(["backend.nproc_per_node=1", "run.device=cpu"], run_dir=tmp_path)[0]
     base = {"PATH": "/bin", "NNODES": "1", "NPROC_PER_NODE": "1", "NODE_RANK": "0"}
@@ -51,7 +51,7 @@ def test_port_picker_is_used_for_a_single_node_without_a_port():
 
 
 def test_forced_torchrun_for_one_process():
-    """Megatron and a colocated vLLM need torch.distributed even for one process (harness.launcher.plan forces it)."""
+    """Megatron and a colocated vLLM need torch.distributed even for one process (gkd_harness.harness.launcher.plan forces it)."""
     layout = node_layout(backend("backend.nproc_per_node=1"), {}, force_torchrun=True)
     assert layout.torchrun and layout.env()["NPROC_PER_NODE"] == "1" and layout.env()["NNODES"] == "1"
 
@@ -162,7 +162,7 @@ def test_node_uses_no_private_submitit_name():
     import ast
     import inspect
 
-    from harness.launcher import node
+    from gkd_harness.harness.launcher import node
 
     names = {a.name for n in ast.walk(ast.parse(inspect.getsource(node)))
              if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("submitit") for a in n.names}

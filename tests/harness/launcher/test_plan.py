@@ -1,4 +1,4 @@
-"""One launch plan: what ``gkd-train run.dry_run=true`` prints on a node is what ``python -m launch.slurm`` prints for
+"""One launch plan: what ``gkd-train run.dry_run=true`` prints on a node is what ``python -m gkd_harness.launch.slurm`` prints for
 that node, and what ``gkd-train`` executes there (issue: the dry run showed --global_batch_size 16 while the node
 passed 8, because two copies of the layout arithmetic drifted apart).
 """
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.launcher.compose import point_config
-from harness.config.schema import MegatronBackendConfig
-from harness.launcher.plan import build_plan
-from harness.launcher.swift_argv import megatron_batch_sizes
-from harness.launcher.run import make_plan
-from launch.slurm import node_plan, node_slurm_env
+from gkd_harness.harness.launcher.compose import point_config
+from gkd_harness.harness.config.schema import MegatronBackendConfig
+from gkd_harness.harness.launcher.plan import build_plan
+from gkd_harness.harness.launcher.swift_argv import megatron_batch_sizes
+from gkd_harness.harness.launcher.run import make_plan
+from gkd_harness.launch.slurm import node_plan, node_slurm_env
 from tests.conftest import entry_point
 
 EXPERIMENTS = sorted(p.stem for p in (Path(__file__).resolve().parents[3] / "configs" / "experiment").glob("*.yaml"))
@@ -68,7 +68,7 @@ def test_dry_run_writes_nothing_and_loads_nothing(tmp_path):
 @pytest.mark.parametrize("nodes", [1, 2])
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_gkd_train_dry_run_equals_slurm_node0(experiment, nodes, tmp_path):
-    """For every preset on 1 and 2 nodes, node 0's plan in launch.slurm equals gkd-train's own dry run there."""
+    """For every preset on 1 and 2 nodes, node 0's plan in gkd_harness.launch.slurm equals gkd-train's own dry run there."""
     out = tmp_path / "run"
     cfg, run_dir = point_config(_overrides(experiment, out))
     slurm_plan = node_plan(cfg, run_dir, 0, nodes, 8)
@@ -113,7 +113,7 @@ def test_hf_single_process_runs_without_torchrun_and_drops_stale_variables(tmp_p
 
 
 def test_explicit_global_batch_not_divisible_is_refused_naming_the_key(tmp_path):
-    from harness.config.schema import ConfigError
+    from gkd_harness.harness.config.schema import ConfigError
 
     cfg, run_dir = point_config(["experiment=seed", "run.dataset=x/y", "backend.global_batch_size=12",
                                  f"run.output_dir={tmp_path}"])
@@ -142,7 +142,7 @@ def test_boundary_cast_on_megatron_is_refused_unless_asked_for(tmp_path):
 
 def test_build_plan_is_the_only_place_argv_is_made():
     """gkd-train's executed plan and its dry run are the same object type from the same function."""
-    import harness.launcher.run as train_mod
+    import gkd_harness.harness.launcher.run as train_mod
 
     assert train_mod.build_plan is build_plan
     src = Path(train_mod.__file__).read_text()
@@ -151,7 +151,7 @@ def test_build_plan_is_the_only_place_argv_is_made():
 
 def test_submitit_local_gives_cuda_points_their_gpus():
     """Issue 11: with gpus_per_node null, submitit_local set CUDA_VISIBLE_DEVICES='' and hid every GPU."""
-    from harness.launcher.compose import compose
+    from gkd_harness.harness.launcher.compose import compose
 
     assert compose(["hydra/launcher=submitit_local", "run.device=cpu"]).hydra.launcher.gpus_per_node == 0
     gpu = compose(["hydra/launcher=submitit_local", "run.device=cuda", "backend.nproc_per_node=4"])

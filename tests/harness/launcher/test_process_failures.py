@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.launcher.process import TrainingFailed, _failure, _run_subprocess, killing_signal
+from gkd_harness.harness.launcher.process import TrainingFailed, _failure, _run_subprocess, killing_signal
 from tests.conftest import entry_point
 
 #: a rank that prints a progress bar, then is killed by SIGKILL (as by the OOM killer)

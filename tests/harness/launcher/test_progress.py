@@ -2,7 +2,7 @@
 log (not a terminal) stays short. Every ETA below is worked out by hand from the pinned clock."""
 import io
 
-from harness.launcher.progress import EtaClock, ProgressDisplay, Running, Snapshot, render
+from gkd_harness.harness.launcher.progress import EtaClock, ProgressDisplay, Running, Snapshot, render
 
 
 class Clock:

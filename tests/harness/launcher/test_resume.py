@@ -1,8 +1,8 @@
-"""harness.launcher.resume: the newest complete ms-swift checkpoint of a run folder (requeue -> resume)."""
+"""gkd_harness.harness.launcher.resume: the newest complete ms-swift checkpoint of a run folder (requeue -> resume)."""
 
 import os
 
-from harness.launcher.resume import latest_checkpoint, resume_args
+from gkd_harness.harness.launcher.resume import latest_checkpoint, resume_args
 
 
 def _ckpt(root, rel, complete=True, mtime=None):
@@ -37,12 +37,12 @@ import json  # noqa: E402
 
 import pytest  # noqa: E402
 
-from harness.config.flat import flatten  # noqa: E402
-from harness.launcher.resume import decide_attempt  # noqa: E402
-from harness.store.fingerprint import ConfigMismatch, config_fingerprint  # noqa: E402
-from harness.store.metrics_io import MetricsWriter  # noqa: E402
-from harness.store.provenance import harness_version  # noqa: E402
-from harness.store.run_folder import RunFolder  # noqa: E402
+from gkd_harness.harness.config.flat import flatten  # noqa: E402
+from gkd_harness.harness.launcher.resume import decide_attempt  # noqa: E402
+from gkd_harness.harness.store.fingerprint import ConfigMismatch, config_fingerprint  # noqa: E402
+from gkd_harness.harness.store.metrics_io import MetricsWriter  # noqa: E402
+from gkd_harness.harness.store.provenance import harness_version  # noqa: E402
+from gkd_harness.harness.store.run_folder import RunFolder  # noqa: E402
 
 FLAT = flatten({"loss": {"precision": "fp32", "beta_form": "paper"}, "gkd": {"beta": 0.5},
                 "model": {"student": "embedded", "teacher": "embedded"}, "run": {"dataset": None, "max_steps": 3,

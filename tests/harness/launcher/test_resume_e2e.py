@@ -3,7 +3,7 @@
 Before the layout issue the folder decided "resume" without looking for a checkpoint and ``gkd-train`` then
 passed no resume flag and archived nothing: ``metrics.jsonl`` held steps ``[1, 2, 3, 1, 2, 3]``, the cumulative
 counters restarted inside one file and nothing went to ``previous_attempts/``. The decision now has one home
-(``harness.launcher.resume.decide_attempt``): no checkpoint means archive the attempt and restart, with a note.
+(``gkd_harness.harness.launcher.resume.decide_attempt``): no checkpoint means archive the attempt and restart, with a note.
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import subprocess
 import pytest
 import yaml
 
-from harness.contract import ARCHIVE_DIR, HYDRA_DIR, LOSS_CALLS_TOTAL, METRICS_FILE, SUMMARY_FILE
-from harness.launcher.resume import latest_checkpoint
-from harness.store.metrics_io import read_metrics
+from gkd_harness.harness.contract import ARCHIVE_DIR, HYDRA_DIR, LOSS_CALLS_TOTAL, METRICS_FILE, SUMMARY_FILE
+from gkd_harness.harness.launcher.resume import latest_checkpoint
+from gkd_harness.harness.store.metrics_io import read_metrics
 from tests.conftest import entry_point
 
 pytestmark = pytest.mark.slow

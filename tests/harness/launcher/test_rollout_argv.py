@@ -1,6 +1,6 @@
-"""harness.launcher.rollout_argv: validation of the rollout group, mapping to ms-swift arguments and subprocess environment.
+"""gkd_harness.harness.launcher.rollout_argv: validation of the rollout group, mapping to ms-swift arguments and subprocess environment.
 
-Configs are composed for real (``harness.launcher.compose.point_config``). Runs in the main venv (no vLLM needed); the real
+Configs are composed for real (``gkd_harness.harness.launcher.compose.point_config``). Runs in the main venv (no vLLM needed); the real
 vLLM runs are in ``tests/vllm/``. What is installed inside ms-swift's ranks is ``test_rollout_patches.py``.
 """
 from __future__ import annotations
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.launcher.compose import point_config
-from harness.config.schema import ConfigError
-from harness.config.rollout_rules import VLLM_CPU_MIN_HEAD_DIM, validate_rollout
-from harness.launcher.rollout_argv import needs_torchrun, rollout_args, rollout_engine_name, rollout_env
-from harness.launcher.run import make_plan
+from gkd_harness.harness.launcher.compose import point_config
+from gkd_harness.harness.config.schema import ConfigError
+from gkd_harness.harness.config.rollout_rules import VLLM_CPU_MIN_HEAD_DIM, validate_rollout
+from gkd_harness.harness.launcher.rollout_argv import needs_torchrun, rollout_args, rollout_engine_name, rollout_env
+from gkd_harness.harness.launcher.run import make_plan
 
 
 def compose_cfg(*overrides: str):
@@ -162,14 +162,14 @@ def test_head_dim_of_a_local_student_is_read_from_its_config(tmp_path):
 
 
 def test_validate_config_delegates_to_rollout():
-    from harness.config.validate import validate_config
+    from gkd_harness.harness.config.validate import validate_config
 
     with pytest.raises(ConfigError, match=r"^gkd\.lmbda"):
         validate_config(compose_cfg("rollout=vllm_colocate", "model=tiny_vllm", "gkd.lmbda=0"))
 
 
 def test_swift_argv_carries_rollout_flags_once():
-    from harness.launcher.swift_argv import ResolvedInputs, hf_argv
+    from gkd_harness.harness.launcher.swift_argv import ResolvedInputs, hf_argv
 
     cfg = compose_cfg("rollout=vllm_colocate", "gkd.lmbda=1", "model=tiny_vllm")
     argv = hf_argv(cfg, ResolvedInputs("/s", "/t", "/d.jsonl"), "/tmp/run", device="cpu", wandb_mode="offline")

@@ -69,7 +69,7 @@ def test_log_records_are_redacted_and_a_failing_log_write_prints_no_traceback():
     """What Hydra logs (its launch line "#0 : key=value ...", the job's log) goes through redact_text."""
     import logging
 
-    from harness.launcher.cli import _redact_log_records
+    from gkd_harness.harness.launcher.cli import _redact_log_records
 
     before, raise_before = logging.getLogRecordFactory(), logging.raiseExceptions
     try:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.contract import LOCK_FILE
-from harness.launcher.process import Interrupted, stop_signals
-from harness.store.lock import RunFolderBusy, RunLock, pid_alive, read_lock
-from harness.store.metrics_io import read_metrics
+from gkd_harness.harness.contract import LOCK_FILE
+from gkd_harness.harness.launcher.process import Interrupted, stop_signals
+from gkd_harness.harness.store.lock import RunFolderBusy, RunLock, pid_alive, read_lock
+from gkd_harness.harness.store.metrics_io import read_metrics
 
 JOB = "4242"
 
@@ -78,7 +78,7 @@ def test_sigterm_to_a_real_run_is_recorded_as_interrupted_and_releases_the_lock(
     for k in ("SLURM_NODEID", "SLURM_PROCID", "SLURM_NNODES", "NODE_RANK"):
         env.pop(k, None)
     out = root / "sig"
-    args = [sys.executable, "-m", "harness.launcher.cli", f"run.output_dir={out}", "run.max_steps=200",
+    args = [sys.executable, "-m", "gkd_harness.harness.launcher.cli", f"run.output_dir={out}", "run.max_steps=200",
             "loss=fp32", "tracking.wandb.mode=offline"]
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -1,16 +1,16 @@
 """Typed config -> ms-swift argv, for `swift rlhf --rlhf_type gkd` and (argument level) `megatron rlhf --rlhf_type gkd`.
 
-Configs are composed for real (``harness.launcher.compose.point_config``); the process layout is a
-``harness.launcher.node.NodeLayout`` from ``node_layout``, as ``harness.launcher.plan`` builds it. That every flag is
+Configs are composed for real (``gkd_harness.harness.launcher.compose.point_config``); the process layout is a
+``gkd_harness.harness.launcher.node.NodeLayout`` from ``node_layout``, as ``gkd_harness.harness.launcher.plan`` builds it. That every flag is
 accepted by ms-swift's own argument parser is ``tests/harness/launcher/test_argv_contract.py``.
 """
 import dataclasses
 import re
 from pathlib import Path
 
-from harness.launcher.compose import point_config
-from harness.launcher.node import NodeLayout, node_layout
-from harness.launcher.swift_argv import PLUGIN_PATH, ResolvedInputs, build_argv, hf_argv, megatron_argv, megatron_batch_sizes
+from gkd_harness.harness.launcher.compose import point_config
+from gkd_harness.harness.launcher.node import NodeLayout, node_layout
+from gkd_harness.harness.launcher.swift_argv import PLUGIN_PATH, ResolvedInputs, build_argv, hf_argv, megatron_argv, megatron_batch_sizes
 
 INPUTS = ResolvedInputs(student="/m/student", teacher="/m/teacher", dataset="/d/train.jsonl")
 ONE_GPU = NodeLayout(nproc_per_node=1, nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=29511,

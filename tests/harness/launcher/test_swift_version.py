@@ -1,4 +1,4 @@
-"""The tested ms-swift series (harness.launcher.swift_version): the check before launch, the version-dependent
+"""The tested ms-swift series (gkd_harness.harness.launcher.swift_version): the check before launch, the version-dependent
 arguments, and pyproject's requirement (one range, two spellings: checked equal here)."""
 import re
 import subprocess
@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from harness.config.schema import ConfigError
-from harness.launcher.swift_version import (ALLOW_KEY, TESTED_SWIFT_SERIES, check_swift_version, series,
+from gkd_harness.harness.config.schema import ConfigError
+from gkd_harness.harness.launcher.swift_version import (ALLOW_KEY, TESTED_SWIFT_SERIES, check_swift_version, series,
                                             version_args)
 from tests.launch.helpers import REPO, gkd_train_cmd, harness_env
 

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.store.captures import load_capture
-from harness.launcher.compose import point_config
-from harness.losses import make_gkd_loss
-from harness.store.metrics_io import read_metrics
-from harness.launcher.run import train
+from gkd_harness.harness.store.captures import load_capture
+from gkd_harness.harness.launcher.compose import point_config
+from gkd_harness.harness.losses import make_gkd_loss
+from gkd_harness.harness.store.metrics_io import read_metrics
+from gkd_harness.harness.launcher.run import train
 from tests.conftest import entry_point
-from harness.loss.reference import reference_gkd
+from gkd_harness.harness.loss.reference import reference_gkd
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +65,7 @@ def last(out, key):
 
 
 def offline_run(out):
-    from analysis.load import OfflineRun, find_offline_runs
+    from gkd_harness.analysis.load import OfflineRun, find_offline_runs
 
     files = find_offline_runs(Path(out) / "wandb")
     assert len(files) == 1, files
@@ -98,7 +98,7 @@ def test_wandb_offline_run_holds_harness_metrics(run, name):
     out, summary, _ = run(name)
     wr = offline_run(out)
     assert wr.group == "e2e" and wr.job_type == "gkd-train" and wr.name == out.name
-    from harness.config.flat import flatten
+    from gkd_harness.harness.config.flat import flatten
 
     conf = flatten(wr.config)  # the harness config is logged nested under "harness"
     assert conf["harness.loss.precision"] == summary["config"]["loss.precision"]

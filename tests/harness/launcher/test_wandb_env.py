@@ -1,4 +1,4 @@
-"""harness.launcher.wandb_env: the WANDB_* variables that steer ms-swift's wandb.init, and the online/offline decision."""
+"""gkd_harness.harness.launcher.wandb_env: the WANDB_* variables that steer ms-swift's wandb.init, and the online/offline decision."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.launcher.wandb_env import resolve_wandb_mode, run_tags, wandb_env, wandb_run_id
+from gkd_harness.harness.launcher.wandb_env import resolve_wandb_mode, run_tags, wandb_env, wandb_run_id
 
 
 # ------------------------------------------------------------------------------------------------ wandb

@@ -8,7 +8,7 @@
 * R3: super-confident rows (dominant logit +25, T = 0.3): the spot check's ``grad_rel_l2`` (fp32 against the
   ``fp64`` variant) and fp32's true error against mpmath.
 
-References: ``harness.loss.reference`` (FP64) and, with ``--mp``, the mpmath row reference of
+References: ``gkd_harness.harness.loss.reference`` (FP64) and, with ``--mp``, the mpmath row reference of
 ``mp_reference.py`` on the worst rows (25 s per row at this width).
 """
 from __future__ import annotations
@@ -21,8 +21,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from harness.loss.reference import reference_gkd  # noqa: E402
-from harness.losses import make_gkd_loss_terms  # noqa: E402
+from gkd_harness.harness.loss.reference import reference_gkd  # noqa: E402
+from gkd_harness.harness.losses import make_gkd_loss_terms  # noqa: E402
 from swift.rlhf_trainers.gkd_loss import TeacherOutput  # noqa: E402
 
 V = 151_936

@@ -20,7 +20,7 @@ kl_div_fn=vocab_parallel_kl_div``), with ms-swift's own functions:
 * CP=2: student logits and labels are split along the sequence with ``split_cp_inputs`` (zigzag), the teacher
   with ms-swift's ``cp_slice_teacher_output`` (the teacher-API path); the local sums go through ``cp_reduce`` (the
   Megatron/Ray GKD loss's CP reduction).
-* CP=2 instrumented (layout ``cpi``): the same slices through ``harness.rank.instrument.LossInstrument`` (one loss call
+* CP=2 instrumented (layout ``cpi``): the same slices through ``gkd_harness.harness.rank.instrument.LossInstrument`` (one loss call
   per CP rank, as the Megatron trainer makes them), its metrics computed with ms-swift's own
   ``SwiftMixin.compute_custom_metrics`` (the logging-step reduction), next to ``cp_reduce`` of the call's total.
 """
@@ -83,7 +83,7 @@ def run_tp_case(case: dict, inp: dict, fns) -> dict:
     """
     from megatron.core import parallel_state as ps
 
-    from harness.losses import make_gkd_loss, make_gkd_loss_terms
+    from gkd_harness.harness.losses import make_gkd_loss, make_gkd_loss_terms
     from swift.rlhf_trainers.gkd_loss import TeacherOutput
     from swift.rlhf_trainers.gkd_loss import gkd_loss as upstream_gkd_loss
 
@@ -132,7 +132,7 @@ def run_cp_case(case: dict, inp: dict, fns) -> dict:
     """
     from megatron.core import parallel_state as ps
 
-    from harness.losses import make_gkd_loss, make_gkd_loss_terms
+    from gkd_harness.harness.losses import make_gkd_loss, make_gkd_loss_terms
     from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
     size = ps.get_context_parallel_world_size()
@@ -170,8 +170,8 @@ def run_cp_instrument_case(case: dict, inp: dict, fns) -> dict:
     (``logs``), the local ``total`` / ``n`` of this shard and ``cp_loss`` (``cp_reduce`` of the call's output)."""
     from megatron.core import parallel_state as ps
 
-    from harness.rank.instrument import LossInstrument, build_metrics
-    from harness.losses import make_gkd_loss_terms
+    from gkd_harness.harness.rank.instrument import LossInstrument, build_metrics
+    from gkd_harness.harness.losses import make_gkd_loss_terms
     from swift.rlhf_trainers.gkd_loss import TeacherOutput
     from swift.trainers.mixin import SwiftMixin
 

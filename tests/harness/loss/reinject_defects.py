@@ -112,7 +112,8 @@ def run(name: str) -> str:
             return f"patch does not apply: {e}"
         env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                    HF_HUB_OFFLINE="1", WANDB_MODE="offline")
-        probe = "import harness, analysis; print(harness.__file__, analysis.__file__)"
+        probe = ("import gkd_harness.harness, gkd_harness.analysis; "
+                 "print(gkd_harness.harness.__file__, gkd_harness.analysis.__file__)")
         where = subprocess.run([sys.executable, "-c", probe], cwd=tree, env=env, capture_output=True,
                                text=True).stdout.split()
         if not where or not all(w.startswith(str(tree)) for w in where):

@@ -1,4 +1,4 @@
-"""harness.loss.candidate: loading a candidate fix from a file or a module, its refusals, its hash and its per-position
+"""gkd_harness.harness.loss.candidate: loading a candidate fix from a file or a module, its refusals, its hash and its per-position
 terms; and the config side (loss=candidate refused before any model loads)."""
 import hashlib
 import subprocess
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.loss.candidate import (CandidateError, candidate_terms, copy_into_run_folder, load_candidate,
+from gkd_harness.harness.loss.candidate import (CandidateError, candidate_terms, copy_into_run_folder, load_candidate,
                                     loss_provenance, loss_source_path, loss_source_sha256)
 from swift.rlhf_trainers import gkd_loss as upstream
 from tests.loss_cases import make_case
@@ -73,7 +73,7 @@ def test_import_error_is_refused_naming_the_file_and_the_error(tmp_path):
 def test_module_refusals(tmp_path):
     assert "import failed" in _refusal("no_such_pkg_gkd.mod")
     assert "has no attribute 'nope'" in _refusal("swift.rlhf_trainers.gkd_loss:nope")
-    assert "no gkd_loss" in _refusal("harness.contract")
+    assert "no gkd_loss" in _refusal("gkd_harness.harness.contract")
 
 
 def test_good_example_loads_with_its_hash_and_declarations():
@@ -110,7 +110,7 @@ def test_copy_into_run_folder_keeps_the_bytes(tmp_path):
 
 
 def test_keep_in_run_folder_records_name_hash_and_copy(tmp_path):
-    from harness.loss.candidate import keep_in_run_folder
+    from gkd_harness.harness.loss.candidate import keep_in_run_folder
 
     rec = keep_in_run_folder(str(GOOD), "pr-7", str(tmp_path))
     sha = hashlib.sha256(GOOD.read_bytes()).hexdigest()
@@ -137,8 +137,8 @@ def test_candidate_terms_are_the_candidates_own_values(mode):
 
 # ------------------------------------------------------------------------------------------------ config side
 def _validate(overrides):
-    from harness.config.validate import validate_config
-    from harness.launcher.compose import point_config
+    from gkd_harness.harness.config.validate import validate_config
+    from gkd_harness.harness.launcher.compose import point_config
 
     cfg, _ = point_config(overrides + ["run.output_dir=/tmp/gkd-candidate-test"])
     validate_config(cfg)
@@ -148,11 +148,11 @@ def _validate(overrides):
 @pytest.mark.parametrize("overrides,message", [
     (["loss=candidate"], "loss.source"),
     (["loss=candidate", "loss.source=/no/such/gkd_loss.py"], "loss.source: /no/such/gkd_loss.py: no such file"),
-    (["loss=candidate", "loss.source=harness.contract"], "no gkd_loss"),
+    (["loss=candidate", "loss.source=gkd_harness.harness.contract"], "no gkd_loss"),
     (["loss=candidate", "loss.source=no_such_pkg_gkd.mod:fn"], "no module named 'no_such_pkg_gkd'"),
 ])
 def test_config_refusals_before_any_model_loads(overrides, message):
-    from harness.config.schema import ConfigError
+    from gkd_harness.harness.config.schema import ConfigError
 
     with pytest.raises(ConfigError) as e:
         _validate(overrides + ["run.dry_run=true"])
@@ -166,7 +166,7 @@ def test_other_precisions_ignore_loss_source():
 
 
 def test_config_refuses_a_syntax_error_naming_the_file(tmp_path):
-    from harness.config.schema import ConfigError
+    from gkd_harness.harness.config.schema import ConfigError
 
     p = _write(tmp_path, "cand.py", "def gkd_loss(:\n")
     with pytest.raises(ConfigError, match=f"loss.source: {p}: does not parse"):
@@ -176,7 +176,7 @@ def test_config_refuses_a_syntax_error_naming_the_file(tmp_path):
 def test_config_import_check_runs_in_a_fresh_process(tmp_path):
     """The real import (and signature check) runs before any model loads, in a subprocess: this process never
     imports the candidate's dependencies for validation."""
-    from harness.config.schema import ConfigError
+    from gkd_harness.harness.config.schema import ConfigError
 
     p = _write(tmp_path, "cand.py", "import no_such_module_for_gkd\ndef gkd_loss(student_logits, teacher_output, "
                "labels, beta, temperature, gather_fn=None, log_softmax_fn=None, kl_div_fn=None, chunk_size=512):\n"
@@ -189,23 +189,23 @@ def test_config_import_check_runs_in_a_fresh_process(tmp_path):
 
 
 def test_role_of_a_candidate_is_patched():
-    from harness.contract import role_of
+    from gkd_harness.harness.contract import role_of
 
     assert role_of("candidate") == "patched"
 
 
 def test_check_command_exit_codes(tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "harness.loss.candidate", str(GOOD)], capture_output=True, text=True,
+    ok = subprocess.run([sys.executable, "-m", "gkd_harness.harness.loss.candidate", str(GOOD)], capture_output=True, text=True,
                         cwd=REPO, timeout=300)
     assert ok.returncode == 0 and ok.stdout.startswith("ok good_promote_first ")
-    bad = subprocess.run([sys.executable, "-m", "harness.loss.candidate", str(tmp_path / "x.py")],
+    bad = subprocess.run([sys.executable, "-m", "gkd_harness.harness.loss.candidate", str(tmp_path / "x.py")],
                          capture_output=True, text=True, cwd=REPO, timeout=300)
     assert bad.returncode == 2 and "no such file" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_run_provenance_hashes_the_candidates_file():
-    """summary.json's provenance (harness.store.provenance, torch-free) agrees with loss_source_sha256."""
-    from harness.store.provenance import provenance
+    """summary.json's provenance (gkd_harness.harness.store.provenance, torch-free) agrees with loss_source_sha256."""
+    from gkd_harness.harness.store.provenance import provenance
 
     prov = provenance("candidate", str(GOOD))
     assert prov["loss_code"] == str(GOOD) and prov["loss_sha256"] == loss_source_sha256("candidate", str(GOOD))
@@ -215,8 +215,8 @@ def test_run_provenance_hashes_the_candidates_file():
 
 
 def test_wandb_tags_name_the_candidate_and_its_hash():
-    from harness.launcher.wandb_env import wandb_env
-    from harness.loss.candidate import candidate_tags
+    from gkd_harness.harness.launcher.wandb_env import wandb_env
+    from gkd_harness.harness.loss.candidate import candidate_tags
 
     tags = candidate_tags("candidate", str(GOOD), None)
     sha = loss_source_sha256("candidate", str(GOOD))
@@ -228,7 +228,7 @@ def test_wandb_tags_name_the_candidate_and_its_hash():
 
 
 def test_ranks_load_the_run_folders_copy(tmp_path):
-    from harness.loss.candidate import keep_in_run_folder, run_source
+    from gkd_harness.harness.loss.candidate import keep_in_run_folder, run_source
 
     assert run_source(str(GOOD), str(tmp_path)) == str(GOOD)  # no copy yet
     keep_in_run_folder(str(GOOD), None, str(tmp_path))
@@ -242,12 +242,12 @@ def test_plugin_installs_the_candidate_behind_the_boundary_and_the_instrument(tm
     rebind_gkd_loss puts it where ms-swift's trainers call gkd_loss; the value is the candidate's own."""
     import dataclasses
 
-    from harness.contract import LOSS_CALLS_TOTAL, SPOT_LOSS_FP64
-    from harness.launcher.compose import point_config
-    from harness.launcher.run import plugin_settings
-    from harness.loss.candidate import keep_in_run_folder
-    from harness.losses import DTYPES_BY_NAME
-    from harness.rank.plugin import build_loss, rebind_gkd_loss
+    from gkd_harness.harness.contract import LOSS_CALLS_TOTAL, SPOT_LOSS_FP64
+    from gkd_harness.harness.launcher.compose import point_config
+    from gkd_harness.harness.launcher.run import plugin_settings
+    from gkd_harness.harness.loss.candidate import keep_in_run_folder
+    from gkd_harness.harness.losses import DTYPES_BY_NAME
+    from gkd_harness.harness.rank.plugin import build_loss, rebind_gkd_loss
 
     cfg, run_dir = point_config(["loss=candidate", f"loss.source={GOOD}", "monitor.spot_check.every_n_steps=1"],
                                 run_dir=tmp_path)
@@ -277,16 +277,16 @@ def test_wandb_config_carries_the_candidates_hash(tmp_path, monkeypatch):
     and sha256 to the run's config."""
     import wandb
 
-    from harness.config.schema import to_dict
-    from harness.launcher.compose import point_config
-    from harness.rank.wandb_run import attach_to_wandb_run
+    from gkd_harness.harness.config.schema import to_dict
+    from gkd_harness.harness.launcher.compose import point_config
+    from gkd_harness.harness.rank.wandb_run import attach_to_wandb_run
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     cfg, _ = point_config(["loss=candidate", f"loss.source={GOOD}", "loss.name=pr-9"], run_dir=tmp_path)
     run = wandb.init(dir=str(tmp_path), mode="offline", project="t")
     try:
         assert attach_to_wandb_run(to_dict(cfg))
-        from harness.config.flat import flatten
+        from gkd_harness.harness.config.flat import flatten
 
         conf = flatten(dict(run.config))  # the harness config is logged nested under "harness"
         assert conf["harness.provenance.loss_sha256"] == loss_source_sha256("candidate", str(GOOD))

@@ -4,7 +4,7 @@ harness's bar; an outside fix is held to upstream's formula in FP32). The unit c
 express stay in test_losses*.py (native bit-identical to upstream, no clamp, memory, the custom autograd)."""
 import pytest
 
-from analysis.certify.certificate import certify, load
+from gkd_harness.analysis.certify.certificate import certify, load
 
 
 @pytest.mark.parametrize("beta_form", ["paper", "continuous"])
@@ -36,13 +36,17 @@ def test_the_certificate_fails_a_reinjected_defect_naming_the_family(defect, fam
 
     from tests.harness.loss.reinject_defects import ROOT, inject
 
-    shutil.copytree(ROOT / "harness", tmp_path / "harness", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("harness", "analysis", "gkd_harness"):  # a source tree: gkd_harness maps its folders
+        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__", "_version.py"))
+    shutil.copy2(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     inject(tmp_path, defect)
     env = dict(os.environ, PYTHONPATH=str(tmp_path), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", WANDB_MODE="offline")
-    probe = subprocess.run([sys.executable, "-c", "import harness; print(harness.__file__)"], cwd=tmp_path, env=env,
-                           capture_output=True, text=True)
-    assert Path(probe.stdout.strip()).is_relative_to(tmp_path), probe.stdout + probe.stderr
-    proc = subprocess.run([sys.executable, "-m", "analysis.certify.cli", "fp32", *options, "--family", family],
+    probe = subprocess.run([sys.executable, "-c", "import gkd_harness.harness, gkd_harness.analysis; "
+                            "print(gkd_harness.harness.__file__); print(gkd_harness.analysis.__file__)"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True)
+    where = probe.stdout.split()
+    assert len(where) == 2 and all(Path(w).is_relative_to(tmp_path) for w in where), probe.stdout + probe.stderr
+    proc = subprocess.run([sys.executable, "-m", "gkd_harness.analysis.certify.cli", "fp32", *options, "--family", family],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert f"verdict: FAIL (failed: {family}" in proc.stdout, proc.stdout[-2000:]

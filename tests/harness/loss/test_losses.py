@@ -15,13 +15,13 @@ import re
 import pytest
 import torch
 
-import harness.losses as losses
-from harness.losses import make_gkd_loss, make_gkd_loss_terms, make_jsd_loss
+import gkd_harness.harness.losses as losses
+from gkd_harness.harness.losses import make_gkd_loss, make_gkd_loss_terms, make_jsd_loss
 from swift.rlhf_trainers import gkd_loss as upstream
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 from tests.loss_cases import DTYPES, make_case, seed_of
-from harness.loss.reference import reference_gkd, reference_jsd
-from harness.loss.tolerances import FP64_GRAD_REL_L2, FP64_RTOL, grad_tol, loss_tol
+from gkd_harness.harness.loss.reference import reference_gkd, reference_jsd
+from gkd_harness.harness.loss.tolerances import FP64_GRAD_REL_L2, FP64_RTOL, grad_tol, loss_tol
 
 
 def _run(fn, case, beta, temp, **kw):

@@ -5,7 +5,7 @@
   −3e-8 per position).
 * The default path on rows where student and teacher are confident on different tokens (the gradient's
   ``h − Σ p·h`` cancelled: relative L2 error ~1 at V = 1024).
-* The FP64 references (the ``fp64`` variant behind the spot check and gkd-replay, and ``harness.loss.reference``)
+* The FP64 references (the ``fp64`` variant behind the spot check and gkd-replay, and ``gkd_harness.harness.loss.reference``)
   on super-confident and disjoint rows, against the mpmath row reference of ``mp_reference.py``.
 
 The 2-rank run with ms-swift's real vocab-parallel functions at V = 151,936 is in test_losses_parallel.py.
@@ -18,12 +18,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from analysis.replay.variants import evaluate_variants
-from harness.contract import SPOT_GRAD_REL_L2
-from harness.loss.reference import reference_gkd
-from harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT, loss_tol
-from harness.losses import make_gkd_loss_terms
-from harness.rank.instrument import spot_check
+from gkd_harness.analysis.replay.variants import evaluate_variants
+from gkd_harness.harness.contract import SPOT_GRAD_REL_L2
+from gkd_harness.harness.loss.reference import reference_gkd
+from gkd_harness.harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT, loss_tol
+from gkd_harness.harness.losses import make_gkd_loss_terms
+from gkd_harness.harness.rank.instrument import spot_check
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
 from tests.harness.loss.mp_reference import mp_jsd_row

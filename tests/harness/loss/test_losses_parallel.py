@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.loss.reference import reference_gkd, reference_jsd
-from harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT, grad_tol, loss_tol
+from gkd_harness.harness.loss.reference import reference_gkd, reference_jsd
+from gkd_harness.harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT, grad_tol, loss_tol
 from tests.two_ranks import run_two_ranks
 
 pytestmark = [pytest.mark.parallel, pytest.mark.timeout(1200)]

@@ -20,12 +20,12 @@ import math
 import pytest
 import torch
 
-from harness.losses import jsd_per_position, make_gkd_loss, make_gkd_loss_terms, make_jsd_loss
+from gkd_harness.harness.losses import jsd_per_position, make_gkd_loss, make_gkd_loss_terms, make_jsd_loss
 from swift.rlhf_trainers import gkd_loss as upstream
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 from tests.loss_cases import make_case, seed_of
-from harness.loss.reference import reference_gkd, reference_jsd
-from harness.loss.tolerances import GRAD_REL_L2_AFTER_FP32_DIVISION, GRAD_REL_L2_FP32_STUDENT, grad_tol, loss_tol
+from gkd_harness.harness.loss.reference import reference_gkd, reference_jsd
+from gkd_harness.harness.loss.tolerances import GRAD_REL_L2_AFTER_FP32_DIVISION, GRAD_REL_L2_FP32_STUDENT, grad_tol, loss_tol
 
 LOSS_SCALE = 2.0**16
 

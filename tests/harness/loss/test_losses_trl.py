@@ -23,7 +23,7 @@ Convention mapping (TRL → this harness):
 import pytest
 import torch
 
-from harness.losses import jsd_per_position, make_jsd_loss
+from gkd_harness.harness.losses import jsd_per_position, make_jsd_loss
 
 PRECISIONS = ["fp32", "fp64"]
 BATCH, SEQ, VOCAB = 2, 3, 5

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.measure import allocator_peak_mib
-from harness.loss.chunked import BLOCK_ELEMENTS, block_rows
-from harness.loss.reference import reference_jsd
-from harness.losses import jsd_per_position
+from gkd_harness.bench.measure import allocator_peak_mib
+from gkd_harness.harness.loss.chunked import BLOCK_ELEMENTS, block_rows
+from gkd_harness.harness.loss.reference import reference_jsd
+from gkd_harness.harness.losses import jsd_per_position
 
 MIB = 2.0**20
 

@@ -37,7 +37,7 @@ def main(in_path: str) -> None:
     torch.set_num_threads(1)
     from megatron.core import parallel_state as ps
 
-    from harness.rank import plugin
+    from gkd_harness.harness.rank import plugin
     from swift.megatron.trainers.gkd_utils import tp_gather_topk
     from swift.megatron.trainers.vocab_parallel_utils import vocab_parallel_kl_div, vocab_parallel_log_softmax
     from swift.rlhf_trainers.gkd_loss import TeacherOutput

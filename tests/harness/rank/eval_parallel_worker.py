@@ -1,4 +1,4 @@
-"""torchrun worker: the held-out evaluation (``harness.rank.evaluation.EvalTap``) under Megatron parallelism on 2 gloo
+"""torchrun worker: the held-out evaluation (``gkd_harness.harness.rank.evaluation.EvalTap``) under Megatron parallelism on 2 gloo
 CPU ranks. Started by ``tests/harness/rank/test_evaluation_parallel.py`` as::
 
     python -m torch.distributed.run --nproc-per-node 2 tests/harness/rank/eval_parallel_worker.py IN OUT
@@ -39,8 +39,8 @@ def _teacher_output(case, teacher, labels, fns):
 def run_case(case: dict, inp: dict, fns, layout: str) -> dict:
     from megatron.core import parallel_state as ps
 
-    from harness.losses import make_gkd_loss
-    from harness.rank.evaluation import EvalTap
+    from gkd_harness.harness.losses import make_gkd_loss
+    from gkd_harness.harness.rank.evaluation import EvalTap
 
     student, teacher, labels = inp["student"], inp["teacher"], inp["labels"]
     rows = range(student.shape[0])

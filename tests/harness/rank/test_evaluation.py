@@ -1,4 +1,4 @@
-"""The held-out evaluation (harness.rank.evaluation): the FP64 metrics against the independent reference (full
+"""The held-out evaluation (gkd_harness.harness.rank.evaluation): the FP64 metrics against the independent reference (full
 vocabulary and top-k teacher), the tap's routing and the held-out split's disjointness. The real runs, recomputed
 from their saved final students, are the shared short outcome sweep's (tests/analysis/test_outcome_sweep.py); the
 TP=2 computation on 2 gloo ranks is tests/harness/rank/test_evaluation_parallel.py."""
@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from harness.contract import (EVAL_FORWARD_KL, EVAL_JSD, EVAL_REVERSE_KL, EVAL_TOKENS, EVAL_TOP1_AGREEMENT,
+from gkd_harness.harness.contract import (EVAL_FORWARD_KL, EVAL_JSD, EVAL_REVERSE_KL, EVAL_TOKENS, EVAL_TOP1_AGREEMENT,
                               VALIDATION_FILE)
-from harness.fixtures.embedded import generate_messages, held_out_rows, prepare_validation
-from harness.loss.reference import reference_jsd
-from harness.rank.evaluation import EvalTap, eval_sums, metrics_from_sums
+from gkd_harness.harness.fixtures.embedded import generate_messages, held_out_rows, prepare_validation
+from gkd_harness.harness.loss.reference import reference_jsd
+from gkd_harness.harness.rank.evaluation import EvalTap, eval_sums, metrics_from_sums
 
 
 def _teacher(full_logits, labels):
@@ -31,7 +31,7 @@ def _case(seed=0, b=2, s=7, v=33, teacher_dtype=torch.bfloat16):
 
 
 def _reference(student, teacher, labels, beta, temperature, form):
-    """Token-weighted means from harness.loss.reference (FP64, written from the formulas)."""
+    """Token-weighted means from gkd_harness.harness.loss.reference (FP64, written from the formulas)."""
     s, t = student[labels != -100], teacher[labels != -100]
     n = s.shape[0]
     return {EVAL_JSD: float(reference_jsd(s, t, beta, form, temperature).sum()) / n,

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.contract import EVAL_FORWARD_KL, EVAL_JSD, EVAL_REVERSE_KL, EVAL_TOKENS, EVAL_TOP1_AGREEMENT
-from harness.loss.reference import reference_jsd
+from gkd_harness.harness.contract import EVAL_FORWARD_KL, EVAL_JSD, EVAL_REVERSE_KL, EVAL_TOKENS, EVAL_TOP1_AGREEMENT
+from gkd_harness.harness.loss.reference import reference_jsd
 from tests.two_ranks import run_two_ranks
 
 WORKER = Path(__file__).with_name("eval_parallel_worker.py")
@@ -68,7 +68,7 @@ def parallel_eval(tmp_path_factory):
 
 def _reference(inp: dict, case: dict, topk=None) -> dict:
     """FP64 token-weighted means over the whole vocabulary (or the teacher's top-k support ``topk = (values, ids)
-    [B, S, k]``, renormalised), from the unsharded tensors with harness.loss.reference; top-1 from the full rows'
+    [B, S, k]``, renormalised), from the unsharded tensors with gkd_harness.harness.loss.reference; top-1 from the full rows'
     argmaxes."""
     keep = inp["labels"] != -100
     s, t = inp["student"][keep].double(), inp["teacher"][keep].double()
@@ -131,7 +131,7 @@ def test_megatron_callback_records_the_tp_reduced_evaluation(tmp_path):
     these hooks had never run."""
     import json
 
-    from harness.contract import METRICS_FILE, SETTINGS_ENV
+    from gkd_harness.harness.contract import METRICS_FILE, SETTINGS_ENV
     from tests.harness.rank.test_plugin import settings
 
     inputs = _inputs()
@@ -163,7 +163,7 @@ def test_megatron_callback_records_the_tp_reduced_evaluation(tmp_path):
 def test_precision_ab_requires_its_held_out_split_before_anything_starts(capsys):
     """The held-out evaluation is on in experiment=precision_ab (patched_not_worse is required there): without
     monitor.eval.dataset the SLURM dry run (gkd-train's own validation) is one line naming it, exit 2."""
-    from launch.slurm import main
+    from gkd_harness.launch.slurm import main
 
     rc = main(["experiment=precision_ab", "run.dataset=x/y"])
     err = capsys.readouterr().err.strip()
@@ -174,8 +174,8 @@ def test_precision_ab_eval_flags_reach_megatron_rlhf(tmp_path):
     """With it, every node's ``megatron rlhf`` argv carries ms-swift's own evaluation flags (``--val_dataset``,
     ``--eval_steps``); tests/harness/launcher/test_argv_contract.py parses these argvs with ms-swift's
     ``MegatronRLHFArguments`` for every preset point on 1 and 2 nodes."""
-    from harness.launcher.compose import point_config
-    from launch.slurm import node_plan
+    from gkd_harness.harness.launcher.compose import point_config
+    from gkd_harness.launch.slurm import node_plan
 
     cfg, run_dir = point_config(["experiment=precision_ab", "run.dataset=x/y", "monitor.eval.dataset=x/z"],
                                 run_dir=tmp_path / "run")

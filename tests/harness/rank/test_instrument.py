@@ -6,11 +6,11 @@ import pytest
 import torch
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
-from bench.host_syncs import count_host_syncs
-from harness.rank.instrument import (CumulativeSumMetric, LossInstrument, MaxMetric, MinMetric, NonFiniteError,
+from gkd_harness.bench.host_syncs import count_host_syncs
+from gkd_harness.harness.rank.instrument import (CumulativeSumMetric, LossInstrument, MaxMetric, MinMetric, NonFiniteError,
                                 RatioMetric, SumMetric, build_metrics, spot_check)
-from harness.losses import make_gkd_loss, make_gkd_loss_terms
-from harness.loss.reference import reference_gkd, reference_jsd
+from gkd_harness.harness.losses import make_gkd_loss, make_gkd_loss_terms
+from gkd_harness.harness.loss.reference import reference_gkd, reference_jsd
 
 BETA, T = 0.5, 0.9
 
@@ -110,7 +110,7 @@ def test_spot_check_in_row_chunks_equals_one_piece(mode, monkeypatch):
     """Issue 22: the full-vocabulary spot check runs row chunks (here 1 row each) and accumulates totals and norms;
     top-k works on the student gathered at the teacher's ids (a V = 64 student, K = 8). Both agree with the
     one-piece computation and with the independent reference."""
-    import harness.rank.instrument as instrument
+    import gkd_harness.harness.rank.instrument as instrument
 
     s, t, labels = mixed_inputs(8, noise=0.3)
     teacher = TeacherOutput(full_logits=t, labels=labels)
@@ -176,8 +176,8 @@ def test_spot_check_extra_memory_is_at_most_the_loss_calls_own(monkeypatch):
     checked rows are a large share of the call (256 of 448 active positions, V = 32,768, BF16 student: the loss
     call's smallest peak). Before, the check ran its 256 rows in one chunk of 2^23 elements plus a third, FP64-leaf
     evaluation: 388 MiB against the loss call's 92 MiB."""
-    import harness.rank.instrument as instrument
-    from bench.measure import allocator_peak_mib
+    import gkd_harness.harness.rank.instrument as instrument
+    from gkd_harness.bench.measure import allocator_peak_mib
 
     monkeypatch.setattr(instrument, "SPOT_CHUNK_ELEMENTS", {"cpu": 1 << 20})  # the CPU default, pinned
     g = torch.Generator().manual_seed(0)
@@ -392,7 +392,7 @@ def test_sync_counter_sees_each_kind_of_host_read():
 def test_instrument_adds_one_host_sync_per_loss_call_and_monitor_off_adds_none(tmp_path, precision, teacher_kind):
     """Monitoring on: the plugin's loss (dtype boundary + instrument, spot checks off) = the bare loss's own
     synchronisations + exactly 1. Monitoring off: the plugin's loss (dtype boundary only) adds 0."""
-    from harness.rank.plugin import build_loss
+    from gkd_harness.harness.rank.plugin import build_loss
 
     s, t, labels = mixed_inputs(3, b=2, s=9, v=96)
     teacher = TeacherOutput(full_logits=t, labels=labels)
@@ -400,8 +400,8 @@ def test_instrument_adds_one_host_sync_per_loss_call_and_monitor_off_adds_none(t
         teacher = teacher.to_topk(8)
     args = (s.clone().requires_grad_(True), teacher, labels, BETA, T)
     bare = count_host_syncs(make_gkd_loss(precision, "paper"), *args)
-    from harness.launcher.compose import point_config
-    from harness.launcher.run import plugin_settings
+    from gkd_harness.harness.launcher.compose import point_config
+    from gkd_harness.harness.launcher.run import plugin_settings
 
     ov = ["loss=fp32" if precision == "fp32" else "loss=original", "monitor.spot_check.every_n_steps=0"]
     cfg, run_dir = point_config(ov, run_dir=tmp_path)
@@ -423,7 +423,7 @@ def test_a_loss_that_writes_into_its_teacher_does_not_fool_the_spot_check(mode):
     tensor it leaves behind but halves the caller's teacher in place (``mul_(0.5)``) first: judged against the
     caller's inputs, its loss and gradient are far off FP64; built after the call, the check compared it with FP64
     on the halved tensor and passed (~1e-6)."""
-    from harness.loss.candidate import candidate_terms
+    from gkd_harness.harness.loss.candidate import candidate_terms
 
     fp32 = make_gkd_loss("fp32")
 

@@ -29,7 +29,7 @@ import torch
 from swift.dataset import RowPreprocessor
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
-from harness.rank import plugin
+from gkd_harness.harness.rank import plugin
 
 torch.cuda.current_device = lambda: "cpu"  # _aggregated_metrics puts its sums on the current CUDA device
 base = importlib.util.find_spec("swift.megatron.trainers").submodule_search_locations[0] + "/base.py"

@@ -25,8 +25,8 @@ import pytest
 import torch
 from types import SimpleNamespace
 
-from harness.contract import SPOT_PARAM_GRAD_REL_L2, SWIFT_DIR
-from harness.rank import plugin
+from gkd_harness.harness.contract import SPOT_PARAM_GRAD_REL_L2, SWIFT_DIR
+from gkd_harness.harness.rank import plugin
 
 from tests.harness.rank.test_plugin import settings
 
@@ -47,9 +47,9 @@ spec.loader.exec_module(pkg)
 import torch
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
-from harness.losses import make_gkd_loss
-from harness.loss.reference import reference_gkd
-from harness.rank import plugin
+from gkd_harness.harness.losses import make_gkd_loss
+from gkd_harness.harness.loss.reference import reference_gkd
+from gkd_harness.harness.rank import plugin
 
 settings = plugin.load_settings()
 state = plugin.install(settings)
@@ -138,7 +138,7 @@ def test_megatron_wandb_files_land_in_the_run_folders_wandb(probe, tmp_path):
     the loader still places at its run folder (a run made before the change)."""
     import shutil
 
-    from analysis.sweep.offline import OfflineRun, find_offline_runs, group_attempts
+    from gkd_harness.analysis.sweep.offline import OfflineRun, find_offline_runs, group_attempts
 
     run_dir, _ = probe
     files = sorted(run_dir.rglob("run-*.wandb"))
@@ -167,9 +167,9 @@ def test_megatron_param_grad_turns_recompute_off_or_is_refused(tmp_path):
     """gkd-train's Megatron argv: with the check on and ``backend.recompute_granularity`` null, ms-swift's
     default (``selective``) is replaced by ``--recompute_granularity none``; off, nothing is passed; an explicit
     ``selective`` with the check is refused in one line naming both keys (exit 2 from the CLI)."""
-    from harness.config.schema import ConfigError
-    from harness.launcher.compose import point_config
-    from harness.launcher.run import dry_run
+    from gkd_harness.harness.config.schema import ConfigError
+    from gkd_harness.harness.launcher.compose import point_config
+    from gkd_harness.harness.launcher.run import dry_run
 
     def argv(*overrides):
         cfg, run_dir = point_config(["backend=megatron", "run.dataset=x.jsonl", *overrides], run_dir=tmp_path)
@@ -187,9 +187,9 @@ def test_megatron_param_grad_turns_gradient_accumulation_fusion_off_or_is_refuse
     """With the check on, gkd-train passes ``--gradient_accumulation_fusion false`` (ms-swift turns the fusion on
     wherever apex imports, and its fused backward writes main_grad); ``--gradient_accumulation_fusion true`` in
     run.extra_args with the check is refused in one line naming the key and the flag; off, nothing is passed."""
-    from harness.config.schema import ConfigError
-    from harness.launcher.compose import point_config
-    from harness.launcher.run import dry_run
+    from gkd_harness.harness.config.schema import ConfigError
+    from gkd_harness.harness.launcher.compose import point_config
+    from gkd_harness.harness.launcher.run import dry_run
 
     def argv(*overrides):
         cfg, run_dir = point_config(["backend=megatron", "run.dataset=x.jsonl", *overrides], run_dir=tmp_path)
@@ -209,7 +209,7 @@ def test_megatron_param_grad_turns_gradient_accumulation_fusion_off_or_is_refuse
 def test_megatron_param_grad_is_refused_at_train_begin_where_the_backward_writes_main_grad(where):
     """On the rank: ms-swift's resolved args (or a model chunk's config) with gradient_accumulation_fusion on stop
     the check before it runs, naming the flag to turn off."""
-    from harness.rank.callbacks import ParamGradRefusedError, _megatron_params
+    from gkd_harness.harness.rank.callbacks import ParamGradRefusedError, _megatron_params
 
     model = torch.nn.Linear(4, 4)
     model.config = SimpleNamespace(gradient_accumulation_fusion=where == "model config")

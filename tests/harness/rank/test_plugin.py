@@ -15,13 +15,13 @@ from swift.rlhf_trainers import gkd_loss as upstream
 from swift.rlhf_trainers import gkd_trainer
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
-from harness.contract import CALLBACK_NAME
-from harness.rank import plugin
-from harness.rank import state as rank_state
-from harness.rank.callbacks import _make_hf_callback
-from harness.rank.wandb_run import keep_harness_names_in_wandb
-from harness.losses import make_gkd_loss
-from harness.loss.reference import reference_gkd
+from gkd_harness.harness.contract import CALLBACK_NAME
+from gkd_harness.harness.rank import plugin
+from gkd_harness.harness.rank import state as rank_state
+from gkd_harness.harness.rank.callbacks import _make_hf_callback
+from gkd_harness.harness.rank.wandb_run import keep_harness_names_in_wandb
+from gkd_harness.harness.losses import make_gkd_loss
+from gkd_harness.harness.loss.reference import reference_gkd
 
 
 @pytest.fixture
@@ -40,10 +40,10 @@ def restore_swift():
 
 
 def settings(tmp_path, precision="fp32", monitor=True, overrides=(), **extra):
-    """The plugin settings ``gkd-train`` writes (``harness.launcher.run.plugin_settings``) for the default config with
+    """The plugin settings ``gkd-train`` writes (``gkd_harness.harness.launcher.run.plugin_settings``) for the default config with
     ``loss.precision=precision``, spot checks on every step (or ``monitor=off``) and ``overrides``."""
-    from harness.launcher.compose import point_config
-    from harness.launcher.run import plugin_settings
+    from gkd_harness.harness.launcher.compose import point_config
+    from gkd_harness.harness.launcher.run import plugin_settings
 
     ov = ["loss=fp32" if precision == "fp32" else "loss=original"]
     ov += (["monitor.spot_check.every_n_steps=1", "monitor.spot_check.max_tokens=64"] if monitor else ["monitor=off"])
@@ -170,9 +170,9 @@ for mod in list(sys.modules.values()):  # every module that already bound the fu
 from swift.utils import import_external_file  # exactly how ms-swift loads --external_plugins
 
 import_external_file(sys.argv[1])
-from harness.rank import plugin
+from gkd_harness.harness.rank import plugin
 
-from harness.rank import state
+from gkd_harness.harness.rank import state
 assert state.STATE is not None and state.STATE.instrument is not None, "the plugin did not install"
 print("COUNTS=" + json.dumps(counts))
 """
@@ -216,7 +216,7 @@ spec.loader.exec_module(pkg)
 import torch
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
-from harness.rank import plugin
+from gkd_harness.harness.rank import plugin
 
 settings = plugin.load_settings()
 state = plugin.install(settings)
@@ -251,7 +251,7 @@ print("LOGS=" + json.dumps(sorted(logs)))
 
 def _wandb_history_keys(run_dir):
     """Keys of the history rows and the config keys of the offline wandb run under ``run_dir``."""
-    from analysis.sweep.wandb_file import read_records
+    from gkd_harness.analysis.sweep.wandb_file import read_records
 
     files = sorted(run_dir.rglob("run-*.wandb"))
     history, config = set(), set()
@@ -316,7 +316,7 @@ def _hf_callback(state_args):
 
 @pytest.mark.parametrize("key", ["loss", "grad_norm"])
 def test_nonfinite_logged_loss_or_grad_norm_stops_the_run_naming_the_step(tmp_path, restore_swift, key):
-    from harness.rank.instrument import NonFiniteError
+    from gkd_harness.harness.rank.instrument import NonFiniteError
 
     plugin.install(settings(tmp_path))
     cb = _hf_callback(types.SimpleNamespace())
@@ -343,7 +343,7 @@ def test_fail_on_nonfinite_off_logs_nan_and_continues(tmp_path, restore_swift):
 
 
 def test_first_nonfinite_loss_call_stops_the_run(tmp_path, restore_swift):
-    from harness.rank.instrument import NonFiniteError
+    from gkd_harness.harness.rank.instrument import NonFiniteError
 
     state = plugin.install(settings(tmp_path))
     state.instrument.step = 4

@@ -1,4 +1,4 @@
-"""harness.rank.rollout_patches: what the plugin installs inside ms-swift's ranks for on-policy runs.
+"""gkd_harness.harness.rank.rollout_patches: what the plugin installs inside ms-swift's ranks for on-policy runs.
 
 Runs in the main venv (no vLLM); the effect of the prepack switch on a real vLLM engine is
 ``tests/vllm/test_weight_sync.py``.
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import importlib.util
 
-from harness.rank import rollout_patches
-from harness.rank.rollout_patches import disable_vllm_cpu_prepack, install_rollout_patches
+from gkd_harness.harness.rank import rollout_patches
+from gkd_harness.harness.rank.rollout_patches import disable_vllm_cpu_prepack, install_rollout_patches
 
 
 def test_install_rollout_patches_is_inert_without_the_env(monkeypatch):
@@ -33,6 +33,6 @@ def test_gkd_train_never_imports_the_patches():
     import subprocess
     import sys
 
-    code = ("import sys, harness.launcher.rollout_argv, harness.launcher.plan, harness.config.validate; "
-            "assert 'harness.rank.rollout_patches' not in sys.modules")
+    code = ("import sys, gkd_harness.harness.launcher.rollout_argv, gkd_harness.harness.launcher.plan, gkd_harness.harness.config.validate; "
+            "assert 'gkd_harness.harness.rank.rollout_patches' not in sys.modules")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0

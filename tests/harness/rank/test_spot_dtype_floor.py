@@ -1,15 +1,15 @@
 """Issue 19: the spot check logs the student dtype's own share of the gradient tolerance
 (``spot/grad_rel_l2_dtype_floor`` = 2x the rounding of the FP64 gradient to the student dtype, the rule of
-``harness.loss.tolerances.grad_tol``), so a BF16/BF16 fp32 run is judged against what BF16 can represent."""
+``gkd_harness.harness.loss.tolerances.grad_tol``), so a BF16/BF16 fp32 run is judged against what BF16 can represent."""
 from __future__ import annotations
 
 import torch
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
-from harness.contract import SPOT_GRAD_REL_L2, SPOT_GRAD_REL_L2_DTYPE_FLOOR
-from harness.loss.reference import reference_gkd
-from harness.losses import make_gkd_loss_terms
-from harness.rank.instrument import build_metrics, spot_check
+from gkd_harness.harness.contract import SPOT_GRAD_REL_L2, SPOT_GRAD_REL_L2_DTYPE_FLOOR
+from gkd_harness.harness.loss.reference import reference_gkd
+from gkd_harness.harness.losses import make_gkd_loss_terms
+from gkd_harness.harness.rank.instrument import build_metrics, spot_check
 
 BETA, T = 0.5, 0.9
 

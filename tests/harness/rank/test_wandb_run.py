@@ -1,7 +1,7 @@
-"""harness.rank.wandb_run: the harness's records of ms-swift's logs."""
+"""gkd_harness.harness.rank.wandb_run: the harness's records of ms-swift's logs."""
 from __future__ import annotations
 
-from harness.rank.wandb_run import design_record
+from gkd_harness.harness.rank.wandb_run import design_record
 
 
 def test_design_record_maps_hf_keys():
@@ -20,12 +20,12 @@ def test_the_harness_config_is_logged_nested_and_read_back_flat(tmp_path, monkey
     read it back as the dotted keys they read before. Real wandb, offline."""
     import wandb
 
-    from analysis.sweep.offline import OfflineRun, find_offline_runs
-    from analysis.sweep.wandb_api import runs_from_wandb
-    from harness.config.flat import flatten
-    from harness.config.schema import to_dict
-    from harness.launcher.compose import point_config
-    from harness.rank.wandb_run import attach_to_wandb_run, update_wandb_config
+    from gkd_harness.analysis.sweep.offline import OfflineRun, find_offline_runs
+    from gkd_harness.analysis.sweep.wandb_api import runs_from_wandb
+    from gkd_harness.harness.config.flat import flatten
+    from gkd_harness.harness.config.schema import to_dict
+    from gkd_harness.harness.launcher.compose import point_config
+    from gkd_harness.harness.rank.wandb_run import attach_to_wandb_run, update_wandb_config
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

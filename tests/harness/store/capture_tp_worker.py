@@ -7,7 +7,7 @@ Started by ``tests/harness/store/test_captures_tp.py`` as::
 ``IN`` is a ``torch.save`` file ``{"inputs": {student [B,S,V], teacher [B,S,V], labels [B,S]}, "cases": [...]}``.
 Each rank holds its vocabulary shard (rank r: ids ``[r·V/2, (r+1)·V/2)``, as Megatron's vocab-parallel output
 layer), the top-k teacher comes from ms-swift's ``vocab_parallel_topk`` on the teacher shard (the trainer's
-local-teacher path), and the call goes through ``harness.rank.instrument.LossInstrument`` with the functions
+local-teacher path), and the call goes through ``gkd_harness.harness.rank.instrument.LossInstrument`` with the functions
 ms-swift's Megatron GKD trainer passes (``tp_gather_topk``, ``vocab_parallel_log_softmax``,
 ``vocab_parallel_kl_div``). Spot check every step, captures to ``OUT/<case>/captures``. Every rank writes
 ``OUT/rank{R}.pt``: per case the logged ``spot/*`` values (ms-swift's ``compute_custom_metrics``) and the teacher's
@@ -29,8 +29,8 @@ def run_case(case: dict, inp: dict, fns, out_dir: Path) -> dict:
     from swift.rlhf_trainers.gkd_loss import TeacherOutput
     from swift.trainers.mixin import SwiftMixin
 
-    from harness.losses import make_gkd_loss_terms
-    from harness.rank.instrument import LossInstrument, build_metrics
+    from gkd_harness.harness.losses import make_gkd_loss_terms
+    from gkd_harness.harness.rank.instrument import LossInstrument, build_metrics
 
     rank, size = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
     student, teacher, labels = inp["student"], inp["teacher"], inp["labels"]

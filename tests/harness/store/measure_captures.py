@@ -1,11 +1,11 @@
-"""Bytes (and CPU seconds) per captured step, at a given shape: the capture formats of ``harness.store.captures``
+"""Bytes (and CPU seconds) per captured step, at a given shape: the capture formats of ``gkd_harness.harness.store.captures``
 against the first format (the call's whole ``[B, S, V]`` tensors), written for real.
 
     python tests/harness/store/measure_captures.py [--seq 512 --active 448 --vocab 248320 --topk 64 --cap 256]
 
 Defaults: the seed's shape (one sequence of 512 positions, 448 active, Qwen3.5's 248,320-token vocabulary, top-k
 64), an FP32 student and a BF16 teacher as at the loss boundary, ``monitor.capture_max_tokens`` 256. For each
-teacher mode it prints the file size of the new capture (through :class:`harness.rank.capture.LossCapture` and
+teacher mode it prints the file size of the new capture (through :class:`gkd_harness.harness.rank.capture.LossCapture` and
 its writer), the seconds the loss call spends in the capture (row selection, gather, queueing) and the seconds
 the writer thread spends, and the size of the first format's file for the same call.
 """
@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import save_file
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
-from harness.rank.capture import LossCapture
+from gkd_harness.harness.rank.capture import LossCapture
 
 
 def inputs(seq: int, active: int, vocab: int, topk: int):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.config.flat import flatten
+from gkd_harness.harness.config.flat import flatten
 
 REPO = Path(__file__).resolve().parents[3]
 FLAT = flatten({"loss": {"precision": "fp32", "beta_form": "paper"}, "gkd": {"beta": 0.5},
@@ -21,7 +21,7 @@ def start_holder(run_dir: Path) -> subprocess.Popen:
     code = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(REPO)!r})
-        from harness.store.lock import RunLock
+        from gkd_harness.harness.store.lock import RunLock
         lock = RunLock({str(run_dir)!r}, heartbeat_s=0)
         lock.acquire()
         print("locked", flush=True)

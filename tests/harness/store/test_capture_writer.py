@@ -1,4 +1,4 @@
-"""harness.store.capture_writer: captures leave the training loop at once and are all written, in order, at close,
+"""gkd_harness.harness.store.capture_writer: captures leave the training loop at once and are all written, in order, at close,
 at a normal exit and after an exception; a failed write is reported, never raised into training."""
 import subprocess
 import sys
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from harness.store.capture_writer import CaptureWriter
-from harness.store.captures import load_capture
+from gkd_harness.harness.store.capture_writer import CaptureWriter
+from gkd_harness.harness.store.captures import load_capture
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -72,7 +72,7 @@ def _run(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
     script = textwrap.dedent(f"""
         import sys, torch
         sys.path.insert(0, {str(REPO_ROOT)!r})
-        from harness.store.capture_writer import CaptureWriter
+        from gkd_harness.harness.store.capture_writer import CaptureWriter
         from tests.harness.store.test_capture_writer import _capture
         from tests.harness.store.test_capture_writer import _SlowCopy
         w = CaptureWriter(max_pending=4)

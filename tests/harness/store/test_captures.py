@@ -1,13 +1,13 @@
-"""harness.store.captures: the rows the loss saw, round trip, the cap, and clear errors on bad files."""
+"""gkd_harness.harness.store.captures: the rows the loss saw, round trip, the cap, and clear errors on bad files."""
 import pytest
 import torch
 from safetensors.torch import save_file
 
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
-from harness.loss.reference import reference_gkd
-from harness.losses import make_gkd_loss
-from harness.store.captures import CaptureError, load_capture, save_capture
+from gkd_harness.harness.loss.reference import reference_gkd
+from gkd_harness.harness.losses import make_gkd_loss
+from gkd_harness.harness.store.captures import CaptureError, load_capture, save_capture
 from tests.loss_cases import make_case
 
 

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from analysis.replay.variants import replay_table
+from gkd_harness.analysis.replay.variants import replay_table
 from tests.conftest import entry_point
-from harness.loss.reference import reference_gkd
-from harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT, loss_tol
-from harness.store.captures import load_capture
+from gkd_harness.harness.loss.reference import reference_gkd
+from gkd_harness.harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT, loss_tol
+from gkd_harness.harness.store.captures import load_capture
 from tests.two_ranks import run_two_ranks
 
 pytestmark = [pytest.mark.parallel, pytest.mark.timeout(900)]

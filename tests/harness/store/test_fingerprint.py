@@ -1,12 +1,12 @@
-"""A run's identity (harness.store.fingerprint): every key and the harness version, stable across processes."""
+"""A run's identity (gkd_harness.harness.store.fingerprint): every key and the harness version, stable across processes."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 
-from harness.store.fingerprint import FINGERPRINT_EXCLUDE, config_diff, config_fingerprint
-from harness.store.provenance import harness_version
+from gkd_harness.harness.store.fingerprint import FINGERPRINT_EXCLUDE, config_diff, config_fingerprint
+from gkd_harness.harness.store.provenance import harness_version
 from tests.harness.store.run_folder_helpers import FLAT, REPO
 
 
@@ -21,7 +21,7 @@ def test_fingerprint_covers_every_key_and_the_version_and_is_stable_across_proce
     assert config_fingerprint(FLAT, version="9.9.9") != config_fingerprint(FLAT, version=harness_version())
     for key in FINGERPRINT_EXCLUDE:  # where/how to run, not what
         assert config_fingerprint({**FLAT, key: "elsewhere"}) == fp
-    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from harness.store.fingerprint import config_fingerprint; "
+    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from gkd_harness.harness.store.fingerprint import config_fingerprint; "
             f"print(config_fingerprint({FLAT!r}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONHASHSEED": "12345"}).stdout.strip()

@@ -1,12 +1,12 @@
-"""Credentials in Hydra's own files (harness.store.hydra_files): a real Hydra app writes the .hydra/ files that get
+"""Credentials in Hydra's own files (gkd_harness.harness.store.hydra_files): a real Hydra app writes the .hydra/ files that get
 scrubbed, and the harness writes them itself without the secret."""
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from harness.config.secrets import REDACTED
-from harness.store.hydra_files import redacted_folder_name, scrub_folder_name, scrub_hydra_dir
+from gkd_harness.harness.config.secrets import REDACTED
+from gkd_harness.harness.store.hydra_files import redacted_folder_name, scrub_folder_name, scrub_hydra_dir
 from tests.harness.store.run_folder_helpers import REPO
 
 
@@ -66,7 +66,7 @@ import sys
 import hydra
 from omegaconf import OmegaConf
 sys.path.insert(0, {repo!r})
-from harness.store.hydra_files import save_hydra_files
+from gkd_harness.harness.store.hydra_files import save_hydra_files
 
 @hydra.main(version_base="1.3", config_path=None, config_name="cfg")
 def main(cfg):

@@ -1,4 +1,4 @@
-"""One owner at a time (harness.store.lock): real processes hold and lose locks (a SIGKILLed child leaves a stale
+"""One owner at a time (gkd_harness.harness.store.lock): real processes hold and lose locks (a SIGKILLed child leaves a stale
 lock), another host's lock stays busy until its heartbeat stops, a reused pid does not keep a lock."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from harness.contract import LOCK_FILE
-from harness.store.lock import RunFolderBusy, RunLock, read_lock
+from gkd_harness.harness.contract import LOCK_FILE
+from gkd_harness.harness.store.lock import RunFolderBusy, RunLock, read_lock
 from tests.harness.store.run_folder_helpers import start_holder, stop
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from harness.store.metrics_io import MetricsWriter, last_metrics_step, read_metrics, record_step, tail_step
+from gkd_harness.harness.store.metrics_io import MetricsWriter, last_metrics_step, read_metrics, record_step, tail_step
 
 
 @pytest.mark.parametrize("step", ["2", 2.0, True, None])

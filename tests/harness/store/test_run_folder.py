@@ -1,4 +1,4 @@
-"""The run folder (harness.store.run_folder): only the lock's owner moves files, disk and permission errors are one
+"""The run folder (gkd_harness.harness.store.run_folder): only the lock's owner moves files, disk and permission errors are one
 line naming the file and run.output_dir, summary.json's lifecycle, no secret in any file it writes.
 
 Real parts throughout: real processes hold locks, a real full tmpfs and a real read-only mount (root only; skipped
@@ -12,14 +12,14 @@ import subprocess
 
 import pytest
 
-from harness.config.secrets import REDACTED
-from harness.contract import ARCHIVE_DIR
-from harness.config.flat import flatten
-from harness.store.files import RunFolderError
-from harness.store.fingerprint import config_fingerprint
-from harness.store.lock import RunLock
-from harness.store.metrics_io import MetricsWriter, read_metrics
-from harness.store.run_folder import RunFolder
+from gkd_harness.harness.config.secrets import REDACTED
+from gkd_harness.harness.contract import ARCHIVE_DIR
+from gkd_harness.harness.config.flat import flatten
+from gkd_harness.harness.store.files import RunFolderError
+from gkd_harness.harness.store.fingerprint import config_fingerprint
+from gkd_harness.harness.store.lock import RunLock
+from gkd_harness.harness.store.metrics_io import MetricsWriter, read_metrics
+from gkd_harness.harness.store.run_folder import RunFolder
 from tests.harness.store.run_folder_helpers import FLAT, fill, leftover_tmp, mount_tmpfs, start_holder, stop
 
 
