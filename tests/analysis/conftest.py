@@ -23,3 +23,21 @@ def sweep_copy(synthetic_sweep_dir, tmp_path) -> Path:
     dst = tmp_path / "sweep"
     shutil.copytree(synthetic_sweep_dir, dst)
     return dst
+
+
+@pytest.fixture
+def figs(monkeypatch) -> dict:
+    """File name -> the matplotlib Figure that the sign-off's plots saved under it."""
+    from pathlib import Path
+
+    from gkd_harness.analysis.signoff import plots
+
+    kept = {}
+    save = plots._save
+
+    def keep(fig, path):
+        kept[Path(path).name] = fig
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    return kept

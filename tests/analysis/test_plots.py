@@ -25,20 +25,6 @@ from gkd_harness.bench.synthetic import write_run
 VARIANTS = [("native", "paper"), ("native", "continuous"), ("fp32", "paper"), ("fp32", "continuous")]
 
 
-@pytest.fixture
-def figs(monkeypatch) -> dict:
-    """File name -> the matplotlib Figure that was saved under it."""
-    kept = {}
-    save = plots._save
-
-    def keep(fig, path):
-        kept[Path(path).name] = fig
-        return save(fig, path)
-
-    monkeypatch.setattr(plots, "_save", keep)
-    return kept
-
-
 @pytest.fixture(scope="module")
 def smoke_like(tmp_path_factory) -> Path:
     """The smoke sweep's shape: β = 0.5, native·paper, fp32·paper, fp32·continuous, 20 steps. The fp32 runs'

@@ -6,7 +6,6 @@ References are computed here from the raw arrays (a loop over the bins), not by 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -73,19 +72,6 @@ def test_short_lines_and_non_finite_points():
     assert len(ex) <= 400 + 3
     kept = {int(a): b for a, b in zip(ex, ey)}
     assert np.isnan(kept[10]) and kept[20_000] == np.inf and kept[99_998] == -np.inf
-
-
-@pytest.fixture
-def figs(monkeypatch) -> dict:
-    kept = {}
-    save = plots._save
-
-    def keep(fig, path):
-        kept[Path(path).name] = fig
-        return save(fig, path)
-
-    monkeypatch.setattr(plots, "_save", keep)
-    return kept
 
 
 def test_long_run_curve_draws_its_negative_step(tmp_path, figs):

@@ -5,28 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import io
-from pathlib import Path
 
 import numpy as np
-import pytest
 
 from gkd_harness.analysis.signoff import plots
 from gkd_harness.analysis.cli import main
 from gkd_harness.analysis.signoff.criteria import load_criteria
-
-
-@pytest.fixture
-def saved(monkeypatch) -> dict:
-    """File name -> the matplotlib Figure that gkd-analyze saved under it."""
-    kept = {}
-    save = plots._save
-
-    def keep(fig, path):
-        kept[Path(path).name] = fig
-        return save(fig, path)
-
-    monkeypatch.setattr(plots, "_save", keep)
-    return kept
 
 
 def _horizontal_levels(ax) -> set:
@@ -39,10 +23,10 @@ def _horizontal_levels(ax) -> set:
     return out
 
 
-def test_every_spot_error_panel_has_its_tolerance_line(synthetic_sweep_dir, tmp_path, saved):
+def test_every_spot_error_panel_has_its_tolerance_line(synthetic_sweep_dir, tmp_path, figs):
     with contextlib.redirect_stdout(io.StringIO()):
         main([str(synthetic_sweep_dir), "--report", str(tmp_path / "r")])
-    fig = saved["spot_errors.png"]
+    fig = figs["spot_errors.png"]
     crit = load_criteria().spot_tolerance
     want = {plots._SPOT_TITLES["rel_err"]: crit.loss_rtol,
             plots._SPOT_TITLES["grad_rel_l2"]: crit.grad_rel_l2_max,
