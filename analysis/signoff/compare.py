@@ -171,14 +171,20 @@ def step_agreement(sweep: Sweep, vary: str, a: str, b: str, runs: Optional[pd.Da
 
     def side(k: int) -> pd.DataFrame:
         names = [p[k] for p in pairs]
+        if len(set(names)) == len(names):  # each run in one pair: one hash pass over the run column, no merge
+            pair = pd.Index(names).get_indexer(h["run"])
+            keep = pair >= 0
+            return h.loc[keep, ["step"] + metrics].assign(pair=pair[keep])
         sub = h.loc[h["run"].isin(set(names)), ["run", "step"] + metrics]
-        if len(set(names)) == len(names):  # each run in one pair: a vectorised map, no string merge
-            return sub.assign(pair=sub["run"].map({r: i for i, r in enumerate(names)}))
         return sub.merge(pd.DataFrame({"pair": range(len(pairs)), "run": names}), on="run")
 
     ha, hb = side(0), side(1)
-    meta = runs.set_index("run")
-    rows = []
+    # one row per pair: the pair's runs and run_a's configuration (the columns a row of this table names)
+    meta = runs.drop_duplicates("run").set_index("run").reindex(columns=_AGREEMENT_META)
+    base = pd.DataFrame({"run_a": [p[0] for p in pairs], "run_b": [p[1] for p in pairs]})
+    base = pd.concat([base, meta.reindex(base["run_a"]).reset_index(drop=True)], axis=1)
+    index = pd.RangeIndex(len(pairs))
+    tables = []
     for m in metrics:
         x = ha[["pair", "step", m]].dropna()
         y = hb[["pair", "step", m]].dropna()
@@ -194,19 +200,28 @@ def step_agreement(sweep: Sweep, vary: str, a: str, b: str, runs: Optional[pd.Da
         stats = pd.DataFrame({"common_steps": g.size(), "max_abs_diff": g["diff"].max(),
                               "max_rel_diff": g["rel"].max(), "violations": g["viol"].sum()})
         at = both.loc[g["rel"].idxmax(), ["pair", "step"]].set_index("pair")["step"] if len(both) else pd.Series()
-        for i, (ra, rb) in enumerate(pairs):
-            mr = meta.loc[ra]
-            row = {"run_a": ra, "run_b": rb, "gkd.beta": mr.get("gkd.beta"), "loss.beta_form": mr.get("loss.beta_form"),
-                   "loss.precision": mr.get("loss.precision"), "run.seed": mr.get("run.seed"), "metric": m,
-                   "common_steps": 0, "only_in_one": int(only.get(i, 0))}
-            row[vary] = f"{a} vs {b}"  # the key that differs between the two runs
-            if i in stats.index:
-                st = stats.loc[i]
-                row.update(common_steps=int(st["common_steps"]), max_abs_diff=float(st["max_abs_diff"]),
-                           max_rel_diff=float(st["max_rel_diff"]), at_step=int(at.loc[i]),
-                           violations=int(st["violations"]))
-            rows.append(row)
-    return pd.DataFrame(rows)
+        t = base.copy()
+        t["metric"] = m
+        t["common_steps"] = stats["common_steps"].reindex(index).fillna(0).astype(int).to_numpy()
+        t["only_in_one"] = only.reindex(index).fillna(0).astype(int).to_numpy()
+        t[vary] = f"{a} vs {b}"  # the key that differs between the two runs
+        if len(stats):
+            measured = stats.reindex(index)
+            t["max_abs_diff"] = measured["max_abs_diff"].astype(float).to_numpy()
+            t["max_rel_diff"] = measured["max_rel_diff"].astype(float).to_numpy()
+            t["at_step"] = _int_where_all(at.reindex(index))
+            t["violations"] = _int_where_all(measured["violations"])
+        tables.append(t)
+    return pd.concat(tables, ignore_index=True)
+
+
+#: The configuration of run_a in each row of :func:`step_agreement` (None where the sweep has no such column).
+_AGREEMENT_META = ["gkd.beta", "loss.beta_form", "loss.precision", "run.seed"]
+
+
+def _int_where_all(s: pd.Series) -> np.ndarray:
+    """int64 when every pair has a value, else float64 with NaN where a pair had no common step."""
+    return s.astype("int64").to_numpy() if s.notna().all() else s.astype(float).to_numpy()
 
 
 def forms_agreement(sweep: Sweep, betas: Iterable[float] = (0.0, 0.5, 1.0)) -> pd.DataFrame:

@@ -73,24 +73,20 @@ def final_values(sweep, metrics: Iterable[str] = OUTCOME_METRICS) -> pd.DataFram
     runs without any of them are left out). ``step`` is the step of the last ``eval/jsd``."""
     metrics = list(metrics)
     hist = sweep.history
-    hist = hist[["run", "step", *dict.fromkeys(m for m in metrics if m in hist.columns)]]
-    by_run = dict(tuple(hist.groupby("run", sort=False)))  # one pass over the history, not one per run
-    empty = hist.iloc[0:0]
+    last = {m: _last_logged(hist, m) for m in dict.fromkeys(metrics) if m in hist.columns}
     rows = []
     for _, r in sweep.runs.iterrows():
-        h = by_run.get(r["run"], empty)
         row = {"run": r["run"], "variant": variant_of(r), "role": role_of(r.get("loss.precision")),
                "precision": r.get("loss.precision"), "beta_form": r.get("loss.beta_form"),
                "seed": r.get("run.seed"), "step": math.nan}
         found = False
         for m in metrics:
-            col = h[m].dropna() if m in h else pd.Series(dtype=float)
-            if len(col):
+            step_value = last[m].get(r["run"]) if m in last else None
+            if step_value is not None:
                 found = True
-                last = h.loc[col.index].sort_values("step").iloc[-1]
-                row[m] = float(last[m])
+                row[m] = step_value[1]
                 if m == EVAL_JSD:
-                    row["step"] = int(last["step"])
+                    row["step"] = step_value[0]
             else:
                 row[m] = math.nan
         for c in PAIR_COLUMNS:
@@ -99,6 +95,16 @@ def final_values(sweep, metrics: Iterable[str] = OUTCOME_METRICS) -> pd.DataFram
             rows.append(row)
     cols = ["run", "variant", "role", "precision", "beta_form", "seed", "step", *metrics, *PAIR_COLUMNS]
     return pd.DataFrame(rows, columns=cols)
+
+
+def _last_logged(hist: pd.DataFrame, metric: str) -> dict:
+    """``{run: (step, value)}``: each run's value of ``metric`` at its last step that logged it (one sort of the
+    logged rows, not one selection per run)."""
+    sub = hist.loc[hist[metric].notna(), ["run", "step", metric]]
+    if not len(sub):
+        return {}
+    sub = sub.sort_values(["run", "step"], kind="stable").drop_duplicates("run", keep="last")
+    return {run: (int(step), float(v)) for run, step, v in zip(sub["run"], sub["step"], sub[metric])}
 
 
 def variant_table(finals: pd.DataFrame, metrics: Iterable[str] = OUTCOME_METRICS,

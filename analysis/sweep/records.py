@@ -212,6 +212,9 @@ _WORST_IS_MIN = (MIN_TOKEN_JSD,)
 
 def _duplicates(steps, what: str) -> list:
     """``[problem]`` naming the steps ``steps`` holds more than once (empty when none)."""
+    steps = np.asarray(steps)
+    if len(steps) < 2 or bool((np.diff(steps) > 0).all()):  # the usual case: ascending, so no copies
+        return []
     s = pd.Series(steps)
     counts = s[s.duplicated(keep=False)].value_counts().sort_index()
     if not len(counts):
@@ -291,12 +294,14 @@ def step_gaps(logged: Iterable[int], cfg: Mapping, status: str, last_step: Optio
     all of them; a failed or running one: those up to its last logged step)."""
     max_steps = _int_or_none(cfg.get("run.max_steps"))
     every = _int_or_none(cfg.get("run.logging_steps"))
-    logged = set(int(s) for s in logged)
+    logged = np.unique(np.fromiter((int(s) for s in logged), dtype=np.int64)
+                       if not isinstance(logged, np.ndarray) else logged.astype(np.int64))
     if status == "completed":
         want = expected_steps(max_steps, every)
     else:
-        want = expected_steps(max_steps, every, last=max(logged) if logged else None)
-    return [s for s in want if s not in logged]
+        want = expected_steps(max_steps, every, last=int(logged[-1]) if len(logged) else None)
+    want = np.asarray(want, dtype=np.int64)
+    return [int(s) for s in want[~np.isin(want, logged, assume_unique=True)]]
 
 
 def _outcome(rec: RunRecord, cfg: Mapping, last_step: Optional[int], n_logged: int, tampered: bool = False) -> tuple:
@@ -399,6 +404,7 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
         {"native": "original", "fp32": "patched", "fp64": "reference", "candidate": "patched"}).fillna("unknown")
     history = pd.concat(frames, ignore_index=True, sort=False)
     history["step"] = history["step"].astype("int64")
+    history["run"] = pd.Categorical(history["run"])  # 400k copies of 200 names: every run-keyed step is on codes
     nonfinite = pd.DataFrame(bad, columns=_NONFINITE_COLUMNS) if bad else _empty_nonfinite()
     if bad:
         nonfinite["step"] = nonfinite["step"].astype("int64")
