@@ -112,7 +112,21 @@ def _mixed(sweep) -> list:
     return mixed_sweep_problems(sweep) + mixed_evidence(sweep)
 
 
-def _run(args) -> int:
+def _freeze_imported_heap() -> None:
+    """In a gkd-analyze process of its own: import the report's modules (pandas and matplotlib are in by now;
+    torch and the harness's loss variants, which the seed defect table and the FP64 β-curve run), then move every
+    object alive now out of the cyclic garbage collector's reach (``gc.freeze``), so that each later full
+    collection scans only what the report creates, not the ~250,000 objects of those modules. Measured on the
+    200 x 2,000 sweep: full collections took 0.62 s of a ~11 s report before. Not done when ``main`` is called
+    with arguments (a notebook, a test): there the frozen objects would stay until the process ends."""
+    import gc
+
+    import gkd_harness.harness.losses  # noqa: F401  (torch, ms-swift's loss: imported by the report anyway)
+
+    gc.freeze()
+
+
+def _run(args, own_process: bool = False) -> int:
     from gkd_harness.analysis.signoff.criteria import build_evidence
     from gkd_harness.analysis.signoff.criteria_file import load_criteria
     from gkd_harness.analysis.signoff.report import build_report
@@ -127,6 +141,8 @@ def _run(args) -> int:
         raise UnusableInput(f"{args.sweep} is not one comparison: {'; '.join(mixed)} (--allow-mixed analyses them "
                             "together)")
     ev = build_evidence(sweep, cfg)
+    if own_process:
+        _freeze_imported_heap()
     result = build_report(sweep, args.report, cfg, allow_mixed=args.allow_mixed, mixed=mixed,
                           criteria_file=args.criteria, evidence=ev,
                           source={"source": args.source, "sweep": args.sweep, "group": args.group})
@@ -183,7 +199,7 @@ def main(argv: Optional[list] = None) -> int:
     from gkd_harness.analysis.sweep.records import UnusableInput
 
     try:
-        return _verify(args) if args.verify is not None else _run(args)
+        return _verify(args) if args.verify is not None else _run(args, own_process=argv is None)
     except UnusableInput as e:
         print(f"gkd-analyze: unusable input: {e}", file=sys.stderr)
     except OSError as e:  # a report folder on a read-only or full disk: the path and the cause, not "internal error"
