@@ -13,6 +13,7 @@ Conventions shared by every figure:
 from __future__ import annotations
 
 import textwrap
+import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -43,9 +44,11 @@ _DIFF_UNITS = {TRAIN_LOSS: "nats per position", JSD_LOSS: "nats per position",
 _LOG_FLOOR = 1e-12
 #: Most points drawn per line: longer lines are drawn through their min/max envelope (:func:`envelope`).
 _MAX_DRAWN_POINTS = 4000
-_MAX_MARKED_RUNS = 3  # runs of one variant in a panel drawn individually with markers; more: median + faint
+_MAX_MARKED_RUNS = 3  # runs of one variant in a panel drawn individually with markers; more: median + min-max band
 _RC = {"font.size": 10, "axes.titlesize": 10, "axes.labelsize": 10, "legend.fontsize": 9,
        "xtick.labelsize": 9, "ytick.labelsize": 9, "figure.titlesize": 11}
+#: zlib level of the PNGs (lossless at any level; see :func:`_save`).
+_PNG_COMPRESS_LEVEL = 3
 _MAX_WIDTH_IN = 11.0  # 1650 px at 150 dpi: shown at ~1150 px in the HTML, text stays >= 9 px
 
 # Known variants: native in warm colours with filled markers, fp32 in blue/purple, fp64 in green/brown,
@@ -100,7 +103,8 @@ def _save(fig, path: Path) -> Path:
 
     The constrained layout is computed once, here, at the PNG's resolution, and then switched off: ``savefig``
     with a layout engine would draw the whole figure twice (a layout pass with rendering disabled, then the
-    PNG). The pixels are the same either way."""
+    PNG). The pixels are the same either way. The PNG is deflated at zlib level :data:`_PNG_COMPRESS_LEVEL`
+    (lossless; PIL's default 6 took ~40% longer to encode these mostly white figures for files ~13% smaller)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.set_dpi(DPI)
@@ -108,7 +112,7 @@ def _save(fig, path: Path) -> Path:
     if engine is not None:
         engine.execute(fig)
         fig.set_layout_engine(None)
-    fig.savefig(path, dpi=DPI)
+    fig.savefig(path, dpi=DPI, pil_kwargs={"compress_level": _PNG_COMPRESS_LEVEL})
     plt.close(fig)
     return path
 
@@ -177,11 +181,17 @@ def envelope(x: np.ndarray, y: np.ndarray, max_points: int = None) -> tuple:
     min/max envelope of the line per bin. Every extreme survives (a single negative value among 10⁶ points
     is still drawn, at its own step and value), and every non-finite point (NaN, ±Inf) is kept as well.
     """
-    max_points = _MAX_DRAWN_POINTS if max_points is None else int(max_points)
     x, y = np.asarray(x), np.asarray(y, dtype=float)
+    keep = _envelope_index(x, y, max_points)
+    return (x, y) if keep is None else (x[keep], y[keep])
+
+
+def _envelope_index(x: np.ndarray, y: np.ndarray, max_points: int = None) -> Optional[np.ndarray]:
+    """The sorted indices :func:`envelope` keeps of ``(x, y)``; None when the line is kept whole."""
+    max_points = _MAX_DRAWN_POINTS if max_points is None else int(max_points)
     n = len(x)
     if n <= max(max_points, 8):
-        return x, y
+        return None
     bins = max(2, max_points // 4)
     xf = x.astype(float)
     span = xf[-1] - xf[0]
@@ -199,16 +209,34 @@ def envelope(x: np.ndarray, y: np.ndarray, max_points: int = None) -> tuple:
     edges = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
     keep = np.concatenate((order[first_of], order[last_of], edges, np.r_[edges[1:] - 1, n - 1],
                            np.flatnonzero(~finite)))
-    keep = np.unique(keep)
-    return x[keep], y[keep]
+    return np.unique(keep)
+
+
+def _spread(series: list) -> tuple:
+    """Per step over the runs ``[(steps [n], values [n])]``: ``(steps [m], min [m], max [m], median [m])``, steps
+    ascending. min/max over the finite values (NaN where a step has none); the median over the non-NaN values."""
+    x0 = series[0][0]
+    if all(len(x) == len(x0) and np.array_equal(x, x0) for x, _ in series[1:]):  # the usual case: same steps
+        mx, table = np.asarray(x0), np.vstack([np.asarray(y, dtype=float) for _, y in series])
+        if not np.all(np.diff(mx) > 0):
+            o = np.argsort(mx, kind="stable")
+            mx, table = mx[o], table[:, o]
+    else:
+        frame = pd.concat([pd.Series(np.asarray(y, dtype=float), index=x) for x, y in series], axis=1).sort_index()
+        mx, table = frame.index.to_numpy(), frame.to_numpy().T
+    finite = np.where(np.isfinite(table), table, np.nan)
+    with warnings.catch_warnings():  # a step no run logged a finite value at: NaN, a gap in the band
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return mx, np.nanmin(finite, axis=0), np.nanmax(finite, axis=0), np.nanmedian(table, axis=0)
 
 
 def _draw_series(ax, series: list, style: dict):
     """Draw ``[(steps [n], values [n])]`` of one variant on ``ax``; returns the line for the legend (or None).
 
-    Up to :data:`_MAX_MARKED_RUNS` series: each with the variant's markers. More: each as a faint line, plus
-    the median over the series per step with markers, so that many seeds stay readable. Long lines are drawn
-    through their min/max :func:`envelope` (every extreme kept)."""
+    Up to :data:`_MAX_MARKED_RUNS` series: each with the variant's markers. More: a shaded band from the
+    smallest to the largest value of the series at each step (finite values), plus the median over the series
+    per step with markers, so that many seeds stay readable (one polygon instead of a line per run). Long lines
+    and bands are drawn through their min/max :func:`envelope` (every extreme kept)."""
     if not series:
         return None
     marked = dict(style)
@@ -218,19 +246,12 @@ def _draw_series(ax, series: list, style: dict):
             x, y = envelope(x, y)
             (ln,) = ax.plot(x, y, lw=1.0, alpha=0.9, markevery=max(1, len(x) // 10), **marked)
         return ln
-    faint = {k: v for k, v in style.items() if k in ("color", "linestyle")}
-    for x, y in series:
-        ax.plot(*envelope(x, y), lw=0.6, alpha=0.25, **faint)
-    x0 = series[0][0]
-    if all(len(x) == len(x0) and np.array_equal(x, x0) for x, _ in series[1:]):  # the usual case: same steps
-        mx, my = np.asarray(x0), np.nanmedian(np.vstack([y for _, y in series]), axis=0)
-        if not np.all(np.diff(mx) > 0):
-            o = np.argsort(mx, kind="stable")
-            mx, my = mx[o], my[o]
-    else:
-        table = pd.concat([pd.Series(y, index=x) for x, y in series], axis=1)
-        med = table.median(axis=1).sort_index()
-        mx, my = med.index.to_numpy(), med.to_numpy()
+    mx, lo, hi, my = _spread(series)
+    bx, keep = mx, _envelope_index(mx, lo)
+    if keep is not None:  # a long band: each bin's extremes of both edges (lo and hi have the same length)
+        keep = np.union1d(keep, _envelope_index(mx, hi))
+        bx, lo, hi = mx[keep], lo[keep], hi[keep]
+    ax.fill_between(bx, lo, hi, color=style["color"], alpha=0.2, lw=0)
     mx, my = envelope(mx, my)
     (ln,) = ax.plot(mx, my, lw=1.6, markevery=max(1, len(mx) // 10), **marked)
     return ln
@@ -238,7 +259,8 @@ def _draw_series(ax, series: list, style: dict):
 
 def plot_curves(sweep, metric: str, path: Path, max_panels: int = 16) -> Optional[Path]:
     """``metric`` against the optimizer step: one panel per β, one line per run in its variant's style
-    (a variant with more than 3 runs in a panel: faint run lines and their median with markers).
+    (a variant with more than 3 runs in a panel: the band of its runs, min to max per step, and their median
+    with markers).
 
     Where the sweep has native/fp32 pairs (runs equal in every other config key), a panel under each β
     shows native − fp32 step by step: the two curves often coincide to the eye, the difference does not.
@@ -297,7 +319,7 @@ def plot_curves(sweep, metric: str, path: Path, max_panels: int = 16) -> Optiona
             dax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
             dax.grid(alpha=0.3)
         more = f"; first {len(shown)} of {len(betas)} β values" if len(shown) < len(betas) else ""
-        many = " (more than 3 runs of a variant: faint lines = runs, marked line = median)"
+        many = " (more than 3 runs of a variant: band = runs' min–max, marked line = median)"
         busiest = runs.groupby(["gkd.beta", "loss.precision", "loss.beta_form"], dropna=False).size().max()
         fig.suptitle(f"{metric} per optimizer step{more}" + (many if busiest > _MAX_MARKED_RUNS else ""))
         _legend(fig, list(handles.values()), list(handles.keys()))

@@ -201,8 +201,9 @@ def test_nothing_to_plot_returns_none(tmp_path):
     assert not (tmp_path / "n.png").exists() and not (tmp_path / "s.png").exists()
 
 
-def test_curves_many_seeds_marked_median(tmp_path, figs):
-    """More than 3 runs of a variant in a panel: faint run lines plus the per-step median with markers."""
+def test_curves_many_seeds_band_and_marked_median(tmp_path, figs):
+    """More than 3 runs of a variant in a panel: one band from the runs' smallest to their largest value at each
+    step (values read from the run folders), plus the per-step median with markers; no line per run."""
     root = tmp_path / "sweep"
     for seed in range(5):
         write_run(root / f"s{seed}", beta=0.5, beta_form="paper", precision="fp32", seed=seed, steps=10,
@@ -212,7 +213,31 @@ def test_curves_many_seeds_marked_median(tmp_path, figs):
     _check_common(fig, png)
     (ax,) = [a for a in fig.axes if a.has_data()]
     marked = [ln for ln in ax.get_lines() if ln.get_marker() not in ("None", None, "")]
-    assert len(marked) == 1 and len(ax.get_lines()) == 6
-    want = np.median([[r["train/loss"] for r in _metrics(root / f"s{seed}")] for seed in range(5)], axis=0)
-    np.testing.assert_allclose(marked[0].get_ydata(), want, rtol=1e-12)
-    assert "marked line = median" in fig.get_suptitle()
+    assert len(marked) == 1 and len(ax.get_lines()) == 1
+    values = np.array([[r["train/loss"] for r in _metrics(root / f"s{seed}")] for seed in range(5)])
+    np.testing.assert_allclose(marked[0].get_ydata(), np.median(values, axis=0), rtol=1e-12)
+    (band,) = ax.collections
+    verts = band.get_paths()[0].vertices
+    steps = np.arange(1, 11)
+    for step, lo, hi in zip(steps, values.min(axis=0), values.max(axis=0)):
+        at = verts[np.isclose(verts[:, 0], step), 1]
+        assert at.min() == pytest.approx(lo, rel=1e-12) and at.max() == pytest.approx(hi, rel=1e-12)
+    assert "band = runs' min–max, marked line = median" in fig.get_suptitle()
+
+
+def test_long_band_keeps_each_runs_extreme(tmp_path, figs):
+    """A band over 5 runs of 20,000 steps is drawn through its envelope, and one run's single negative value
+    still sets the band's lower edge at its own step."""
+    root = tmp_path / "sweep"
+    for seed in range(5):
+        write_run(root / f"s{seed}", beta=0.5, beta_form="paper", precision="fp32", seed=seed, steps=20_000,
+                  spot_every=0)
+    rows = _metrics(root / "s3")
+    rows[12_345]["train/loss"] = -0.5
+    (root / "s3" / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    png = plots.plot_curves(load_sweep(root), "train/loss", tmp_path / "loss.png")
+    (ax,) = [a for a in figs[png.name].axes if a.has_data()]
+    verts = ax.collections[0].get_paths()[0].vertices
+    assert len(verts) < 2 * 20_000
+    at = verts[verts[:, 0] == rows[12_345]["step"], 1]
+    assert at.min() == -0.5
