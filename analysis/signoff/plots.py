@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import MaxNLocator, NullLocator  # noqa: E402
 
 __all__ = ["DPI", "METRIC_UNITS", "envelope", "variant_style", "variant_label", "plot_curves", "plot_negatives",
            "plot_spot_errors", "plot_beta_curve"]
@@ -404,6 +404,15 @@ _SPOT_TITLES = {"rel_err": "loss: |loss − FP64| / |FP64|", "grad_rel_l2": "d l
                 "param_grad_rel_l2": "parameter gradient: relative L2"}
 
 
+def _wide_log_axis_without_minor_ticks(ax, max_decades: float = 4.0) -> None:
+    """On a log y axis spanning more than ``max_decades`` decades, no minor ticks: at that span they are eight
+    unlabelled marks per decade that crowd each other, and each is a matplotlib tick to lay out (the spot-check
+    errors span ~10 decades: 240 ticks, half the figure's layout time). The major ticks keep their labels."""
+    lo, hi = ax.dataLim.intervaly
+    if lo > 0 and hi > 0 and np.log10(hi / lo) > max_decades:
+        ax.yaxis.set_minor_locator(NullLocator())
+
+
 def plot_spot_errors(spots: pd.DataFrame, path: Path, grad_tol: float, loss_rtol: Optional[float] = None,
                      param_grad_tol: Optional[float] = None) -> Optional[Path]:
     """Spot-check errors on a log scale, per variant and dtype mix: loss relative error, logit-gradient and
@@ -450,6 +459,7 @@ def plot_spot_errors(spots: pd.DataFrame, path: Path, grad_tol: float, loss_rtol
             ax.set_xticks(range(1, pos + 1), labels)
             ax.set_xlim(0.4, pos + 0.6)
             ax.set_yscale("log")
+            _wide_log_axis_without_minor_ticks(ax)
             tol = {"rel_err": loss_rtol, "grad_rel_l2": grad_tol,
                    "param_grad_rel_l2": param_grad_tol}[m]
             if tol is not None:

@@ -37,3 +37,22 @@ def test_every_spot_error_panel_has_its_tolerance_line(synthetic_sweep_dir, tmp_
         assert want[title] in _horizontal_levels(ax), (title, _horizontal_levels(ax))
     labels = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
     assert f"loss tolerance: rtol {crit.loss_rtol:g} (+ atol/|FP64|)" in labels
+
+
+def test_minor_ticks_only_on_log_panels_of_a_few_decades(tmp_path, figs):
+    """A panel whose errors span more than 4 decades has no minor ticks (eight unlabelled marks per decade); one
+    spanning 2 decades keeps them. The major ticks stay labelled on both."""
+    import pandas as pd
+    from matplotlib.ticker import NullLocator
+
+    rows = [{"run": "r", "loss.precision": "fp32", "loss.beta_form": "paper", "mixed_dtypes": True,
+             "rel_err": v, "grad_rel_l2": w, "param_grad_rel_l2": np.nan}
+            for v, w in zip(np.logspace(-10, -1, 20), np.logspace(-6, -4, 20))]
+    png = plots.plot_spot_errors(pd.DataFrame(rows), tmp_path / "s.png", 1e-3, 1e-4)
+    panels = {ax.get_title(): ax for ax in figs[png.name].axes}
+    wide, narrow = panels[plots._SPOT_TITLES["rel_err"]], panels[plots._SPOT_TITLES["grad_rel_l2"]]
+    assert isinstance(wide.yaxis.get_minor_locator(), NullLocator)
+    assert not isinstance(narrow.yaxis.get_minor_locator(), NullLocator)
+    assert len(narrow.yaxis.get_minorticklocs()) > 0
+    for ax in (wide, narrow):
+        assert any(t.get_text() for t in ax.get_yticklabels())
