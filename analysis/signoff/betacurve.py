@@ -160,11 +160,11 @@ def training_beta_curve(sweep, first_steps: int = 3,
     if h.empty:
         return pd.DataFrame()
     h = h.sort_values(["run", "step"])
-    first = h.groupby("run", sort=False).head(first_steps)
+    first = h.groupby("run", sort=False, observed=True).head(first_steps)
     cols = [m for m in metrics if m in first.columns]
     if not cols:
         return pd.DataFrame()
-    per_run = first.groupby("run")[cols].mean()
+    per_run = first.groupby("run", observed=True)[cols].mean()
     keys = ["loss.beta_form", "loss.precision", "gkd.beta"]
     meta = sweep.runs.set_index("run")[keys]
     per_run = per_run.join(meta, how="inner")

@@ -54,7 +54,7 @@ def run_summary(sweep: Sweep, metrics: Sequence[str] = CURVE_METRICS) -> pd.Data
     """
     h = sweep.history
     cols = [m for m in metrics if m in h.columns]
-    g = h.sort_values(["run", "step"]).groupby("run", sort=False)
+    g = h.sort_values(["run", "step"]).groupby("run", sort=False, observed=True)
     parts = {"steps": g["step"].count()}
     for m in cols:
         parts[f"{m}:final"] = g[m].last()
@@ -70,7 +70,7 @@ def negatives_table(sweep: Sweep) -> pd.DataFrame:
     counts, so a skipped log line cannot hide a negative), ``loss_calls``, ``neg_call_frac``,
     ``neg_token_frac_max``/``_mean``, ``min_token_jsd``, ``nonfinite_calls``."""
     h = sweep.history
-    g = h.groupby("run", sort=False)
+    g = h.groupby("run", sort=False, observed=True)
     res = pd.DataFrame(index=sweep.runs["run"])
     total = g[NEG_LOSS_CALLS_TOTAL].max() if NEG_LOSS_CALLS_TOTAL in h else None
     window = g[NEG_LOSS_CALLS].sum(min_count=1) if NEG_LOSS_CALLS in h else None

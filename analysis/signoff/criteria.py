@@ -195,11 +195,11 @@ def no_nonfinite(ev: Evidence, c: Any) -> Result:
     details += [f"{r}: no non-finite-call counts logged (gkd/nonfinite_calls_total)" for r in unknown["run"]]
     nf = sweep.nonfinite[sweep.nonfinite["run"].isin(names)]
     bad_metric = nf[nf["metric"].isin(c.metrics)]
-    for (run, metric), g in bad_metric.groupby(["run", "metric"], sort=True):
+    for (run, metric), g in bad_metric.groupby(["run", "metric"], sort=True, observed=True):
         values = sorted({repr(float(v)) for v in g["value"]})
         details.append(f"{run}: {metric} is {'/'.join(values)} at step {_steps(g['step'])}")
     bad_spot = nf[nf["metric"].str.startswith("spot/")]
-    for run, g in bad_spot.groupby("run", sort=True):
+    for run, g in bad_spot.groupby("run", sort=True, observed=True):
         details.append(f"{run}: non-finite spot check at step {_steps(g['step'])} "
                        f"({', '.join(sorted(set(g['metric'])))})")
     n_steps = len(bad_metric[["run", "step"]].drop_duplicates())
@@ -226,7 +226,7 @@ def spot_tolerance(ev: Evidence, c: Any) -> Result:
         return _not_measured("spot_tolerance", title, thr, "no patched runs in the sweep", c.required, applies)
     spots = ev.spots[ev.spots["run"].isin(runs["run"])]
     details = []
-    counts = spots.groupby("run").size().reindex(runs["run"], fill_value=0)
+    counts = spots.groupby("run", observed=True).size().reindex(runs["run"], fill_value=0)
     few = counts[counts < c.min_checks_per_run]
     details += [f"{r}: {n} spot checks (< {c.min_checks_per_run})" for r, n in few.items()]
     if spots.empty:
@@ -417,7 +417,7 @@ def precisions_unchanged_in_fp32(ev: Evidence, c: Any) -> Result:
                                f"sides at the loss (FP32/FP32 precisions: {', '.join(sorted(map(str, precs))) or 'none'})")
     applies = "applies: native and fp32 runs with FP32/FP32 at the loss"
     spots = ev.spots
-    err = spots[np.isfinite(spots["rel_err"].astype(float))].groupby("run")["rel_err"].max()
+    err = spots[np.isfinite(spots["rel_err"].astype(float))].groupby("run", observed=True)["rel_err"].max()
     details, bad, measured_pairs, worst = [], 0, 0, None
     for a, b in pairs:
         if a not in err.index or b not in err.index:

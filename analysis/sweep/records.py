@@ -404,7 +404,9 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
         {"native": "original", "fp32": "patched", "fp64": "reference", "candidate": "patched"}).fillna("unknown")
     history = pd.concat(frames, ignore_index=True, sort=False)
     history["step"] = history["step"].astype("int64")
-    history["run"] = pd.Categorical(history["run"])  # 400k copies of 200 names: every run-keyed step is on codes
+    # 400k copies of 200 names: every run-keyed step works on codes. Group by it with observed=True (pandas 2's
+    # default would add an empty group for every run a selection left out; pandas 3's default is observed=True).
+    history["run"] = pd.Categorical(history["run"])
     nonfinite = pd.DataFrame(bad, columns=_NONFINITE_COLUMNS) if bad else _empty_nonfinite()
     if bad:
         nonfinite["step"] = nonfinite["step"].astype("int64")
