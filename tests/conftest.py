@@ -5,6 +5,7 @@
 * ``e2e_root`` (session): a folder for end-to-end run folders.
 * ``_output_root_under_tmp`` (session, automatic): ``$GKD_OUTPUT_ROOT`` under a temporary folder when unset.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,7 +33,6 @@ def embedded_cache(tmp_path_factory):
     training or dry run of a test that did not ask for this fixture built its models or the flag table there).
     The flag tables already built there (``setup_env.sh`` builds them) are copied in, only read."""
     import shutil
-    from pathlib import Path
 
     from gkd_harness.harness.config.swift_flags import cache_dir
 
@@ -78,8 +78,15 @@ def smoke_sweep(tmp_path_factory, embedded_cache):
         return Path(os.environ["GKD_SMOKE_SWEEP"])
     root = tmp_path_factory.mktemp("smoke_sweep")
     env = dict(os.environ, GKD_OUTPUT_ROOT=str(root), HF_HUB_OFFLINE="1", WANDB_SILENT="true", WANDB_MODE="offline")
-    cmd = [entry_point("gkd-train"), "-m", "experiment=smoke", f"run.max_steps={SMOKE_STEPS}", "monitor.capture=true",
-           f"tracking.wandb.group={SMOKE_GROUP}", "hydra.callbacks.sweep_status.progress_interval_s=0"]
+    cmd = [
+        entry_point("gkd-train"),
+        "-m",
+        "experiment=smoke",
+        f"run.max_steps={SMOKE_STEPS}",
+        "monitor.capture=true",
+        f"tracking.wandb.group={SMOKE_GROUP}",
+        "hydra.callbacks.sweep_status.progress_interval_s=0",
+    ]
     proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=1500)
     sweep = root / "multirun" / SMOKE_GROUP
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -108,10 +115,17 @@ def outcome_sweep(tmp_path_factory, embedded_cache):
         return Path(os.environ["GKD_OUTCOME_SWEEP"])
     root = tmp_path_factory.mktemp("outcome_sweep")
     env = dict(os.environ, GKD_OUTPUT_ROOT=str(root), HF_HUB_OFFLINE="1", WANDB_SILENT="true", WANDB_MODE="offline")
-    cmd = [entry_point("gkd-train"), "-m", "experiment=outcome", f"run.max_steps={OUTCOME_STEPS}",
-           f"run.seed={','.join(map(str, OUTCOME_SEEDS))}", f"monitor.eval.every_n_steps={OUTCOME_EVAL_EVERY}",
-           "monitor.eval.batch_size=1", f"run.save_steps={OUTCOME_STEPS}",
-           "hydra.callbacks.sweep_status.progress_interval_s=0"]
+    cmd = [
+        entry_point("gkd-train"),
+        "-m",
+        "experiment=outcome",
+        f"run.max_steps={OUTCOME_STEPS}",
+        f"run.seed={','.join(map(str, OUTCOME_SEEDS))}",
+        f"monitor.eval.every_n_steps={OUTCOME_EVAL_EVERY}",
+        "monitor.eval.batch_size=1",
+        f"run.save_steps={OUTCOME_STEPS}",
+        "hydra.callbacks.sweep_status.progress_interval_s=0",
+    ]
     proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=1500)
     sweep = root / "multirun" / OUTCOME_GROUP
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -5,14 +5,15 @@ Run: python tests/measure_tolerances.py [--regimes]   (a few minutes on 2 cores)
 ``--regimes`` prints issue 13's regime families instead (tests/harness/loss/test_losses_regimes.py): the logit-scale
 sweep (levels and shifted logits, L = 1 … 1e4) against FP64 and textbook FP32 on the same inputs.
 """
+
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gkd_harness.harness.loss.reference import reference_gkd  # noqa: E402
 from gkd_harness.harness.losses import make_gkd_loss  # noqa: E402
 from tests.loss_cases import grid, make_case, seed_of  # noqa: E402
-from gkd_harness.harness.loss.reference import reference_gkd  # noqa: E402
 
 
 def main():
@@ -37,9 +38,9 @@ def main():
 def regimes():
     import torch
 
+    from gkd_harness.harness.loss.reference import reference_jsd
     from gkd_harness.harness.losses import make_jsd_loss
     from tests.harness.loss.test_losses_regimes import SCALES, _levels, _shifted
-    from gkd_harness.harness.loss.reference import reference_jsd
 
     print(f"{'family':<8} {'L':>7} {'max rel':>9} {'max grad':>9} {'textbook rel':>13}")
     for fam, make in (("levels", _levels), ("shifted", _shifted)):
@@ -50,10 +51,10 @@ def regimes():
                 for form in ("paper", "continuous"):
                     s64 = s.double().requires_grad_(True)
                     ref = reference_jsd(s64, t.double(), beta, form).sum()
-                    (g64, ) = torch.autograd.grad(ref, s64)
+                    (g64,) = torch.autograd.grad(ref, s64)
                     sg = s.clone().requires_grad_(True)
                     val = make_jsd_loss("fp32", form)(sg, t, beta)
-                    (g, ) = torch.autograd.grad(val, sg)
+                    (g,) = torch.autograd.grad(val, sg)
                     ref = float(ref)
                     rel = max(rel, abs(float(val.detach()) - ref) / abs(ref))
                     grad = max(grad, float((g.double() - g64).norm() / g64.norm()))

@@ -23,11 +23,19 @@ import pytest
 from omegaconf import OmegaConf
 
 from gkd_harness.harness.config.schema import EMBEDDED
-from gkd_harness.harness.launcher.run import make_plan
 from gkd_harness.harness.config.validate import validate_config
+from gkd_harness.harness.launcher.run import make_plan
 from gkd_harness.harness.launcher.sweep_points import point_name, sweep_points
-from tests.launch.helpers import (compose, harness_env, read_metrics, read_summary, run_gkd_train, tail, task_config,
-                                  wandb_offline_run)
+from tests.launch.helpers import (
+    compose,
+    harness_env,
+    read_metrics,
+    read_summary,
+    run_gkd_train,
+    tail,
+    task_config,
+    wandb_offline_run,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -48,8 +56,13 @@ def hub_ids_not_fetched(monkeypatch):
 
 
 def committed_yaml() -> list[str]:
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "configs"], cwd=REPO,
-                         capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "configs"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     files = {p for p in out if p.endswith(".yaml")}
     files |= {str(p.relative_to(REPO)) for p in CONFIGS.glob("local/*.example.yaml")}  # examples are docs
     return sorted(files)
@@ -70,8 +83,10 @@ def _case(rel: str):
     if parts[:2] == ("hydra", "job_logging"):  # chosen by hydra/default.yaml: composed with train.yaml
         return [f"hydra/job_logging={parts[2]}"], "train"
     if parts[0] == "rollout" and parts[1] != "none":  # on-policy engines need on-policy batches (+ their inputs)
-        extra = {"vllm_colocate": ["model=tiny_vllm"],
-                 "vllm_server": ["model=tiny_vllm", "rollout.vllm.server.base_url=http://127.0.0.1:8000"]}.get(parts[1], [])
+        extra = {
+            "vllm_colocate": ["model=tiny_vllm"],
+            "vllm_server": ["model=tiny_vllm", "rollout.vllm.server.base_url=http://127.0.0.1:8000"],
+        }.get(parts[1], [])
         return [f"rollout={parts[1]}", "gkd.lmbda=0.5", *extra], "train"
     if parts[0] == "backend" and parts[1].startswith("megatron"):  # the tiny model's BF16 teacher cast: HF only
         return [f"backend={parts[1]}", "model.student_dtype=null", "model.teacher_dtype=null"], "train"
@@ -104,8 +119,13 @@ def test_every_config_composes(rel):
         assert type(launcher).__name__ in ("BasicLauncher", "LocalLauncher", "SlurmLauncher")
     task = task_config(overrides)  # every interpolation resolves, every value has its schema's type
     if task.model.student != EMBEDDED and task.run.dataset is None:
-        task = task_config([*overrides, f"run.dataset={DATASET}",
-                            *([f"monitor.eval.dataset={HELD_OUT}"] if task.monitor.eval.every_n_steps else [])])
+        task = task_config(
+            [
+                *overrides,
+                f"run.dataset={DATASET}",
+                *([f"monitor.eval.dataset={HELD_OUT}"] if task.monitor.eval.every_n_steps else []),
+            ]
+        )
     if rel.endswith(".example.yaml"):  # placeholder paths of a site that is not this machine
         with pytest.raises(ValueError, match=r"^model\.student: model folder /shared/models/\S+ does not exist"):
             validate_config(task)
@@ -127,9 +147,14 @@ def test_composing_an_experiment_prints_no_hydra_warning(name, launcher, tmp_pat
     does; Hydra prints its warnings (and anything else) on stderr, which must stay empty."""
     from tests.conftest import entry_point
 
-    proc = subprocess.run([entry_point("gkd-train"), "--cfg", "job", f"experiment={name}",
-                           f"hydra/launcher={launcher}"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env=harness_env(tmp_path / "out"))
+    proc = subprocess.run(
+        [entry_point("gkd-train"), "--cfg", "job", f"experiment={name}", f"hydra/launcher={launcher}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=harness_env(tmp_path / "out"),
+    )
     assert proc.returncode == 0, tail(proc.stdout + proc.stderr)
     assert proc.stderr == "", proc.stderr
     assert f"group: {name}" in proc.stdout
@@ -187,14 +212,15 @@ def test_experiment_points_to_argument_level(name):
 def test_beta_sweep_grid_and_comparable_points():
     _, points = experiment_points("beta_sweep")
     grid = {(c.loss.precision, c.loss.beta_form, c.gkd.beta) for _, c in points}
-    assert grid == {(p, f, b) for p in ("native", "fp32") for f in ("paper", "continuous")
-                    for b in (0, 0.1, 0.5, 0.9, 0.999, 1)}
+    assert grid == {
+        (p, f, b) for p in ("native", "fp32") for f in ("paper", "continuous") for b in (0, 0.1, 0.5, 0.9, 0.999, 1)
+    }
     # same seed, same data order, same everything but β (the loss variant enters through the plugin settings)
     argvs = []
     for _, cfg in points:
         argv = argv_of(cfg, "/run")
         i = argv.index("--beta")
-        argvs.append(argv[:i + 1] + argv[i + 2:])
+        argvs.append(argv[: i + 1] + argv[i + 2 :])
     assert all(a == argvs[0] for a in argvs)
     args = as_args(argvs[0])
     assert args["--seed"] == args["--data_seed"] == "42"
@@ -220,7 +246,9 @@ SMOKE_VARIANTS = ("original", "fp32", "continuous")
 def smoke_point_names():
     from tests.conftest import SMOKE_STEPS
 
-    return sorted(f"loss={v},monitor.capture=True,run.max_steps={SMOKE_STEPS}" for v in SMOKE_VARIANTS)  # Hydra writes True
+    return sorted(
+        f"loss={v},monitor.capture=True,run.max_steps={SMOKE_STEPS}" for v in SMOKE_VARIANTS
+    )  # Hydra writes True
 
 
 @pytest.fixture(scope="module")
@@ -231,8 +259,13 @@ def smoke_rerun(smoke_sweep):
 
     root = smoke_sweep.parents[1]  # <GKD_OUTPUT_ROOT>/multirun/<group>
     env = harness_env(root, WANDB_SILENT="true", WANDB_MODE="offline")
-    overrides = ["experiment=smoke", f"run.max_steps={SMOKE_STEPS}", "monitor.capture=true",
-                 f"tracking.wandb.group={SMOKE_GROUP}", "hydra.callbacks.sweep_status.progress_interval_s=0"]
+    overrides = [
+        "experiment=smoke",
+        f"run.max_steps={SMOKE_STEPS}",
+        "monitor.capture=true",
+        f"tracking.wandb.group={SMOKE_GROUP}",
+        "hydra.callbacks.sweep_status.progress_interval_s=0",
+    ]
     return run_gkd_train(overrides, env, root, multirun=True)
 
 
@@ -279,9 +312,16 @@ def test_resume_skips_completed_points(smoke_sweep, smoke_rerun):
 def test_beta_sweep_on_submitit_local_survives_a_failing_point(tmp_path, embedded_cache):
     """One valid and one invalid point of experiment=beta_sweep as parallel local processes; β=2 fails its point."""
     env = harness_env(tmp_path / "out")
-    overrides = ["experiment=beta_sweep", "hydra/launcher=submitit_local", "loss.precision=fp32",
-                 "loss.beta_form=paper", "gkd.beta=0.5,2.0", f"run.max_steps={STEPS}",
-                 "tracking.wandb.mode=disabled", "hydra.callbacks.sweep_status.progress_interval_s=0"]
+    overrides = [
+        "experiment=beta_sweep",
+        "hydra/launcher=submitit_local",
+        "loss.precision=fp32",
+        "loss.beta_form=paper",
+        "gkd.beta=0.5,2.0",
+        f"run.max_steps={STEPS}",
+        "tracking.wandb.mode=disabled",
+        "hydra.callbacks.sweep_status.progress_interval_s=0",
+    ]
     proc = run_gkd_train(overrides, env, tmp_path, multirun=True)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, tail(out)  # the sweep reports the failure in its exit status ...

@@ -9,6 +9,7 @@ Checked on README.md and docs/*.md:
   docs/own-models.md says), docs/cluster.md's SLURM dry-run listing and its `--config-dir` settings, and the
   README's criteria table against the criteria gkd-analyze evaluates.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,11 @@ REPO_PATH = re.compile(r"`((?:configs|harness|launch|analysis|bench|tests|docs)/
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
 def test_no_reference_outside_the_repository(doc):
-    bad = [f"{doc.name}:{n}: {line.strip()}" for n, line in enumerate(doc.read_text().splitlines(), 1)
-           if OUTSIDE.search(line)]
+    bad = [
+        f"{doc.name}:{n}: {line.strip()}"
+        for n, line in enumerate(doc.read_text().splitlines(), 1)
+        if OUTSIDE.search(line)
+    ]
     assert not bad, "\n".join(bad)
 
 
@@ -84,8 +88,9 @@ COMMANDS = [
 @pytest.mark.parametrize("cmd", COMMANDS, ids=" ".join)
 def test_documented_command_runs(cmd, tmp_path):
     env = dict(os.environ, GKD_OUTPUT_ROOT=str(tmp_path / "outputs"))
-    proc = subprocess.run([entry_point(cmd[0]), *cmd[1:]], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env=env)
+    proc = subprocess.run(
+        [entry_point(cmd[0]), *cmd[1:]], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     if "--help" in cmd:
@@ -97,10 +102,24 @@ def test_documented_command_runs(cmd, tmp_path):
 
 
 def test_slurm_dry_run_as_documented():
-    proc = subprocess.run([sys.executable, "-m", "gkd_harness.launch.slurm", "experiment=precision_ab", "hydra.launcher.nodes=2",
-                           "hydra.launcher.gpus_per_node=8", "run.dataset=x/y", "monitor.eval.dataset=x/z",
-                           "--max-points", "1"],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gkd_harness.launch.slurm",
+            "experiment=precision_ab",
+            "hydra.launcher.nodes=2",
+            "hydra.launcher.gpus_per_node=8",
+            "run.dataset=x/y",
+            "monitor.eval.dataset=x/z",
+            "--max-points",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "--global_batch_size 16" in proc.stdout and "NNODES=2" in proc.stdout
 
@@ -147,14 +166,14 @@ def test_readme_criteria_table_lists_every_criterion():
     from gkd_harness.analysis.signoff.criteria import CRITERIA
 
     readme = (REPO / "README.md").read_text()
-    table = readme[readme.index("| criterion | passes when |"):].split("\n\n", 1)[0]
+    table = readme[readme.index("| criterion | passes when |") :].split("\n\n", 1)[0]
     assert re.findall(r"^\| `(\w+)` \|", table, flags=re.M) == list(CRITERIA)
 
 
 def _flags(text: str) -> list:
     """The ``--flag value`` lines of node 0's ms-swift command in a ``gkd_harness.launch.slurm --wrap`` listing, with the
     repository's own path (the plugin) written as REPO."""
-    cmd = text[text.index("megatron rlhf \\"):].split("-> ", 1)[0]
+    cmd = text[text.index("megatron rlhf \\") :].split("-> ", 1)[0]
     out = [ln.strip().rstrip("\\").strip() for ln in cmd.splitlines()[1:] if ln.strip().startswith("--")]
     return [re.sub(r"\S*/harness/", "REPO/harness/", ln) for ln in out]
 
@@ -163,12 +182,29 @@ def test_cluster_doc_dry_run_is_what_the_command_prints():
     """docs/cluster.md's SLURM dry-run listing: node 0's ms-swift flags are the ones the documented command
     prints today (before: a --vllm_max_model_len 512 no longer emitted, an old plugin path)."""
     doc = (REPO / "docs" / "cluster.md").read_text()
-    shown = doc[doc.index("# SLURM dry run:"):]
+    shown = doc[doc.index("# SLURM dry run:") :]
     env = dict(os.environ, GKD_OUTPUT_ROOT="/shared/gkd-runs")
-    proc = subprocess.run([sys.executable, "-m", "gkd_harness.launch.slurm", "experiment=precision_ab", "hydra.launcher.nodes=2",
-                           "hydra.launcher.gpus_per_node=8", "run.dataset=my-org/gkd-prompts",
-                           "monitor.eval.dataset=my-org/gkd-held-out", "run.max_steps=200",
-                           "--max-points", "1", "--wrap"], capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gkd_harness.launch.slurm",
+            "experiment=precision_ab",
+            "hydra.launcher.nodes=2",
+            "hydra.launcher.gpus_per_node=8",
+            "run.dataset=my-org/gkd-prompts",
+            "monitor.eval.dataset=my-org/gkd-held-out",
+            "run.max_steps=200",
+            "--max-points",
+            "1",
+            "--wrap",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert _flags(shown) == _flags(proc.stdout)
 
@@ -178,9 +214,15 @@ def test_config_dir_settings_reach_the_plan(tmp_path):
     `optional local: default` (the same mechanism on an editable install)."""
     (tmp_path / "mine" / "local").mkdir(parents=True)
     (tmp_path / "mine" / "local" / "default.yaml").write_text(
-        "# @package _global_\nrun:\n  seed: 7\ntracking:\n  wandb:\n    entity: my-team\n")
-    proc = subprocess.run([entry_point("gkd-train"), "--config-dir", str(tmp_path / "mine"), "run.dry_run=true"],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        "# @package _global_\nrun:\n  seed: 7\ntracking:\n  wandb:\n    entity: my-team\n"
+    )
+    proc = subprocess.run(
+        [entry_point("gkd-train"), "--config-dir", str(tmp_path / "mine"), "run.dry_run=true"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "--seed 7" in proc.stdout and "WANDB_ENTITY=my-team" in proc.stdout
 
@@ -189,13 +231,19 @@ def test_cluster_doc_sweep_commands_exit_as_documented(tmp_path):
     """docs/cluster.md's sweep listings: every ``$ gkd-train ...  # ...; exit status N`` runs, exits N and prints
     the lines shown under it (before: the doc said a sweep whose points all fail validation exits 1; it exits 2)."""
     doc = (REPO / "docs" / "cluster.md").read_text()
-    block = doc[doc.index("$ gkd-train -m experiment=smoke"):].split("```", 1)[0]
+    block = doc[doc.index("$ gkd-train -m experiment=smoke") :].split("```", 1)[0]
     runs = re.findall(r"^\$ (gkd-train[^#\n]*?)\s+#[^\n]*exit status (\d)\n(.*?)(?=^\$ |\Z)", block, flags=re.M | re.S)
     assert runs, "no documented exit status"
     for cmd, code, shown in runs:
         argv = cmd.split()
-        proc = subprocess.run([entry_point(argv[0]), *argv[1:]], capture_output=True, text=True, timeout=600,
-                              cwd=tmp_path, env=dict(os.environ, GKD_OUTPUT_ROOT="outputs"))
+        proc = subprocess.run(
+            [entry_point(argv[0]), *argv[1:]],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
+            env=dict(os.environ, GKD_OUTPUT_ROOT="outputs"),
+        )
         assert proc.returncode == int(code), cmd + "\n" + proc.stdout[-2000:] + proc.stderr[-2000:]
         for line in (ln for ln in shown.splitlines() if ln.strip() and ln.strip() != "…"):
             assert line in proc.stdout, (line, proc.stdout[-3000:])
@@ -253,13 +301,18 @@ def test_python_api_claims_hold():
 
 
 #: a repository path in a config file's comments: a file with an extension under a top-level folder
-CONFIG_PATH = re.compile(r"(?<![\w./-])((?:configs|harness|launch|analysis|bench|tests|docs)/[\w/-]+\.(?:py|md|yaml|sh))")
+CONFIG_PATH = re.compile(
+    r"(?<![\w./-])((?:configs|harness|launch|analysis|bench|tests|docs)/[\w/-]+\.(?:py|md|yaml|sh))"
+)
 
 
 def test_paths_named_in_configs_exist():
     """Every repository file a config names in its comments exists (before: submitit_slurm.yaml cited
     launch/resume.py; the resume logic is harness/launcher/resume.py)."""
-    missing = [f"{p.relative_to(REPO)}: {m}" for p in sorted((REPO / "configs").rglob("*.yaml"))
-               for m in CONFIG_PATH.findall(p.read_text())
-               if not (REPO / m).exists() and not m.startswith("configs/local/default")]  # git-ignored, the user's
+    missing = [
+        f"{p.relative_to(REPO)}: {m}"
+        for p in sorted((REPO / "configs").rglob("*.yaml"))
+        for m in CONFIG_PATH.findall(p.read_text())
+        if not (REPO / m).exists() and not m.startswith("configs/local/default")
+    ]  # git-ignored, the user's
     assert not missing, missing

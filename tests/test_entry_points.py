@@ -7,15 +7,16 @@ The entry points are read from pyproject.toml's ``[project.scripts]``; each runs
 module's function called as the console script calls it), which then reports what it imported. No timing is
 asserted: the import list is what makes them fast.
 """
+
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from gkd_harness.harness.store.provenance import harness_version
 
@@ -41,8 +42,13 @@ print(json.dumps({"code": code, "stdout": out.getvalue(),
 
 def _run(name: str, flag: str) -> dict:
     module, func = SCRIPTS[name].split(":")
-    proc = subprocess.run([sys.executable, "-c", PROBE, module, func, name, flag, *HEAVY], capture_output=True,
-                          text=True, timeout=300, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, module, func, name, flag, *HEAVY],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -5,6 +5,7 @@
   ``OmegaConf.select``);
 - validation imports neither torch nor ms-swift.
 """
+
 from __future__ import annotations
 
 import ast
@@ -39,35 +40,50 @@ def _module(path: Path) -> str:
 
 
 def test_harness_imports_no_upper_layer():
-    bad = [f"{p.relative_to(REPO)}: {m}" for p in _sources("harness") for m in sorted(_imports(p))
-           if m.split(".")[0] in ("launch", "analysis", "bench")]
+    bad = [
+        f"{p.relative_to(REPO)}: {m}"
+        for p in _sources("harness")
+        for m in sorted(_imports(p))
+        if m.split(".")[0] in ("launch", "analysis", "bench")
+    ]
     assert not bad, "\n".join(bad)
 
 
 def test_no_dotted_string_config_reads():
     pattern = re.compile(r"""\bget\(\s*cfg\s*,\s*["']|\b_select\(\s*cfg|OmegaConf\.select\(""")
-    bad = [f"{p.relative_to(REPO)}:{n}: {line.strip()}"
-           for p in _sources("harness", "launch", "analysis", "bench")
-           for n, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    bad = [
+        f"{p.relative_to(REPO)}:{n}: {line.strip()}"
+        for p in _sources("harness", "launch", "analysis", "bench")
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert not bad, "\n".join(bad)
 
 
 def test_no_module_pair_imports_each_other():
     modules = {_module(p): _imports(p) for p in _sources("harness", "launch", "analysis", "bench")}
-    cycles = sorted({tuple(sorted((a, b))) for a, deps in modules.items() for b in deps
-                     if b in modules and b != a and a in modules[b]})
+    cycles = sorted(
+        {
+            tuple(sorted((a, b)))
+            for a, deps in modules.items()
+            for b in deps
+            if b in modules and b != a and a in modules[b]
+        }
+    )
     assert not cycles, cycles
 
 
 def test_validation_imports_neither_torch_nor_swift():
-    code = ("import sys\n"
-            "from gkd_harness.harness.launcher.compose import point_config\n"
-            "from gkd_harness.harness.config.validate import validate_config\n"
-            "from gkd_harness.harness.config.schema import ConfigError\n"
-            "cfg, _ = point_config(['gkd.beta=0.5', 'run.output_dir=/tmp/x'])\n"
-            "validate_config(cfg)\n"
-            "bad = [m for m in ('torch', 'swift', 'transformers') if m in sys.modules]\n"
-            "assert not bad, bad\n")
+    code = (
+        "import sys\n"
+        "from gkd_harness.harness.launcher.compose import point_config\n"
+        "from gkd_harness.harness.config.validate import validate_config\n"
+        "from gkd_harness.harness.config.schema import ConfigError\n"
+        "cfg, _ = point_config(['gkd.beta=0.5', 'run.output_dir=/tmp/x'])\n"
+        "validate_config(cfg)\n"
+        "bad = [m for m in ('torch', 'swift', 'transformers') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
 
@@ -130,8 +146,10 @@ def test_the_layer_check_fails_when_a_rank_module_imports_a_launcher_module(tmp_
     shutil.copytree(REPO / "harness", tmp_path / "harness")
     bad = tmp_path / "harness" / "rank" / "plugin.py"
     bad.write_text(bad.read_text() + "\n\ndef _late():\n    from gkd_harness.harness.launcher.plan import build_plan\n")
-    assert layer_violations(tmp_path) == ["harness/rank/plugin.py: harness.launcher.plan",
-                                          "harness/rank/plugin.py: harness.launcher.plan.build_plan"]
+    assert layer_violations(tmp_path) == [
+        "harness/rank/plugin.py: harness.launcher.plan",
+        "harness/rank/plugin.py: harness.launcher.plan.build_plan",
+    ]
 
 
 def test_the_contract_module_imports_nothing_of_the_harness_and_no_torch():
@@ -142,9 +160,14 @@ def test_the_contract_module_imports_nothing_of_the_harness_and_no_torch():
 def _string_literals(path: Path):
     """(line, value) of every string constant that is not a docstring."""
     tree = ast.parse(path.read_text())
-    docs = {id(n.body[0].value) for n in ast.walk(tree)
-            if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body
-            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    docs = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
     fragments = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs | fragments:
@@ -156,12 +179,21 @@ def test_contract_facts_have_one_home():
     ``harness/contract.py`` (tests and docs may spell them)."""
     from gkd_harness.harness import contract
 
-    facts = {v for k, v in vars(contract).items() if k.isupper() and isinstance(v, str)
-             and ("/" in v or k.endswith(("_FILE", "_ENV", "_LOG")) or k in ("CALLBACK_NAME", "ARCHIVE_DIR"))}
+    facts = {
+        v
+        for k, v in vars(contract).items()
+        if k.isupper()
+        and isinstance(v, str)
+        and ("/" in v or k.endswith(("_FILE", "_ENV", "_LOG")) or k in ("CALLBACK_NAME", "ARCHIVE_DIR"))
+    }
     assert {"gkd/neg_loss_calls", "metrics.jsonl", "GKD_HARNESS_PLUGIN_SETTINGS"} <= facts
-    bad = [f"{p.relative_to(REPO)}:{line}: {value!r}"
-           for p in _sources("harness", "launch", "analysis", "bench") if p.name != "contract.py"
-           for line, value in _string_literals(p) if value in facts]
+    bad = [
+        f"{p.relative_to(REPO)}:{line}: {value!r}"
+        for p in _sources("harness", "launch", "analysis", "bench")
+        if p.name != "contract.py"
+        for line, value in _string_literals(p)
+        if value in facts
+    ]
     assert not bad, "\n".join(bad)
 
 
@@ -232,8 +264,10 @@ def test_the_upper_layer_check_fails_on_an_upward_import(tmp_path):
     for pkg in UPPER_ALLOWED:
         shutil.copytree(REPO / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     loader = tmp_path / "analysis" / "sweep" / "runs.py"
-    loader.write_text(loader.read_text() + "\n\ndef _late():\n    from gkd_harness.launch.sweep import write_manifest\n"
-                      "    from gkd_harness.analysis.signoff.criteria import evaluate\n")
+    loader.write_text(
+        loader.read_text() + "\n\ndef _late():\n    from gkd_harness.launch.sweep import write_manifest\n"
+        "    from gkd_harness.analysis.signoff.criteria import evaluate\n"
+    )
     bad = upper_layer_violations(tmp_path)
     assert "analysis/sweep/runs.py: launch.sweep" in bad
     assert "analysis/sweep/runs.py: analysis.signoff.criteria" in bad

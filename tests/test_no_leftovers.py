@@ -1,4 +1,5 @@
 """Tests write only under their own temporary folders (issue 24): the output root and the harness's cache."""
+
 import os
 from pathlib import Path
 

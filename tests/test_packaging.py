@@ -8,6 +8,7 @@ see them, so the new venv gets a ``.pth`` file pointing at them instead; the har
 from the wheel). Then ``gkd-train run.dry_run=true`` and ``gkd-analyze --help`` run from a folder outside the
 repository.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,11 @@ def _listed_packages() -> set[str]:
 
 def test_every_package_folder_is_listed_in_pyproject():
     """pyproject lists its packages (each folder mapped under ``gkd_harness``); a new package folder must be added."""
-    found = {"gkd_harness." + ".".join(p.parent.relative_to(REPO).parts) for p in REPO.glob("*/**/__init__.py")
-             if p.parent.relative_to(REPO).parts[0] in ("harness", "launch", "analysis", "bench")}
+    found = {
+        "gkd_harness." + ".".join(p.parent.relative_to(REPO).parts)
+        for p in REPO.glob("*/**/__init__.py")
+        if p.parent.relative_to(REPO).parts[0] in ("harness", "launch", "analysis", "bench")
+    }
     assert found <= _listed_packages(), sorted(found - _listed_packages())
     assert {"gkd_harness", "gkd_harness.configs"} <= _listed_packages()
     assert all(name.split(".")[0] == "gkd_harness" for name in _listed_packages())  # one import namespace
@@ -43,8 +47,12 @@ def test_every_package_folder_is_listed_in_pyproject():
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                           str(out), str(REPO)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (whl,) = out.glob("gkd_harness-*.whl")
     return whl
@@ -56,10 +64,17 @@ def _head() -> str:
 
 def test_wheel_holds_the_config_tree_under_one_namespace(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    for required in ("gkd_harness/configs/train.yaml", "gkd_harness/configs/experiment/smoke.yaml",
-                     "gkd_harness/configs/signoff/default.yaml", "gkd_harness/configs/hydra/launcher/submitit_slurm.yaml",
-                     "gkd_harness/harness/config/schema.py", "gkd_harness/launch/slurm.py", "gkd_harness/analysis/cli.py",
-                     "gkd_harness/bench/cli.py", "gkd_harness/_version.py"):
+    for required in (
+        "gkd_harness/configs/train.yaml",
+        "gkd_harness/configs/experiment/smoke.yaml",
+        "gkd_harness/configs/signoff/default.yaml",
+        "gkd_harness/configs/hydra/launcher/submitit_slurm.yaml",
+        "gkd_harness/harness/config/schema.py",
+        "gkd_harness/launch/slurm.py",
+        "gkd_harness/analysis/cli.py",
+        "gkd_harness/bench/cli.py",
+        "gkd_harness/_version.py",
+    ):
         assert required in names, required
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"gkd_harness"}, tops  # no top-level harness/, analysis/, launch/, bench/
@@ -75,15 +90,35 @@ def _venv_with_wheel(wheel: Path, env_dir: Path, deps: bool) -> Path:
     so a requirement they do not satisfy fails the install."""
     venv.EnvBuilder(with_pip=False).create(env_dir)
     py = env_dir / "bin" / "python"
-    site_dir = Path(subprocess.check_output([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                            text=True).strip())
+    site_dir = Path(
+        subprocess.check_output(
+            [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+        ).strip()
+    )
     # the dependencies of this environment, but not its editable gkd-harness (its finder and .pth are left out)
-    deps_dirs = [p for p in dict.fromkeys([*site.getsitepackages(), *sys.path])
-                 if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()]
+    deps_dirs = [
+        p
+        for p in dict.fromkeys([*site.getsitepackages(), *sys.path])
+        if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()
+    ]
     (site_dir / "_deps.pth").write_text("\n".join(deps_dirs) + "\n")
-    install = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-index", "-q",
-                              *([] if deps else ["--no-deps"]), str(wheel)], capture_output=True, text=True,
-                             timeout=600)
+    install = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(py),
+            "install",
+            "--no-index",
+            "-q",
+            *([] if deps else ["--no-deps"]),
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-3000:]
     return py
 
@@ -97,11 +132,18 @@ def _clean_env(env_dir: Path) -> dict:
 def test_wheel_installs_with_its_declared_requirements_and_pip_check_is_clean(wheel, tmp_path):
     env_dir = tmp_path / "venv"
     py = _venv_with_wheel(wheel, env_dir, deps=True)
-    check = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "check"], capture_output=True,
-                           text=True, timeout=300)
+    check = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(py), "check"], capture_output=True, text=True, timeout=300
+    )
     assert check.returncode == 0, check.stdout + check.stderr
-    got = subprocess.run([str(py), "-c", "from importlib.metadata import version; print(version('gkd-harness'))"],
-                         cwd=tmp_path, env=_clean_env(env_dir), capture_output=True, text=True, timeout=120)
+    got = subprocess.run(
+        [str(py), "-c", "from importlib.metadata import version; print(version('gkd-harness'))"],
+        cwd=tmp_path,
+        env=_clean_env(env_dir),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert got.returncode == 0 and got.stdout.strip() != "0.1.0" and f"+g{_head()[:7]}" in got.stdout, got
 
 
@@ -120,9 +162,11 @@ def test_a_notebook_with_its_own_analysis_package_loads_a_sweep(wheel, tmp_path)
     readme = (REPO / "README.md").read_text()
     block = re.search(r"In a notebook.*?```python\n(.*?)```", readme, flags=re.S).group(1)
     code = block.replace('"outputs/multirun/smoke"', '"smoke"') + (
-        "\nimport analysis, launch, gkd_harness\nprint(analysis.WHOSE, '|', launch.WHOSE, '|', gkd_harness.__file__)\n")
-    proc = subprocess.run([str(py), "-c", code], cwd=notebook, env=_clean_env(env_dir), capture_output=True,
-                          text=True, timeout=300)
+        "\nimport analysis, launch, gkd_harness\nprint(analysis.WHOSE, '|', launch.WHOSE, '|', gkd_harness.__file__)\n"
+    )
+    proc = subprocess.run(
+        [str(py), "-c", code], cwd=notebook, env=_clean_env(env_dir), capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
     assert "the notebook project: analysis | the notebook project: launch" in last and str(REPO) not in last, last
@@ -134,23 +178,44 @@ def test_installed_wheel_runs_outside_the_repository(wheel, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = _clean_env(env_dir)
-    where = subprocess.run([str(py), "-c", "import gkd_harness.harness, gkd_harness.configs; "
-                            "print(gkd_harness.harness.__file__); print(gkd_harness.configs.__file__); "
-                            "from gkd_harness.harness.store.provenance import git_state; print(git_state())"],
-                           cwd=elsewhere, env=env, capture_output=True, text=True)
+    where = subprocess.run(
+        [
+            str(py),
+            "-c",
+            "import gkd_harness.harness, gkd_harness.configs; "
+            "print(gkd_harness.harness.__file__); print(gkd_harness.configs.__file__); "
+            "from gkd_harness.harness.store.provenance import git_state; print(git_state())",
+        ],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert where.returncode == 0, where.stderr
     assert str(REPO) not in where.stdout, f"the harness came from the repository, not the wheel: {where.stdout}"
     assert f"'harness_commit': '{_head()[:7]}" in where.stdout  # a wheel install records the commit it was built from
 
     gkd_train = env_dir / "bin" / "gkd-train"
-    dry = subprocess.run([str(gkd_train), "run.dry_run=true", f"run.output_dir={tmp_path / 'r'}"], cwd=elsewhere,
-                         env=env, capture_output=True, text=True, timeout=300)
+    dry = subprocess.run(
+        [str(gkd_train), "run.dry_run=true", f"run.output_dir={tmp_path / 'r'}"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert dry.returncode == 0, dry.stdout[-2000:] + dry.stderr[-3000:]
     assert "swift rlhf" in dry.stdout and "--external_plugins" in dry.stdout
     plugin = dry.stdout.split("--external_plugins")[1].split()[0]
     assert str(REPO) not in plugin and plugin.endswith("gkd_harness/harness/rank/plugin.py")
 
-    analyze = subprocess.run([str(env_dir / "bin" / "gkd-analyze"), "--help"], cwd=elsewhere, env=env,
-                             capture_output=True, text=True, timeout=300)
+    analyze = subprocess.run(
+        [str(env_dir / "bin" / "gkd-analyze"), "--help"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert analyze.returncode == 0, analyze.stderr[-3000:]
     assert "gkd-analyze" in analyze.stdout

@@ -7,12 +7,18 @@ late also aligns the vocabularies in BF16: the teacher's padding borrows student
 `gkd-certify examples/candidates/broken_promote_after_temperature.py` exits 1; the failing row is "temperature T != 1" (and "vocab mismatch").
 Everything but ``jsd_loss`` / ``gkd_loss`` comes from the installed ms-swift (the interface gkd-certify checks).
 """
+
 from typing import Callable
 
 import torch
-
-from swift.rlhf_trainers.gkd_loss import (TeacherOutput, _align_vocab, default_gather, default_kl_div,
-                                          default_log_softmax, extract_active)
+from swift.rlhf_trainers.gkd_loss import (
+    TeacherOutput,
+    _align_vocab,
+    default_gather,
+    default_kl_div,
+    default_log_softmax,
+    extract_active,
+)
 
 
 def _promote(*tensors):
@@ -22,8 +28,14 @@ def _promote(*tensors):
     return tuple(t.to(dtype) for t in tensors)
 
 
-def jsd_loss(s_logits: torch.Tensor, t_logits: torch.Tensor, beta: float, log_softmax_fn: Callable = default_log_softmax,
-             kl_div_fn: Callable = default_kl_div, chunk_size: int = 512) -> torch.Tensor:
+def jsd_loss(
+    s_logits: torch.Tensor,
+    t_logits: torch.Tensor,
+    beta: float,
+    log_softmax_fn: Callable = default_log_softmax,
+    kl_div_fn: Callable = default_kl_div,
+    chunk_size: int = 512,
+) -> torch.Tensor:
     """Upstream's chunked JSD (paper form)."""
     n = s_logits.size(0)
     if n == 0:
@@ -33,8 +45,8 @@ def jsd_loss(s_logits: torch.Tensor, t_logits: torch.Tensor, beta: float, log_so
         beta_t = torch.tensor(beta, dtype=s_logits.dtype, device=s_logits.device)
         log_beta, log_1_minus_beta = torch.log(beta_t), torch.log1p(-beta_t)
     for start in range(0, n, chunk_size):
-        s_log = log_softmax_fn(s_logits[start:start + chunk_size])
-        t_log = log_softmax_fn(t_logits[start:start + chunk_size])
+        s_log = log_softmax_fn(s_logits[start : start + chunk_size])
+        t_log = log_softmax_fn(t_logits[start : start + chunk_size])
         if beta == 0:
             jsd = kl_div_fn(s_log, t_log)
         elif beta == 1:
@@ -46,9 +58,17 @@ def jsd_loss(s_logits: torch.Tensor, t_logits: torch.Tensor, beta: float, log_so
     return total
 
 
-def gkd_loss(student_logits, teacher_output: TeacherOutput, labels, beta: float, temperature: float,
-             gather_fn: Callable = default_gather, log_softmax_fn: Callable = default_log_softmax,
-             kl_div_fn: Callable = default_kl_div, chunk_size: int = 512):
+def gkd_loss(
+    student_logits,
+    teacher_output: TeacherOutput,
+    labels,
+    beta: float,
+    temperature: float,
+    gather_fn: Callable = default_gather,
+    log_softmax_fn: Callable = default_log_softmax,
+    kl_div_fn: Callable = default_kl_div,
+    chunk_size: int = 512,
+):
     teacher_output.validate()
     s_active, t_active, num_valid = extract_active(student_logits, teacher_output, labels)
     if t_active.is_topk_mode:

@@ -7,11 +7,13 @@ top-k mode the student is gathered first, then the small [N, K] tensors are prom
 nothing is clamped. FP32 inputs take exactly upstream's path, which the file declares for gkd-certify's
 bit-identity check (GKD_CERTIFY_UNCHANGED). `diff` it against the installed gkd_loss.py: four small hunks.
 """
-import torch
-import torch.nn.functional as F
+
 from dataclasses import dataclass
 from enum import Enum
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
 
 # ---------------------------------------------------------------------------
 # Data types — shared across all backends
@@ -20,9 +22,10 @@ from typing import Callable, List, Optional, Tuple
 
 class DataSource(str, Enum):
     """Data source for GKD training."""
-    DATASET = 'dataset'
-    STUDENT = 'student'
-    TEACHER = 'teacher'  # deprecated, pre-sample before training
+
+    DATASET = "dataset"
+    STUDENT = "student"
+    TEACHER = "teacher"  # deprecated, pre-sample before training
 
 
 @dataclass
@@ -30,6 +33,7 @@ class TeacherOutput:
     """Unified container for teacher model outputs from all three sources:
     local full-vocab, local top-k, and external API top-k.
     """
+
     full_logits: Optional[torch.Tensor] = None
     topk_logprobs: Optional[torch.Tensor] = None
     topk_indices: Optional[torch.Tensor] = None
@@ -39,10 +43,10 @@ class TeacherOutput:
     def is_topk_mode(self) -> bool:
         return self.topk_logprobs is not None and self.topk_indices is not None
 
-    def to_device(self, device) -> 'TeacherOutput':
+    def to_device(self, device) -> "TeacherOutput":
         """Move all tensor fields to ``device`` in place (Ray: teacher_output is
         collated on the CPU driver, moved to the GPU worker before forward)."""
-        for name in ('full_logits', 'topk_logprobs', 'topk_indices', 'labels'):
+        for name in ("full_logits", "topk_logprobs", "topk_indices", "labels"):
             v = getattr(self, name)
             if isinstance(v, torch.Tensor):
                 setattr(self, name, v.to(device))
@@ -50,10 +54,11 @@ class TeacherOutput:
 
     def validate(self):
         if self.full_logits is None and not self.is_topk_mode:
-            raise ValueError('TeacherOutput must provide either full_logits or '
-                             '(topk_logprobs, topk_indices). Got neither.')
+            raise ValueError(
+                "TeacherOutput must provide either full_logits or (topk_logprobs, topk_indices). Got neither."
+            )
 
-    def select(self, mask: torch.Tensor) -> 'TeacherOutput':
+    def select(self, mask: torch.Tensor) -> "TeacherOutput":
         """Select active positions by boolean mask."""
         return TeacherOutput(
             full_logits=self.full_logits[mask] if self.full_logits is not None else None,
@@ -62,7 +67,7 @@ class TeacherOutput:
             labels=self.labels[mask] if self.labels is not None else None,
         )
 
-    def to_topk(self, k: int, topk_fn=None) -> 'TeacherOutput':
+    def to_topk(self, k: int, topk_fn=None) -> "TeacherOutput":
         """Convert full logits to topk representation."""
         if self.is_topk_mode:
             return self
@@ -76,7 +81,7 @@ class TeacherOutput:
 
 
 #: gkd-certify: student/teacher dtypes on which this file computes exactly what upstream computes.
-GKD_CERTIFY_UNCHANGED = ('float32/float32', )
+GKD_CERTIFY_UNCHANGED = ("float32/float32",)
 
 
 def _promote(*tensors: torch.Tensor) -> Tuple[torch.Tensor, ...]:
@@ -179,10 +184,10 @@ def _align_vocab(student_logits: torch.Tensor, teacher_logits: torch.Tensor):
     if stu_vocab == tea_vocab:
         return student_logits, teacher_logits
     if stu_vocab < tea_vocab:
-        student_logits = F.pad(student_logits, (0, tea_vocab - stu_vocab), 'constant', 0)
+        student_logits = F.pad(student_logits, (0, tea_vocab - stu_vocab), "constant", 0)
         student_logits[..., stu_vocab:] = teacher_logits[..., stu_vocab:]
     else:
-        teacher_logits = F.pad(teacher_logits, (0, stu_vocab - tea_vocab), 'constant', 0)
+        teacher_logits = F.pad(teacher_logits, (0, stu_vocab - tea_vocab), "constant", 0)
         teacher_logits[..., tea_vocab:] = student_logits[..., tea_vocab:]
     return student_logits, teacher_logits
 
@@ -219,9 +224,11 @@ def extract_active(
         # position but must have the same count of valid response tokens.
         # Non-OPSD: teacher labels == student labels, so masks are identical.
         t_mask = t_labels != -100
-        assert s_mask.sum() == t_mask.sum(), (f'Label count mismatch: student={s_mask.sum().item()}, '
-                                              f'teacher={t_mask.sum().item()}. '
-                                              'Student and teacher must share the same response tokens.')
+        assert s_mask.sum() == t_mask.sum(), (
+            f"Label count mismatch: student={s_mask.sum().item()}, "
+            f"teacher={t_mask.sum().item()}. "
+            "Student and teacher must share the same response tokens."
+        )
     else:
         # Fallback for PP non-last stage placeholders (TeacherOutput() with all None).
         t_mask = s_mask

@@ -8,6 +8,7 @@ Regenerate the README screenshot::
 
     python -m tests.analysis.browser screenshot REPORT_DIR/report.html docs/img/report.png
 """
+
 from __future__ import annotations
 
 import json
@@ -87,12 +88,22 @@ def _run(args: list, timeout: float, size: tuple = VIEWPORT) -> subprocess.Compl
     if exe is None:
         raise FileNotFoundError("no chromium on PATH: install Debian's chromium package (apt-get install -y chromium)")
     with tempfile.TemporaryDirectory(prefix="gkd-chromium-") as profile:
-        cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-               "--disable-background-networking", "--disable-component-update", "--disable-sync",
-               "--disable-extensions", f"--user-data-dir={profile}", f"--window-size={size[0]},{size[1]}"] + args
+        cmd = [
+            exe,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-extensions",
+            f"--user-data-dir={profile}",
+            f"--window-size={size[0]},{size[1]}",
+        ] + args
         # Chromium logs D-Bus noise on stderr in containers; only its exit code and stdout matter here.
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, "HOME": profile})
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "HOME": profile})
     if proc.returncode != 0:
         raise RuntimeError(f"chromium exited {proc.returncode}: {proc.stderr[-2000:]}")
     return proc
@@ -118,8 +129,10 @@ def measure(html_path: Path, timeout: float = 120.0) -> dict:
         proc = _run(["--virtual-time-budget=10000", "--dump-dom", page.as_uri()], timeout)
     m = re.search(r'<pre id="gkd-measure"[^>]*>(.*?)</pre>', proc.stdout, re.S)
     if not m:
-        raise RuntimeError(f"{html_path}: the measuring script left no result (did the page load?); "
-                           f"DOM dump starts: {proc.stdout[:300]!r}")
+        raise RuntimeError(
+            f"{html_path}: the measuring script left no result (did the page load?); "
+            f"DOM dump starts: {proc.stdout[:300]!r}"
+        )
     import html as _html
 
     return json.loads(_html.unescape(m.group(1)))
@@ -129,8 +142,16 @@ def screenshot(html_path: Path, png_path: Path, height: int = 1400, timeout: flo
     """Save a PNG of the top ``VIEWPORT[0]`` x ``height`` pixels of the rendered page."""
     png_path = Path(png_path).absolute()
     png_path.parent.mkdir(parents=True, exist_ok=True)
-    _run(["--run-all-compositor-stages-before-draw", "--virtual-time-budget=10000", f"--screenshot={png_path}",
-          Path(html_path).absolute().as_uri()], timeout, size=(VIEWPORT[0], height))
+    _run(
+        [
+            "--run-all-compositor-stages-before-draw",
+            "--virtual-time-budget=10000",
+            f"--screenshot={png_path}",
+            Path(html_path).absolute().as_uri(),
+        ],
+        timeout,
+        size=(VIEWPORT[0], height),
+    )
     if not png_path.is_file():
         raise RuntimeError(f"chromium wrote no screenshot to {png_path}")
     return png_path
@@ -144,8 +165,9 @@ def main(argv=None) -> int:
     if len(args) == 2 and args[0] == "measure":
         print(json.dumps(measure(Path(args[1])), indent=1))
         return 0
-    print("usage: python -m tests.analysis.browser screenshot REPORT.html OUT.png | measure REPORT.html",
-          file=sys.stderr)
+    print(
+        "usage: python -m tests.analysis.browser screenshot REPORT.html OUT.png | measure REPORT.html", file=sys.stderr
+    )
     return 2
 
 

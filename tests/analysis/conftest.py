@@ -1,4 +1,5 @@
 """Shared fixtures for the analysis tests: a small synthetic sweep (contract-shaped run folders)."""
+
 from __future__ import annotations
 
 import shutil

@@ -1,13 +1,19 @@
 """FP64 D(β): the β-curve runs the harness's own fp64 loss (gkd_harness.harness.losses); checked against the table in
 docs/beta.md, the independent FP64 reference (harness/loss/reference.py) and ms-swift's upstream jsd_loss in FP64."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-from gkd_harness.analysis.signoff.betacurve import (capture_inputs, endpoint_jumps, fp64_beta_curve, generalized_jsd_fp64,
-                                beta_defect_inputs)
+from gkd_harness.analysis.signoff.betacurve import (
+    beta_defect_inputs,
+    capture_inputs,
+    endpoint_jumps,
+    fp64_beta_curve,
+    generalized_jsd_fp64,
+)
 
 
 def test_report001_table_reproduced():
@@ -15,8 +21,13 @@ def test_report001_table_reproduced():
     s, t = beta_defect_inputs()
     c = fp64_beta_curve(s, t, [0.0, 0.001, 0.1, 0.5, 0.9, 0.999, 1.0]).pivot(index="beta", columns="form", values="D")
     expected = {  # beta: (paper, continuous)
-        0.0: (1.9262, 1.9262), 0.001: (0.0019, 1.9069), 0.1: (0.1454, 1.0605), 0.5: (0.3492, 0.3492),
-        0.9: (0.1474, 1.0635), 0.999: (0.0020, 2.0119), 1.0: (2.0450, 2.0450),
+        0.0: (1.9262, 1.9262),
+        0.001: (0.0019, 1.9069),
+        0.1: (0.1454, 1.0605),
+        0.5: (0.3492, 0.3492),
+        0.9: (0.1474, 1.0635),
+        0.999: (0.0020, 2.0119),
+        1.0: (2.0450, 2.0450),
     }
     for beta, (paper, cont) in expected.items():
         assert round(c.loc[beta, "paper"], 4) == pytest.approx(paper, abs=1e-12)
@@ -88,9 +99,10 @@ def test_forms_coincide_exactly_at_0_half_1():
 @pytest.mark.parametrize("topk", [None, 8])
 def test_capture_inputs_match_harness_gkd_fp64(tmp_path, topk):
     """D(β) on a real capture file (gkd_harness.harness.store.captures) equals the harness' fp64 GKD loss / num_valid."""
-    from gkd_harness.harness.store.captures import load_capture, save_capture
-    from gkd_harness.harness.losses import make_gkd_loss
     from swift.rlhf_trainers.gkd_loss import TeacherOutput
+
+    from gkd_harness.harness.losses import make_gkd_loss
+    from gkd_harness.harness.store.captures import load_capture, save_capture
 
     g = torch.Generator().manual_seed(3)
     student = torch.randn(2, 6, 32, generator=g)
@@ -102,8 +114,15 @@ def test_capture_inputs_match_harness_gkd_fp64(tmp_path, topk):
     else:
         vals, ids = torch.topk(torch.log_softmax(teacher.float(), -1), topk, dim=-1)
         out = TeacherOutput(topk_logprobs=vals, topk_indices=ids, labels=labels.clone())
-    path = save_capture(tmp_path / "step1_rank0.safetensors", student, out, labels, beta=0.9, temperature=0.8,
-                        meta={"beta_form": "paper"})
+    path = save_capture(
+        tmp_path / "step1_rank0.safetensors",
+        student,
+        out,
+        labels,
+        beta=0.9,
+        temperature=0.8,
+        meta={"beta_form": "paper"},
+    )
     s, t, temp, beta = capture_inputs(load_capture(path))
     assert (temp, beta) == (0.8, 0.9)
     for form in ("paper", "continuous"):

@@ -1,5 +1,6 @@
 """gkd-certify: the good worked example and the harness's own fp32 pass; upstream and each broken example fail,
 naming the family; unusable input exits 2. Quick mode (and, for the failing ones, the family that must fail)."""
+
 import json
 import subprocess
 import sys
@@ -46,13 +47,16 @@ def test_declared_identity_is_checked(capsys):
     assert code == 1 and "vs upstream" in out
 
 
-@pytest.mark.parametrize("candidate,family", [
-    ("swift.rlhf_trainers.gkd_loss", "mixed FP32/BF16 (the defect)"),
-    (EXAMPLES / "broken_student_only.py", "mixed FP32/BF16 (the defect)"),
-    (EXAMPLES / "broken_cast_back.py", "mixed FP32/BF16 (the defect)"),
-    (EXAMPLES / "broken_clamp.py", "mixed FP32/BF16 (the defect)"),
-    (EXAMPLES / "broken_promote_after_temperature.py", "temperature T != 1"),
-])
+@pytest.mark.parametrize(
+    "candidate,family",
+    [
+        ("swift.rlhf_trainers.gkd_loss", "mixed FP32/BF16 (the defect)"),
+        (EXAMPLES / "broken_student_only.py", "mixed FP32/BF16 (the defect)"),
+        (EXAMPLES / "broken_cast_back.py", "mixed FP32/BF16 (the defect)"),
+        (EXAMPLES / "broken_clamp.py", "mixed FP32/BF16 (the defect)"),
+        (EXAMPLES / "broken_promote_after_temperature.py", "temperature T != 1"),
+    ],
+)
 def test_fails_naming_the_family(capsys, candidate, family):
     code, out = _certify(capsys, candidate, "--quick", "--family", family.split(" (")[0])
     assert code == 1, out
@@ -77,21 +81,39 @@ def test_strict_gates_the_hard_regimes(capsys):
     tolerance (the harness's own bar), which the harness's fp32 meets."""
     code, out = _certify(capsys, EXAMPLES / "good_promote_first.py", "--quick", "--strict", "--family", "partially")
     assert code == 0 and "partially -inf top-k rows" in out, out
-    code, out = _certify(capsys, EXAMPLES / "good_promote_first.py", "--quick", "--strict", "--strict-bar",
-                         "tolerance", "--family", "partially")
+    code, out = _certify(
+        capsys,
+        EXAMPLES / "good_promote_first.py",
+        "--quick",
+        "--strict",
+        "--strict-bar",
+        "tolerance",
+        "--family",
+        "partially",
+    )
     assert code == 1, out
     code, _ = _certify(capsys, "fp32", "--quick", "--strict", "--strict-bar", "tolerance", "--family", "partially")
     assert code == 0
 
 
 def test_unusable_input_exits_2_in_one_line(tmp_path):
-    proc = subprocess.run([entry_point("gkd-certify"), str(tmp_path / "missing.py")], capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path)
+    proc = subprocess.run(
+        [entry_point("gkd-certify"), str(tmp_path / "missing.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"gkd-certify: {tmp_path / 'missing.py'}: no such file (loss.source)"
     (tmp_path / "bad.py").write_text("def gkd_loss(student_logits):\n    return 0, 0\n")
-    proc = subprocess.run([sys.executable, "-m", "gkd_harness.analysis.certify.cli", str(tmp_path / "bad.py")],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gkd_harness.analysis.certify.cli", str(tmp_path / "bad.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 2 and "gkd_loss signature differs" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -104,10 +126,26 @@ def _runs(tmp_path, source, name="cand"):
     run = tmp_path / "sweep" / "0_loss=candidate"
     run.mkdir(parents=True)
     copy_into_run_folder(str(source), str(run))
-    return pd.DataFrame([{"run": "0", "loss.precision": "candidate", "loss.source": str(source), "loss.name": name,
-                          "loss.beta_form": "paper", "path": str(run)},
-                         {"run": "1", "loss.precision": "native", "loss.source": None, "loss.name": None,
-                          "loss.beta_form": "paper", "path": str(tmp_path / "sweep" / "1")}])
+    return pd.DataFrame(
+        [
+            {
+                "run": "0",
+                "loss.precision": "candidate",
+                "loss.source": str(source),
+                "loss.name": name,
+                "loss.beta_form": "paper",
+                "path": str(run),
+            },
+            {
+                "run": "1",
+                "loss.precision": "native",
+                "loss.source": None,
+                "loss.name": None,
+                "loss.beta_form": "paper",
+                "path": str(tmp_path / "sweep" / "1"),
+            },
+        ]
+    )
 
 
 def test_signoff_certificate_passes_and_is_cached_per_hash(tmp_path):

@@ -1,6 +1,7 @@
 """gkd-analyze's contract: one meaning per exit code (0 PASS, 1 FAIL, 2 unusable input or internal error), no
 traceback on any sweep the harness produced, a report folder written completely or not at all, plain --help
 with the exit codes, and --version."""
+
 from __future__ import annotations
 
 import json
@@ -8,15 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from gkd_harness.analysis.cli import main
 from gkd_harness.harness.store.provenance import harness_version
 
 
 def _analyze(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gkd_harness.analysis.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "gkd_harness.analysis.cli", *map(str, args)], capture_output=True, text=True, timeout=300
+    )
 
 
 def _config_failed_points(sweep: Path) -> tuple:
@@ -24,9 +24,18 @@ def _config_failed_points(sweep: Path) -> tuple:
     loss/gkd config, or only Hydra's .hydra/ with job_return.json FAILED (gkd_harness.launch.sweep's callback)."""
     a = sweep / "gkd.beta=1.5,loss=fp32"
     a.mkdir()
-    (a / "summary.json").write_text(json.dumps({
-        "status": "failed", "error": "ConfigError: gkd.beta must lie in [0, 1], got 1.5", "run_name": a.name,
-        "group": "synthetic", "config": {"run": {"max_steps": 3}}, "last_step": 0}))
+    (a / "summary.json").write_text(
+        json.dumps(
+            {
+                "status": "failed",
+                "error": "ConfigError: gkd.beta must lie in [0, 1], got 1.5",
+                "run_name": a.name,
+                "group": "synthetic",
+                "config": {"run": {"max_steps": 3}},
+                "last_step": 0,
+            }
+        )
+    )
     b = sweep / "gkd.beta=2.5,loss=fp32"
     (b / ".hydra").mkdir(parents=True)
     (b / ".hydra" / "job_return.json").write_text(json.dumps({"status": "FAILED", "error": "ConfigError: gkd.beta"}))
@@ -61,8 +70,9 @@ def test_internal_error_is_exit_2_one_line_and_leaves_no_report(synthetic_sweep_
     report = tmp_path / "report"
     assert main([str(synthetic_sweep_dir), "--report", str(report)]) == 2
     err = capsys.readouterr().err
-    assert err.splitlines() == ["gkd-analyze: internal error: RuntimeError: plot exploded "
-                                "(--verbose shows the traceback)"]
+    assert err.splitlines() == [
+        "gkd-analyze: internal error: RuntimeError: plot exploded (--verbose shows the traceback)"
+    ]
     assert not report.exists() and list(tmp_path.iterdir()) == []  # nothing written, no temporary folder left
     assert main([str(synthetic_sweep_dir), "--report", str(report), "--verbose"]) == 2
     assert "Traceback" in capsys.readouterr().err

@@ -7,6 +7,7 @@ metric a panel, a tolerance line, a column or an axis reads must be in every run
 config key the runs are grouped by or plotted against must be in every run's wandb config; the filters must
 select exactly this sweep's runs.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from gkd_harness.analysis.signoff.criteria import load_criteria
 from gkd_harness.analysis.dashboard.cli import main as dashboard_main
+from gkd_harness.analysis.signoff.criteria import load_criteria
 from gkd_harness.analysis.sweep.offline import OfflineRun, find_offline_runs
 from gkd_harness.harness.config.flat import flatten
 
@@ -38,8 +39,14 @@ def dashboard_sweep(request, tmp_path_factory) -> Path:
     except pytest.FixtureLookupError:
         pass
     root = tmp_path_factory.mktemp("dashboard_sweep")
-    env = dict(os.environ, GKD_OUTPUT_ROOT=str(root), HF_HUB_OFFLINE="1", WANDB_MODE="offline",
-               WANDB_SILENT="true", TOKENIZERS_PARALLELISM="false")
+    env = dict(
+        os.environ,
+        GKD_OUTPUT_ROOT=str(root),
+        HF_HUB_OFFLINE="1",
+        WANDB_MODE="offline",
+        WANDB_SILENT="true",
+        TOKENIZERS_PARALLELISM="false",
+    )
     cmd = [_script("gkd-train"), "-m", "experiment=smoke", f"run.max_steps={STEPS}"]
     proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -55,8 +62,13 @@ def _script(name: str) -> str:
 def _dashboard(*args, env=None, timeout=300) -> subprocess.CompletedProcess:
     exe = _script("gkd-dashboard")
     cmd = [exe] if Path(exe).is_absolute() else [sys.executable, "-m", "gkd_harness.analysis.dashboard.cli"]
-    return subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True, timeout=timeout,
-                          env=env or dict(os.environ, WANDB_MODE="offline"))
+    return subprocess.run(
+        cmd + [str(a) for a in args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env or dict(os.environ, WANDB_MODE="offline"),
+    )
 
 
 # --- what the runs logged (independent readers) ------------------------------------------------------------
@@ -152,9 +164,17 @@ def test_every_panel_metric_is_in_every_run_history(dashboard_sweep, spec):
     wruns = _wandb_runs(dashboard_sweep)
     assert len(jsonl) == 3 and len(wruns) == 3
     # the standard panels are there (a spec with no panels would pass the checks below vacuously)
-    assert {"train/loss", "train/grad_norm", "gkd/neg_loss_calls", "gkd/neg_loss_calls_total",
-            "gkd/nonfinite_calls_total", "spot/loss_abs_err", "spot/loss_fp64", "spot/grad_rel_l2",
-            "gkd/min_token_jsd"} <= metrics
+    assert {
+        "train/loss",
+        "train/grad_norm",
+        "gkd/neg_loss_calls",
+        "gkd/neg_loss_calls_total",
+        "gkd/nonfinite_calls_total",
+        "spot/loss_abs_err",
+        "spot/loss_fp64",
+        "spot/grad_rel_l2",
+        "gkd/min_token_jsd",
+    } <= metrics
     assert n_panels >= 15
     for run, keys in jsonl.items():
         assert metrics <= keys, f"{run}/metrics.jsonl lacks {sorted(metrics - keys)}"
@@ -189,8 +209,9 @@ def test_every_grouping_and_filter_key_is_in_the_runs(dashboard_sweep, spec):
             assert key[0] == "config" and all(r.config.get(key[1]) == f["value"] for r in wruns), f
     experiment = spec["sweep"]["experiment"]
     if all(experiment in r.tags for r in wruns):  # runs tagged with their experiment are filtered by it
-        assert {"key": {"section": "run", "name": "tags"}, "op": "IN", "value": [experiment],
-                "disabled": False} in [{k: f[k] for k in ("key", "op", "value", "disabled")} for f in filters]
+        assert {"key": {"section": "run", "name": "tags"}, "op": "IN", "value": [experiment], "disabled": False} in [
+            {k: f[k] for k in ("key", "op", "value", "disabled")} for f in filters
+        ]
     assert spec["sweep"]["group"] == wruns[0].group and spec["sweep"]["experiment"] == "smoke"
     assert spec["sweep"]["n_runs"] == 3 and {r.group for r in wruns} == {wruns[0].group}
 
@@ -204,11 +225,14 @@ def test_tolerance_lines_are_the_signoff_criteria(spec):
     abs_line = next(e for e in lines if e.startswith("${spot/loss_fp64}*"))
     scale, offset = re.fullmatch(r"\$\{spot/loss_fp64\}\*(\S+) \+ (\S+)", abs_line).groups()
     assert float(scale) == crit.spot_tolerance.loss_rtol and float(offset) == crit.spot_tolerance.loss_atol
-    assert "${gkd/neg_loss_calls_total}*0 + %s" % format(crit.no_negative_patched.max_negative_calls, ".10g") \
-        in lines
+    assert "${gkd/neg_loss_calls_total}*0 + %s" % format(crit.no_negative_patched.max_negative_calls, ".10g") in lines
     # the workspace carries the same expressions as the summary
-    ws_exprs = {e for s in spec["workspace"]["spec"]["section"]["panelBankConfig"]["sections"]
-                for p in s["panels"] for e in p["config"].get("expressions") or []}
+    ws_exprs = {
+        e
+        for s in spec["workspace"]["spec"]["section"]["panelBankConfig"]["sections"]
+        for p in s["panels"]
+        for e in p["config"].get("expressions") or []
+    }
     assert ws_exprs == lines
 
 
@@ -267,11 +291,16 @@ def test_run_folders_without_wandb_files(synthetic_sweep_dir, tmp_path, capsys):
         data = json.loads(summary.read_text())
         carried = {"harness." + k for k in _flat(data["config"])}
         assert config <= carried, f"{summary} config lacks {sorted(config - carried)}"
-        assert filters and all({k: f[k] for k in ("key", "op", "value")} == {
-            "key": {"section": "run", "name": "group"}, "op": "=", "value": data["group"]} for f in filters)
+        assert filters and all(
+            {k: f[k] for k in ("key", "op", "value")}
+            == {"key": {"section": "run", "name": "group"}, "op": "=", "value": data["group"]}
+            for f in filters
+        )
     assert "spot/param_grad_rel_l2" in metrics  # the synthetic runs measure it
-    assert spec["left_out"] == ["Held-out evaluation (band: the seeds of a variant): no run logged eval/jsd, "
-                                "eval/forward_kl, eval/reverse_kl, eval/top1_agreement"]
+    assert spec["left_out"] == [
+        "Held-out evaluation (band: the seeds of a variant): no run logged eval/jsd, "
+        "eval/forward_kl, eval/reverse_kl, eval/top1_agreement"
+    ]
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
@@ -309,7 +338,6 @@ def test_criteria_file_sets_the_lines_and_a_bad_one_is_exit_2(synthetic_sweep_di
     assert "grad_rel_l2_maxx" in err and "Traceback" not in err
 
 
-
 # --- a saved workspace through wandb-workspaces' public load-and-save (no server) ---------------------------
 class _ViewServer:
     """The two GraphQL calls wandb-workspaces makes to save and to load a view, answered from memory: the
@@ -323,15 +351,19 @@ class _ViewServer:
             self.specs.append(variables["spec"])
             return {"upsertView": {"view": {"name": "nw-roundtrip-v", "id": "view-1"}, "inserted": True}}
         assert "allViews" in query, query
-        return {"project": {"allViews": {"edges": [{"node": {
-            "id": "view-1", "displayName": "round trip", "spec": self.specs[-1]}}]}}}
+        return {
+            "project": {
+                "allViews": {"edges": [{"node": {"id": "view-1", "displayName": "round trip", "spec": self.specs[-1]}}]}
+            }
+        }
 
 
 def _panels_of(spec_str: str) -> list:
     """-> [(section name, panel view type, panel config)] of a saved workspace spec."""
     section = json.loads(spec_str)["section"]
-    return [(s["name"], p["viewType"], p["config"]) for s in section["panelBankConfig"]["sections"]
-            for p in s["panels"]]
+    return [
+        (s["name"], p["viewType"], p["config"]) for s in section["panelBankConfig"]["sections"] for p in s["panels"]
+    ]
 
 
 def _runset_of(spec_str: str) -> dict:
@@ -448,10 +480,19 @@ def test_line_plots_are_drawn_against_the_optimizer_step(synthetic_sweep_dir):
     sections, _ = keep_available(standard_sections(load_criteria()), facts.metric_keys)
     w = build_workspace(sections, facts)._to_model().model_dump(by_alias=True, exclude_none=True, mode="json")
     r = build_report(sections, facts, None, [])._to_model().model_dump(by_alias=True, exclude_none=True, mode="json")
-    lines = [p for s in w["spec"]["section"]["panelBankConfig"]["sections"] for p in s["panels"]
-             if p["viewType"] == "Run History Line Plot"]
-    lines += [p for b in r["spec"]["blocks"] if b.get("type") == "panel-grid"
-              for p in b["metadata"]["panelBankSectionConfig"]["panels"] if p["viewType"] == "Run History Line Plot"]
+    lines = [
+        p
+        for s in w["spec"]["section"]["panelBankConfig"]["sections"]
+        for p in s["panels"]
+        if p["viewType"] == "Run History Line Plot"
+    ]
+    lines += [
+        p
+        for b in r["spec"]["blocks"]
+        if b.get("type") == "panel-grid"
+        for p in b["metadata"]["panelBankSectionConfig"]["panels"]
+        if p["viewType"] == "Run History Line Plot"
+    ]
     assert len(lines) >= 20
     assert {p["config"]["xAxis"] for p in lines} == {TRAIN_GLOBAL_STEP}
     assert w["spec"]["section"]["settings"]["xAxis"] == TRAIN_GLOBAL_STEP  # the workspace's own default x

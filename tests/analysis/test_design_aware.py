@@ -1,6 +1,7 @@
 """Issue 19: a verdict a reviewer can defend. Criteria that know the sweep's design (not_applicable is never a
 failure), a gradient gate that knows the student dtype, and completeness (planned points, logged steps,
 duplicate steps, foreign runs) as evidence. Synthetic run folders (gkd_harness.bench.synthetic.write_run), no training."""
+
 from __future__ import annotations
 
 import json
@@ -10,11 +11,16 @@ import pytest
 
 from gkd_harness.analysis.cli import main
 from gkd_harness.analysis.signoff.criteria import evaluate
-from gkd_harness.analysis.sweep.runs import load_sweep
 from gkd_harness.analysis.signoff.criteria_file import load_criteria
+from gkd_harness.analysis.sweep.runs import load_sweep
 from gkd_harness.bench.synthetic import write_run
-from gkd_harness.harness.contract import (NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, SPOT_GRAD_REL_L2, SPOT_GRAD_REL_L2_DTYPE_FLOOR,
-                              SWEEP_MANIFEST_FILE)
+from gkd_harness.harness.contract import (
+    NEG_LOSS_CALLS,
+    NEG_LOSS_CALLS_TOTAL,
+    SPOT_GRAD_REL_L2,
+    SPOT_GRAD_REL_L2_DTYPE_FLOOR,
+    SWEEP_MANIFEST_FILE,
+)
 
 STEPS = 8
 
@@ -23,8 +29,17 @@ def _ab(root: Path, group: str = "ab", seeds=(1, 2), **kw) -> Path:
     """The `-m loss=original,fp32 run.seed=1,2` design: paper form only, FP32 student, BF16 teacher."""
     for seed in seeds:
         for prec, loss in (("native", "original"), ("fp32", "fp32")):
-            write_run(root / f"loss={loss},run.seed={seed}", beta=0.5, beta_form="paper", precision=prec, seed=seed,
-                      steps=STEPS, spot_every=2, group=group, **kw)
+            write_run(
+                root / f"loss={loss},run.seed={seed}",
+                beta=0.5,
+                beta_form="paper",
+                precision=prec,
+                seed=seed,
+                steps=STEPS,
+                spot_every=2,
+                group=group,
+                **kw,
+            )
     return root
 
 
@@ -52,8 +67,10 @@ def test_ab_sweep_without_a_continuous_point_passes_with_beta_forms_not_applicab
 
 def test_fail_banner_names_each_failing_criterion_and_its_reason(tmp_path, capsys):
     sweep = _ab(tmp_path / "ab")
-    _rewrite(sweep / "loss=fp32,run.seed=1", lambda rows: [dict(r, **{NEG_LOSS_CALLS: 2, NEG_LOSS_CALLS_TOTAL: 2})
-                                                          if r["step"] == 3 else r for r in rows])
+    _rewrite(
+        sweep / "loss=fp32,run.seed=1",
+        lambda rows: [dict(r, **{NEG_LOSS_CALLS: 2, NEG_LOSS_CALLS_TOTAL: 2}) if r["step"] == 3 else r for r in rows],
+    )
     assert main([str(sweep), "--report", str(tmp_path / "r")]) == 1
     md = (tmp_path / "r" / "report.md").read_text()
     banner = md.split("**Contents**")[0]
@@ -68,8 +85,18 @@ def _bf16_pair(root: Path, floor: bool) -> Path:
     """BF16 student and BF16 teacher at the loss (model=qwen3_8b_to_0_6b): fp32's gradient error is the BF16
     rounding of the gradient itself (2.7-3.1e-3); the original has negative calls and a 30% gradient error."""
     for prec in ("native", "fp32"):
-        run = write_run(root / f"loss={prec}", beta=0.5, beta_form="paper", precision=prec, seed=1, steps=STEPS,
-                        spot_every=2, student_dtype="bfloat16", teacher_dtype="bfloat16", group="q")
+        run = write_run(
+            root / f"loss={prec}",
+            beta=0.5,
+            beta_form="paper",
+            precision=prec,
+            seed=1,
+            steps=STEPS,
+            spot_every=2,
+            student_dtype="bfloat16",
+            teacher_dtype="bfloat16",
+            group="q",
+        )
 
         def doctor(rows, prec=prec):
             for r in rows:
@@ -80,6 +107,7 @@ def _bf16_pair(root: Path, floor: bool) -> Path:
                 if prec == "native" and r["step"] == 2:
                     r[NEG_LOSS_CALLS], r[NEG_LOSS_CALLS_TOTAL] = 1, 1
             return rows
+
         _rewrite(run, doctor)
     return root
 
@@ -140,18 +168,22 @@ def test_planned_points_are_read_from_hydras_multirun_yaml(tmp_path):
     (sweep / "multirun.yaml").write_text(
         "hydra:\n  sweeper:\n    params:\n      loss: original,fp32\n      run.seed: 1,2\n"
         "  overrides:\n    task: []\n  job:\n    config:\n      override_dirname:\n        kv_sep: '='\n"
-        "        item_sep: ','\n        exclude_keys: []\n")
+        "        item_sep: ','\n        exclude_keys: []\n"
+    )
     st = _status(sweep)
     assert st["no_failed_runs"].status == "fail"
     assert "loss=original,run.seed=2" in st["no_failed_runs"].measured
 
 
-@pytest.mark.parametrize("cut, named", [
-    (lambda rows: [r for r in rows if r["step"] not in (3, 4, 5)], "steps 3-5 not logged"),
-    (lambda rows: [r for r in rows if r["step"] <= 4], "steps 5-8 not logged"),
-    (lambda rows: rows[:1], "steps 2-8 not logged"),
-    (lambda rows: [r for r in rows if r["step"] % 2 == 0], "steps 1, 3, 5, 7 not logged"),
-])
+@pytest.mark.parametrize(
+    "cut, named",
+    [
+        (lambda rows: [r for r in rows if r["step"] not in (3, 4, 5)], "steps 3-5 not logged"),
+        (lambda rows: [r for r in rows if r["step"] <= 4], "steps 5-8 not logged"),
+        (lambda rows: rows[:1], "steps 2-8 not logged"),
+        (lambda rows: [r for r in rows if r["step"] % 2 == 0], "steps 1, 3, 5, 7 not logged"),
+    ],
+)
 def test_missing_logged_steps_fail_naming_run_and_steps(tmp_path, cut, named):
     # Before: summary.json's last_step was trusted and each of these gave PASS.
     sweep = _ab(tmp_path / "ab")
@@ -169,6 +201,7 @@ def test_a_negative_in_any_copy_of_a_duplicated_step_counts_and_duplicates_are_r
     def dup(rows):
         step4 = next(r for r in rows if r["step"] == 4)
         return [dict(step4, **{NEG_LOSS_CALLS: 1})] + rows
+
     _rewrite(run, dup)
     st = _status(sweep)
     assert st["no_negative_patched"].status == "fail"
@@ -179,8 +212,16 @@ def test_foreign_group_and_copied_run_ids_are_refused_unless_allow_mixed(tmp_pat
     import shutil
 
     sweep = _ab(tmp_path / "ab")
-    write_run(sweep / "loss=fp32,run.seed=9", beta=0.5, beta_form="paper", precision="fp32", seed=9, steps=STEPS,
-              spot_every=2, group="other")
+    write_run(
+        sweep / "loss=fp32,run.seed=9",
+        beta=0.5,
+        beta_form="paper",
+        precision="fp32",
+        seed=9,
+        steps=STEPS,
+        spot_every=2,
+        group="other",
+    )
     assert main([str(sweep), "--report", str(tmp_path / "r")]) == 2
     assert "more than one group: ab (4 runs), other (1 runs)" in capsys.readouterr().err
     assert main([str(sweep), "--report", str(tmp_path / "r"), "--allow-mixed"]) == 0

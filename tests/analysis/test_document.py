@@ -2,6 +2,7 @@
 
 Layout in a real browser is checked by test_report_browser.py; these check the markup both renderings share.
 """
+
 from __future__ import annotations
 
 import base64
@@ -13,14 +14,19 @@ import pytest
 from gkd_harness.analysis.signoff.document import Document, slugify
 
 
-@pytest.mark.parametrize("text, anchor", [
-    # anchors as GitHub renders them for these headings (punctuation dropped, spaces -> '-', case folded)
-    ("Criteria", "criteria"),
-    ("Original vs patched: loss and grad_norm", "original-vs-patched-loss-and-grad_norm"),
-    ("β-curve: paper vs continuous form", "β-curve-paper-vs-continuous-form"),
-    ("Replay of captures (native / FP32 / FP64 on the training inputs)",
-     "replay-of-captures-native--fp32--fp64-on-the-training-inputs"),
-])
+@pytest.mark.parametrize(
+    "text, anchor",
+    [
+        # anchors as GitHub renders them for these headings (punctuation dropped, spaces -> '-', case folded)
+        ("Criteria", "criteria"),
+        ("Original vs patched: loss and grad_norm", "original-vs-patched-loss-and-grad_norm"),
+        ("β-curve: paper vs continuous form", "β-curve-paper-vs-continuous-form"),
+        (
+            "Replay of captures (native / FP32 / FP64 on the training inputs)",
+            "replay-of-captures-native--fp32--fp64-on-the-training-inputs",
+        ),
+    ],
+)
 def test_slugify_github_anchors(text, anchor):
     assert slugify(text) == anchor
 
@@ -30,8 +36,7 @@ def _doc(verdict="pass") -> Document:
     d.banner(verdict, "3 of 4 criteria pass; `gkd-analyze` ran")
     d.toc()
     d.heading("Criteria")
-    d.table(pd.DataFrame({"criterion": ["a", "b"], "status": ["pass", "fail"],
-                          "measured": ["x" * 80, "short"]}))
+    d.table(pd.DataFrame({"criterion": ["a", "b"], "status": ["pass", "fail"], "measured": ["x" * 80, "short"]}))
     d.heading("Details", 3)
     d.heading("Criteria")  # repeated title: GitHub numbers the second anchor
     d.para("**bold** and `code`")

@@ -1,6 +1,7 @@
 """report.md shows raw HTML from run names and errors as text (issue 24, item 4): before the fix a run named
 ``<script>`` or an error holding ``<img onerror=...>`` reached report.md as markup, while the HTML report escaped
 them."""
+
 from __future__ import annotations
 
 import pandas as pd

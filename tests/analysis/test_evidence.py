@@ -6,6 +6,7 @@ Reproductions of the issue: 1 (fp32 punished for being closer to FP64), 2 (origi
 pair), 4 (a candidate pooled with the harness's own patched runs), 5 (mixed versions), 6 (one variant, two
 sources), 7 (no low-precision original beside a low-precision fix), 8 (the banner hides turned-off criteria).
 """
+
 from __future__ import annotations
 
 import json
@@ -19,22 +20,54 @@ from gkd_harness.analysis.signoff.criteria_file import load_criteria
 from gkd_harness.analysis.sweep.evidence import annotate, judged_runs, mixed_evidence
 from gkd_harness.analysis.sweep.runs import load_sweep
 from gkd_harness.bench.synthetic import write_run
-from gkd_harness.harness.contract import (NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, SPOT_LOSS, SPOT_LOSS_ABS_ERR, SPOT_LOSS_FP64,
-                              SPOT_LOSS_REL_ERR, SPOT_SIGN_MISMATCH, TRAIN_LOSS)
+from gkd_harness.harness.contract import (
+    NEG_LOSS_CALLS,
+    NEG_LOSS_CALLS_TOTAL,
+    SPOT_LOSS,
+    SPOT_LOSS_ABS_ERR,
+    SPOT_LOSS_FP64,
+    SPOT_LOSS_REL_ERR,
+    SPOT_SIGN_MISMATCH,
+    TRAIN_LOSS,
+)
 
 STEPS = 6
 SHA_UPSTREAM, SHA_HARNESS = "a" * 64, "b" * 64
 
 
-def _run(root: Path, name: str, *, precision: str, form: str = "paper", seed: int = 1, teacher: str = "bfloat16",
-         ms_swift: str = "4.6.0", commit: str = "c0ffee" * 6 + "ab", dirty: bool = False, sha: str | None = None,
-         loss_name: str | None = None, group: str = "g") -> Path:
-    run = write_run(root / name, beta=0.5, beta_form=form, precision=precision, seed=seed, steps=STEPS,
-                    spot_every=2, teacher_dtype=teacher, group=group)
+def _run(
+    root: Path,
+    name: str,
+    *,
+    precision: str,
+    form: str = "paper",
+    seed: int = 1,
+    teacher: str = "bfloat16",
+    ms_swift: str = "4.6.0",
+    commit: str = "c0ffee" * 6 + "ab",
+    dirty: bool = False,
+    sha: str | None = None,
+    loss_name: str | None = None,
+    group: str = "g",
+) -> Path:
+    run = write_run(
+        root / name,
+        beta=0.5,
+        beta_form=form,
+        precision=precision,
+        seed=seed,
+        steps=STEPS,
+        spot_every=2,
+        teacher_dtype=teacher,
+        group=group,
+    )
     s = json.loads((run / "summary.json").read_text())
     s["versions"]["ms-swift"] = ms_swift
-    s["provenance"] = {"harness_commit": commit, "harness_dirty": dirty,
-                       "loss_sha256": sha or (SHA_UPSTREAM if precision == "native" else SHA_HARNESS)}
+    s["provenance"] = {
+        "harness_commit": commit,
+        "harness_dirty": dirty,
+        "loss_sha256": sha or (SHA_UPSTREAM if precision == "native" else SHA_HARNESS),
+    }
     if loss_name is not None:
         s["config"]["loss.name"] = loss_name
     (run / "summary.json").write_text(json.dumps(s))
@@ -57,6 +90,7 @@ def _status(sweep_dir: Path, criteria=None) -> dict:
 # ---------------------------------------------------------------------------------------------------------------
 # the evidence model
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def test_identity_role_variant_and_completeness(tmp_path):
     _run(tmp_path, "n1", precision="native", seed=1)
@@ -82,6 +116,7 @@ def test_patched_precisions_is_gone_from_the_criteria_file():
 # reproduction 1: each side judged against FP64
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def _fp32_pair(root: Path, native_rel: float, fp32_rel: float, apart: float) -> Path:
     """`-m loss=original,fp32 model.teacher_dtype=float32`: FP32/FP32 at the loss; native's spot checks are
     ``native_rel`` from FP64, fp32's ``fp32_rel``; the two train/loss curves are ``apart`` (relative)."""
@@ -94,8 +129,14 @@ def _fp32_pair(root: Path, native_rel: float, fp32_rel: float, apart: float) -> 
             r = dict(r, **{TRAIN_LOSS: r[TRAIN_LOSS] * scale})
             if SPOT_LOSS_FP64 in r:
                 fp64 = r[SPOT_LOSS_FP64]
-                r.update({SPOT_LOSS: fp64 * (1 + rel), SPOT_LOSS_ABS_ERR: abs(fp64 * rel), SPOT_LOSS_REL_ERR: rel,
-                          SPOT_SIGN_MISMATCH: 0})
+                r.update(
+                    {
+                        SPOT_LOSS: fp64 * (1 + rel),
+                        SPOT_LOSS_ABS_ERR: abs(fp64 * rel),
+                        SPOT_LOSS_REL_ERR: rel,
+                        SPOT_SIGN_MISMATCH: 0,
+                    }
+                )
             rows.append(r)
         _write_rows(run, rows)
     return root
@@ -120,6 +161,7 @@ def test_repro1_fp32_further_from_fp64_than_native_fails(tmp_path):
 # reproduction 2: no paper/continuous pair at one precision
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def test_repro2_original_and_continuous_is_not_applicable_for_beta_forms(tmp_path, capsys):
     # `-m loss=original,continuous`: native paper and fp32 continuous; before: not_measured, FAIL.
     _run(tmp_path / "s", "loss=original", precision="native")
@@ -134,6 +176,7 @@ def test_repro2_original_and_continuous_is_not_applicable_for_beta_forms(tmp_pat
 # reproduction 4 (report side): the candidate against upstream alone
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def test_repro4_candidate_is_judged_alone_not_pooled_with_the_harness_runs(tmp_path):
     root = tmp_path / "s"
     _run(root, "loss=original", precision="native")
@@ -141,8 +184,9 @@ def test_repro4_candidate_is_judged_alone_not_pooled_with_the_harness_runs(tmp_p
     _run(root, "loss=continuous", precision="fp32", form="continuous")
     _run(root, "loss=candidate", precision="candidate", sha="c" * 64, loss_name="mypr")
     # A negative loss call in the harness's own fp32 run: not the candidate's evidence.
-    _write_rows(fp32, [dict(r, **{NEG_LOSS_CALLS: 1, NEG_LOSS_CALLS_TOTAL: 1}) if r["step"] == 2 else r
-                       for r in _rows(fp32)])
+    _write_rows(
+        fp32, [dict(r, **{NEG_LOSS_CALLS: 1, NEG_LOSS_CALLS_TOTAL: 1}) if r["step"] == 2 else r for r in _rows(fp32)]
+    )
     crit = tmp_path / "c.yaml"
     crit.write_text("candidate_certified: {enabled: false}\n")
     st = _status(root, crit)
@@ -158,11 +202,15 @@ def test_repro4_candidate_is_judged_alone_not_pooled_with_the_harness_runs(tmp_p
 # reproductions 5 and 6: mixed versions and sources are refused unless --allow-mixed
 # ---------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("second, named", [
-    (dict(ms_swift="4.7.0"), "two ms-swift versions: 4.6.0"),
-    (dict(commit="deadbeef" * 5), "two harness trees"),
-    (dict(dirty=True), "dirty"),
-])
+
+@pytest.mark.parametrize(
+    "second, named",
+    [
+        (dict(ms_swift="4.7.0"), "two ms-swift versions: 4.6.0"),
+        (dict(commit="deadbeef" * 5), "two harness trees"),
+        (dict(dirty=True), "dirty"),
+    ],
+)
 def test_repro5_mixed_versions_or_trees_exit_2_naming_them(tmp_path, capsys, second, named):
     _run(tmp_path / "s", "loss=original", precision="native")
     _run(tmp_path / "s", "loss=fp32", precision="fp32", **second)
@@ -197,6 +245,7 @@ def test_allow_mixed_is_recorded_in_verdict_json_and_the_banner(tmp_path):
 # reproduction 7: a precision fix needs an original with a low-precision side
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def test_repro7_fp32_originals_beside_a_bf16_fix_are_not_measured(tmp_path):
     # Before: not_applicable, PASS: nothing showed the harness can see the defect.
     _run(tmp_path / "s", "loss=original", precision="native", teacher="float32")
@@ -211,6 +260,7 @@ def test_repro7_fp32_originals_beside_a_bf16_fix_are_not_measured(tmp_path):
 # ---------------------------------------------------------------------------------------------------------------
 # reproduction 8: the banner counts turned-off criteria
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def test_repro8_banner_counts_passed_failed_not_applicable_and_turned_off(tmp_path):
     _run(tmp_path / "s", "loss=original", precision="native")

@@ -1,4 +1,5 @@
 """Loading run folders into the runs/history tables; bad input is UnusableInput naming the file."""
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,9 @@ def test_typed_and_fallback_paths_agree(synthetic_sweep_dir, tmp_path):
     path = next(synthetic_sweep_dir.glob("*/metrics.jsonl"))
     typed = read_metrics_file(path, completed=True)
     slow_path = tmp_path / "metrics.jsonl"
-    slow_path.write_text("".join(json.dumps({**json.loads(x), "x": float("nan")}) + "\n"
-                                 for x in path.read_text().splitlines()))
+    slow_path.write_text(
+        "".join(json.dumps({**json.loads(x), "x": float("nan")}) + "\n" for x in path.read_text().splitlines())
+    )
     slow = read_metrics_file(slow_path, completed=True)
     assert typed.unusable is None and slow.unusable is None and not typed.tampered and not slow.tampered
     assert typed.nonfinite == [] and [(s, m) for s, m, _ in slow.nonfinite] == [(s, "x") for s in typed.steps]
@@ -62,8 +64,10 @@ def test_nonfinite_values_are_listed_and_missing_keys_are_not(tmp_path):
 
     for history, listed in ((t, []), (df, t.nonfinite), (rows, [])):
         sw = tabulate([RunRecord("r", "completed", {}, history, nonfinite=listed)], "t")
-        assert sorted((s, m, repr(v)) for s, m, v in sw.nonfinite[["step", "metric", "value"]].itertuples(
-            index=False)) == expected
+        assert (
+            sorted((s, m, repr(v)) for s, m, v in sw.nonfinite[["step", "metric", "value"]].itertuples(index=False))
+            == expected
+        )
 
 
 def test_failed_and_incomplete_runs_are_kept_and_marked(tmp_path):
@@ -105,14 +109,17 @@ def test_nan_written_by_python_is_read(tmp_path):
     assert np.isnan(h.loc[3, "train/loss"]) and np.isinf(h.loc[3, "train/grad_norm"])
 
 
-@pytest.mark.parametrize("damage, message", [
-    ("no_summary", r"summary.json missing"),
-    ("bad_summary", r"summary.json: not valid JSON"),
-    ("bad_status", r"'status' must be running\|completed\|failed"),
-    ("bad_line", r"metrics.jsonl:2: not valid JSON"),
-    ("no_step", r"metrics.jsonl:1: metrics line has no 'step'"),
-    ("no_metrics_completed", r"metrics.jsonl missing although summary.json says completed"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("no_summary", r"summary.json missing"),
+        ("bad_summary", r"summary.json: not valid JSON"),
+        ("bad_status", r"'status' must be running\|completed\|failed"),
+        ("bad_line", r"metrics.jsonl:2: not valid JSON"),
+        ("no_step", r"metrics.jsonl:1: metrics line has no 'step'"),
+        ("no_metrics_completed", r"metrics.jsonl missing although summary.json says completed"),
+    ],
+)
 def test_corrupt_run_folder_is_unusable(sweep_copy, damage, message):
     run = sorted(p for p in sweep_copy.iterdir())[3]
     m, s = run / "metrics.jsonl", run / "summary.json"
@@ -149,8 +156,9 @@ def test_point_that_failed_before_summary_counts_as_failed(tmp_path):
     write_run(tmp_path / "ok", beta=0.5, beta_form="paper", precision="fp32", seed=0, steps=3)
     bad = tmp_path / "gkd.beta=2"
     (bad / ".hydra").mkdir(parents=True)
-    (bad / ".hydra" / "job_return.json").write_text(json.dumps({"status": "FAILED",
-                                                                "error": "ValueError: gkd.beta must lie in [0, 1]"}))
+    (bad / ".hydra" / "job_return.json").write_text(
+        json.dumps({"status": "FAILED", "error": "ValueError: gkd.beta must lie in [0, 1]"})
+    )
     runs = load_sweep(tmp_path).runs.set_index("run")
     assert runs.loc["gkd.beta=2", "outcome"] == "failed"
     assert "gkd.beta" in runs.loc["gkd.beta=2", "error"]

@@ -7,6 +7,7 @@
   record; the run's outcome is ``tampered`` and ``no_failed_runs`` fails (issue 32, item 6);
 - the columns equal an independent ``json.loads`` of every line, NaN/±Inf included.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,14 +18,28 @@ import pytest
 
 from gkd_harness.analysis.load import UnusableInput, load_sweep
 from gkd_harness.bench.synthetic import write_run
-from gkd_harness.harness.contract import (EVAL_FORWARD_KL, EVAL_JSD, EVAL_REVERSE_KL, EVAL_TOKENS, EVAL_TOP1_AGREEMENT,
-                              METRICS_FILE, TRAIN_GRAD_NORM, TRAIN_LOSS)
+from gkd_harness.harness.contract import (
+    EVAL_FORWARD_KL,
+    EVAL_JSD,
+    EVAL_REVERSE_KL,
+    EVAL_TOKENS,
+    EVAL_TOP1_AGREEMENT,
+    METRICS_FILE,
+    TRAIN_GRAD_NORM,
+    TRAIN_LOSS,
+)
 
 
 def _eval_record(step: int, jsd: float) -> dict:
     """One held-out evaluation record as design_record writes it (the contract's eval/* names and the step)."""
-    return {EVAL_JSD: jsd, EVAL_FORWARD_KL: 2 * jsd, EVAL_REVERSE_KL: 3 * jsd, EVAL_TOP1_AGREEMENT: 0.5,
-            EVAL_TOKENS: 64.0, "step": step}
+    return {
+        EVAL_JSD: jsd,
+        EVAL_FORWARD_KL: 2 * jsd,
+        EVAL_REVERSE_KL: 3 * jsd,
+        EVAL_TOP1_AGREEMENT: 0.5,
+        EVAL_TOKENS: 64.0,
+        "step": step,
+    }
 
 
 def _with_evals(run, every: int) -> list:
@@ -95,15 +110,18 @@ def _tamper(tmp_path, line_no: int, **changes):
     return load_sweep(tmp_path)
 
 
-@pytest.mark.parametrize("changes, why", [
-    ({"step": "2"}, "line 2: 'step' must be an integer, got '2' (str)"),
-    ({"step": 2.0}, "line 2: 'step' must be an integer, got 2.0 (float)"),
-    ({"step": 1.5}, "line 2: 'step' must be an integer, got 1.5 (float)"),
-    ({"step": True}, "line 2: 'step' must be an integer, got True (bool)"),
-    ({TRAIN_LOSS: "0.5"}, "line 2: 'train/loss' must be a number, got '0.5' (str)"),
-    ({TRAIN_GRAD_NORM: False}, "line 2: 'train/grad_norm' must be a number, got False (bool)"),
-    ({EVAL_JSD: [0.1]}, "line 2: 'eval/jsd' must be a number, got [0.1] (list)"),
-])
+@pytest.mark.parametrize(
+    "changes, why",
+    [
+        ({"step": "2"}, "line 2: 'step' must be an integer, got '2' (str)"),
+        ({"step": 2.0}, "line 2: 'step' must be an integer, got 2.0 (float)"),
+        ({"step": 1.5}, "line 2: 'step' must be an integer, got 1.5 (float)"),
+        ({"step": True}, "line 2: 'step' must be an integer, got True (bool)"),
+        ({TRAIN_LOSS: "0.5"}, "line 2: 'train/loss' must be a number, got '0.5' (str)"),
+        ({TRAIN_GRAD_NORM: False}, "line 2: 'train/grad_norm' must be a number, got False (bool)"),
+        ({EVAL_JSD: [0.1]}, "line 2: 'eval/jsd' must be a number, got [0.1] (list)"),
+    ],
+)
 def test_a_record_of_the_wrong_type_is_a_tampered_record(tmp_path, changes, why):
     """Issue 32 item 6: the run is ``tampered`` (never completed) and the sign-off's no_failed_runs fails."""
     from gkd_harness.analysis.signoff.criteria import evaluate
@@ -165,8 +183,11 @@ def test_wandb_rows_keep_evaluation_apart_too():
     the same counts as a run folder: the evaluation at step 2 is no duplicate of training step 2."""
     from gkd_harness.analysis.sweep.records import RunRecord, tabulate
 
-    rows = [{"step": 1, TRAIN_LOSS: 0.5}, {"step": 2, TRAIN_LOSS: 0.4},
-            {"step": 2, EVAL_JSD: 0.1, "eval/loss": 0.3, "train/global_step": 2, "train/epoch": 0.5}]
+    rows = [
+        {"step": 1, TRAIN_LOSS: 0.5},
+        {"step": 2, TRAIN_LOSS: 0.4},
+        {"step": 2, EVAL_JSD: 0.1, "eval/loss": 0.3, "train/global_step": 2, "train/epoch": 0.5},
+    ]
     sw = tabulate([RunRecord("w", "completed", {"run.max_steps": 2}, rows)], "t")
     row = sw.runs.iloc[0]
     assert "duplicate" not in row["problems"] and row["outcome"] == "completed"

@@ -5,6 +5,7 @@ The doctored run reproduces what ``gkd-train -m experiment=smoke run.learning_ra
 logged on main: from step 2 on, ``train/grad_norm`` and the spot check are NaN, ``train/loss`` is 0.0 (HF's
 filter), and ``gkd/nonfinite_calls_total`` rises.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,14 @@ def _nan_run(run: Path, from_step: int = 8) -> list:
             touched.append(rec["step"])
             rec.update({"train/loss": 0.0, "train/grad_norm": float("nan"), "gkd/nonfinite_calls_total": calls})
             if "spot/loss_fp64" in rec:
-                rec.update({"spot/loss": float("nan"), "spot/loss_fp64": float("nan"),
-                            "spot/loss_abs_err": float("nan"), "spot/grad_rel_l2": float("nan")})
+                rec.update(
+                    {
+                        "spot/loss": float("nan"),
+                        "spot/loss_fp64": float("nan"),
+                        "spot/loss_abs_err": float("nan"),
+                        "spot/grad_rel_l2": float("nan"),
+                    }
+                )
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))  # Python writes NaN
     return touched
 

@@ -1,37 +1,62 @@
 """Seed statistics of the held-out evaluation (gkd_harness.analysis.signoff.outcome) and the patched_not_worse criterion, on synthetic run
 folders (gkd_harness.bench.synthetic.write_run plus eval/* rows), checked against a hand computation."""
+
 import json
 import math
 
 import pytest
 
 from gkd_harness.analysis.signoff.criteria import evaluate
-from gkd_harness.analysis.sweep.runs import load_sweep
-from gkd_harness.analysis.signoff.outcome import final_values, paired_differences, pooled, t_interval, variant_table
 from gkd_harness.analysis.signoff.criteria_file import load_criteria
+from gkd_harness.analysis.signoff.outcome import final_values, paired_differences, pooled, t_interval, variant_table
+from gkd_harness.analysis.sweep.runs import load_sweep
 from gkd_harness.bench.synthetic import write_run
 from gkd_harness.harness.contract import EVAL_FORWARD_KL, EVAL_JSD, EVAL_REVERSE_KL, EVAL_TOP1_AGREEMENT, METRICS_FILE
 
 STEPS = 10
 #: final eval/jsd by (precision, seed); an earlier evaluation at step 5 is 2x larger (must not be the one used)
-FINAL = {("native", 1): 0.010, ("native", 2): 0.012, ("native", 3): 0.011,
-         ("fp32", 1): 0.0095, ("fp32", 2): 0.0118, ("fp32", 3): 0.0104}
+FINAL = {
+    ("native", 1): 0.010,
+    ("native", 2): 0.012,
+    ("native", 3): 0.011,
+    ("fp32", 1): 0.0095,
+    ("fp32", 2): 0.0118,
+    ("fp32", 3): 0.0104,
+}
 # t(0.975, 2), the 97.5% quantile of Student's t with 2 degrees of freedom, in closed form: with 2 degrees of freedom
 # the CDF is 1/2 + t / (2 sqrt(2 + t^2)), so F(t) = 0.975 gives t^2 = 2 * 0.95^2 / (1 - 0.95^2) (tables: 4.303)
-T2 = math.sqrt(2 * 0.95 ** 2 / (1 - 0.95 ** 2))
+T2 = math.sqrt(2 * 0.95**2 / (1 - 0.95**2))
 
 
 def _add_eval(folder, final_jsd):
     with open(folder / METRICS_FILE, "a") as f:
         for step, jsd in ((5, 2 * final_jsd), (STEPS, final_jsd)):
-            f.write(json.dumps({"step": step, EVAL_JSD: jsd, EVAL_FORWARD_KL: 4 * jsd, EVAL_REVERSE_KL: 3 * jsd,
-                                EVAL_TOP1_AGREEMENT: 0.9}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        EVAL_JSD: jsd,
+                        EVAL_FORWARD_KL: 4 * jsd,
+                        EVAL_REVERSE_KL: 3 * jsd,
+                        EVAL_TOP1_AGREEMENT: 0.9,
+                    }
+                )
+                + "\n"
+            )
 
 
 def _sweep(root, values=FINAL, with_eval=True, **kw):
     for (prec, seed), v in values.items():
-        folder = write_run(root / f"loss={prec},run.seed={seed}", beta=0.5, beta_form="paper", precision=prec,
-                           seed=seed, steps=STEPS, spot_every=5, **kw)
+        folder = write_run(
+            root / f"loss={prec},run.seed={seed}",
+            beta=0.5,
+            beta_form="paper",
+            precision=prec,
+            seed=seed,
+            steps=STEPS,
+            spot_every=5,
+            **kw,
+        )
         if with_eval:
             _add_eval(folder, v)
     return load_sweep(root)
@@ -118,8 +143,10 @@ def test_report_section_states_the_effect_and_plots_the_seed_band(tmp_path):
     m, lo, hi = (1 + x for x in _hand_mean_ci(rels))
     line = headline(sweep, "native", ["fp32"])
     assert 0.9 < lo < m < 1 < hi < 1.1  # width 0.07: two decimals, as in 0.93× (0.90–0.96)
-    assert line == (f"fp32/paper ends at {m:.2f}× the original's held-out JSD (95% t interval {lo:.2f}–{hi:.2f}, "
-                    "3 seeds; no difference resolved).")
+    assert line == (
+        f"fp32/paper ends at {m:.2f}× the original's held-out JSD (95% t interval {lo:.2f}–{hi:.2f}, "
+        "3 seeds; no difference resolved)."
+    )
     band = seed_band(sweep, EVAL_JSD).set_index(["variant", "step"])
     xs = [FINAL[("native", s)] for s in (1, 2, 3)]
     assert band.loc[("native/paper", STEPS), "n"] == 3

@@ -8,6 +8,7 @@ original and fp32 × seeds 1, 2 × 4 steps on model=tiny_distill, evaluation eve
 - ``gkd-analyze`` on the sweep reports ``patched_not_worse`` with the first-screen sentence, whose numbers match a
   hand computation from the run folders' final ``eval/jsd`` (Student t with 1 degree of freedom, closed form).
 """
+
 import json
 import math
 import subprocess
@@ -16,8 +17,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from gkd_harness.harness.contract import (EVAL_FORWARD_KL, EVAL_JSD, EVAL_REVERSE_KL, EVAL_TOKENS, EVAL_TOP1_AGREEMENT,
-                              METRICS_FILE, VALIDATION_FILE)
+from gkd_harness.harness.contract import (
+    EVAL_FORWARD_KL,
+    EVAL_JSD,
+    EVAL_REVERSE_KL,
+    EVAL_TOKENS,
+    EVAL_TOP1_AGREEMENT,
+    METRICS_FILE,
+    VALIDATION_FILE,
+)
 from gkd_harness.harness.loss.reference import reference_jsd
 from tests.conftest import OUTCOME_EVAL_EVERY, OUTCOME_SEEDS, OUTCOME_STEPS, entry_point
 
@@ -83,10 +91,14 @@ def test_the_sweep_is_the_short_outcome_design(outcome_sweep):
     assert design == sorted((p, s) for p in ("native", "fp32") for s in OUTCOME_SEEDS)
     for run in runs:
         cfg = _config(run)
-        assert (cfg["gkd.beta"], cfg["gkd.temperature"], cfg["model.embedded.teacher"]) == (BETA, TEMPERATURE,
-                                                                                           "trained")
-        assert [r["step"] for r in _evals(run)] == list(range(OUTCOME_EVAL_EVERY, OUTCOME_STEPS + 1,
-                                                              OUTCOME_EVAL_EVERY))
+        assert (cfg["gkd.beta"], cfg["gkd.temperature"], cfg["model.embedded.teacher"]) == (
+            BETA,
+            TEMPERATURE,
+            "trained",
+        )
+        assert [r["step"] for r in _evals(run)] == list(
+            range(OUTCOME_EVAL_EVERY, OUTCOME_STEPS + 1, OUTCOME_EVAL_EVERY)
+        )
         # distillation has something to learn: the held-out JSD falls between the first and the final evaluation
         first, final = _evals(run)[0][EVAL_JSD], _evals(run)[-1][EVAL_JSD]
         assert final < first, (run.name, first, final)
@@ -103,9 +115,11 @@ def test_eval_metrics_recompute_from_each_saved_final_student(outcome_sweep):
         n = s.shape[0]
         final = _evals(run)[-1]
         assert final["step"] == OUTCOME_STEPS and final[EVAL_TOKENS] == n
-        ref = {EVAL_JSD: float(reference_jsd(s, t, BETA, "paper", TEMPERATURE).sum()) / n,
-               EVAL_FORWARD_KL: float(reference_jsd(s, t, 0.0, "paper", TEMPERATURE).sum()) / n,   # KL(T||S)
-               EVAL_REVERSE_KL: float(reference_jsd(s, t, 1.0, "paper", TEMPERATURE).sum()) / n}  # KL(S||T)
+        ref = {
+            EVAL_JSD: float(reference_jsd(s, t, BETA, "paper", TEMPERATURE).sum()) / n,
+            EVAL_FORWARD_KL: float(reference_jsd(s, t, 0.0, "paper", TEMPERATURE).sum()) / n,  # KL(T||S)
+            EVAL_REVERSE_KL: float(reference_jsd(s, t, 1.0, "paper", TEMPERATURE).sum()) / n,
+        }  # KL(S||T)
         for key, value in ref.items():
             assert final[key] == pytest.approx(value, rel=1e-6), (run.name, key)
         agree = float((s.argmax(-1) == t.argmax(-1)).double().mean())
@@ -142,12 +156,18 @@ def test_gkd_analyze_reports_patched_not_worse_with_the_first_screen_sentence(ou
     lo, hi = mean - T1 * sd / math.sqrt(2), mean + T1 * sd / math.sqrt(2)
     decimals = int(min(9, max(2, math.ceil(-math.log10((hi - lo) / 2)))))  # last digit <= half the width
     tail = "; no difference resolved" if lo <= 0 <= hi else ""
-    sentence = (f"fp32/paper ends at {1 + mean:.{decimals}f}× the original's held-out JSD (95% t interval "
-                f"{1 + lo:.{decimals}f}–{1 + hi:.{decimals}f}, 2 seeds{tail}).")
+    sentence = (
+        f"fp32/paper ends at {1 + mean:.{decimals}f}× the original's held-out JSD (95% t interval "
+        f"{1 + lo:.{decimals}f}–{1 + hi:.{decimals}f}, 2 seeds{tail})."
+    )
 
     report = tmp_path / "report"
-    proc = subprocess.run([entry_point("gkd-analyze"), str(outcome_sweep), "--report", str(report)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [entry_point("gkd-analyze"), str(outcome_sweep), "--report", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     verdict = json.loads((report / "verdict.json").read_text())
     criterion = next(c for c in verdict["criteria"] if c["name"] == "patched_not_worse")
     expected = "pass" if hi <= 0.05 else "fail"

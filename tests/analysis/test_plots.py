@@ -4,6 +4,7 @@ the native − fp32 difference panel, labelled bars with 0 and "not logged" told
 Figures are inspected as matplotlib objects (``plots._save`` is wrapped to keep them) and values are checked
 against numbers read straight from the run folders' ``metrics.jsonl``.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,11 +16,11 @@ import pytest
 from matplotlib.lines import Line2D
 from PIL import Image
 
+from gkd_harness.analysis.load import load_sweep
 from gkd_harness.analysis.signoff import plots
-from gkd_harness.analysis.signoff.betacurve import fp64_beta_curve, beta_defect_inputs, training_beta_curve
+from gkd_harness.analysis.signoff.betacurve import beta_defect_inputs, fp64_beta_curve, training_beta_curve
 from gkd_harness.analysis.signoff.compare import negatives_table, spot_table
 from gkd_harness.analysis.signoff.criteria_file import load_criteria
-from gkd_harness.analysis.load import load_sweep
 from gkd_harness.bench.synthetic import write_run
 
 VARIANTS = [("native", "paper"), ("native", "continuous"), ("fp32", "paper"), ("fp32", "continuous")]
@@ -32,8 +33,16 @@ def smoke_like(tmp_path_factory) -> Path:
     as in the real smoke sweep where the curves cannot be told apart by eye."""
     root = tmp_path_factory.mktemp("smoke_like")
     for prec, form in (("native", "paper"), ("fp32", "paper"), ("fp32", "continuous")):
-        write_run(root / f"{prec}_{form}", beta=0.5, beta_form=form, precision=prec, seed=42, steps=20,
-                  spot_every=1, topk=None)
+        write_run(
+            root / f"{prec}_{form}",
+            beta=0.5,
+            beta_form=form,
+            precision=prec,
+            seed=42,
+            steps=20,
+            spot_every=1,
+            topk=None,
+        )
     ref = _metrics(root / "fp32_paper")
     rows = _metrics(root / "native_paper")
     for r, q in zip(rows, ref):
@@ -104,9 +113,12 @@ def test_curves_one_panel_per_beta_no_pairs(synthetic_sweep_dir, tmp_path, figs)
     fp32_only = sweep.runs[sweep.runs["loss.precision"] == "fp32"]
     from gkd_harness.analysis.sweep.records import Sweep
 
-    sub = Sweep(source=sweep.source, runs=fp32_only.reset_index(drop=True),
-                history=sweep.history[sweep.history["run"].isin(fp32_only["run"])].reset_index(drop=True),
-                nonfinite=sweep.nonfinite.iloc[0:0])
+    sub = Sweep(
+        source=sweep.source,
+        runs=fp32_only.reset_index(drop=True),
+        history=sweep.history[sweep.history["run"].isin(fp32_only["run"])].reset_index(drop=True),
+        nonfinite=sweep.nonfinite.iloc[0:0],
+    )
     png = plots.plot_curves(sub, "train/loss", tmp_path / "loss.png")
     fig = figs[png.name]
     _check_common(fig, png)
@@ -151,8 +163,10 @@ def test_negatives_labels_zero_and_missing(synthetic_sweep_dir, tmp_path, figs):
     hatched = [p for p in bars if p.get_hatch()]
     assert len(zero) == 7 and all(p.get_height() > 0 for p in zero)
     assert len(hatched) == 1
-    assert set(_legend_entries(fig)) >= {plots.variant_label(*v) for v in VARIANTS} | {"0 (hollow mark)",
-                                                                                          "not logged (n/a)"}
+    assert set(_legend_entries(fig)) >= {plots.variant_label(*v) for v in VARIANTS} | {
+        "0 (hollow mark)",
+        "not logged (n/a)",
+    }
 
 
 def test_spot_errors_figure(synthetic_sweep_dir, tmp_path, figs):
@@ -162,8 +176,9 @@ def test_spot_errors_figure(synthetic_sweep_dir, tmp_path, figs):
     fig = figs[png.name]
     _check_common(fig, png)
     entries = _legend_entries(fig)
-    marks = {(entries[plots.variant_label(*v)].get_color(), entries[plots.variant_label(*v)].get_marker())
-             for v in VARIANTS}
+    marks = {
+        (entries[plots.variant_label(*v)].get_color(), entries[plots.variant_label(*v)].get_marker()) for v in VARIANTS
+    }
     assert len(marks) == 4 and "tolerance 0.001" in entries
 
 
@@ -188,8 +203,10 @@ def test_beta_curve_panels_need_two_betas(synthetic_sweep_dir, smoke_like, tmp_p
         # values: the mean of the first 3 logged steps, from the run folder
         ln = next(x for x in series if x.get_color() == plots.variant_style("fp32", "paper")["color"])
         metric = "train/loss" if "loss" in ax.get_ylabel() else "train/grad_norm"
-        want = [np.mean([r[metric] for r in _metrics(synthetic_sweep_dir / f"b{b}_paper_fp32_T0.9_s0")[:3]])
-                for b in (0.0, 0.5, 0.9, 1.0)]
+        want = [
+            np.mean([r[metric] for r in _metrics(synthetic_sweep_dir / f"b{b}_paper_fp32_T0.9_s0")[:3]])
+            for b in (0.0, 0.5, 0.9, 1.0)
+        ]
         np.testing.assert_allclose(ln.get_ydata(), want, rtol=1e-12)
     entries = _legend_entries(fig)
     assert all(isinstance(entries[plots.variant_label(*v)], Line2D) for v in VARIANTS)
@@ -206,8 +223,7 @@ def test_curves_many_seeds_band_and_marked_median(tmp_path, figs):
     step (values read from the run folders), plus the per-step median with markers; no line per run."""
     root = tmp_path / "sweep"
     for seed in range(5):
-        write_run(root / f"s{seed}", beta=0.5, beta_form="paper", precision="fp32", seed=seed, steps=10,
-                  spot_every=0)
+        write_run(root / f"s{seed}", beta=0.5, beta_form="paper", precision="fp32", seed=seed, steps=10, spot_every=0)
     png = plots.plot_curves(load_sweep(root), "train/loss", tmp_path / "loss.png")
     fig = figs[png.name]
     _check_common(fig, png)
@@ -230,8 +246,9 @@ def test_long_band_keeps_each_runs_extreme(tmp_path, figs):
     still sets the band's lower edge at its own step."""
     root = tmp_path / "sweep"
     for seed in range(5):
-        write_run(root / f"s{seed}", beta=0.5, beta_form="paper", precision="fp32", seed=seed, steps=20_000,
-                  spot_every=0)
+        write_run(
+            root / f"s{seed}", beta=0.5, beta_form="paper", precision="fp32", seed=seed, steps=20_000, spot_every=0
+        )
     rows = _metrics(root / "s3")
     rows[12_345]["train/loss"] = -0.5
     (root / "s3" / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")

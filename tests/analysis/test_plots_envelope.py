@@ -3,6 +3,7 @@ line, and every extreme kept, so a single negative loss among 10⁶ points is st
 
 References are computed here from the raw arrays (a loop over the bins), not by the function under test.
 """
+
 from __future__ import annotations
 
 import json
@@ -80,15 +81,26 @@ def test_long_run_curve_draws_its_negative_step(tmp_path, figs):
     steps, bad_step, bad = 20_000, 13_579, -2.5e-3
     root = tmp_path / "sweep"
     for prec in ("native", "fp32"):
-        write_run(root / prec, beta=0.5, beta_form="paper", precision=prec, seed=0, steps=steps, spot_every=0,
-                  teacher_dtype="float32")
+        write_run(
+            root / prec,
+            beta=0.5,
+            beta_form="paper",
+            precision=prec,
+            seed=0,
+            steps=steps,
+            spot_every=0,
+            teacher_dtype="float32",
+        )
     path = root / "native" / "metrics.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     (hit,) = [r for r in rows if r.get("step") == bad_step and "train/loss" in r]
     hit["train/loss"] = bad
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    fp32 = {r["step"]: r["train/loss"] for r in map(json.loads, (root / "fp32" / "metrics.jsonl").read_text()
-                                                             .splitlines()) if "train/loss" in r}
+    fp32 = {
+        r["step"]: r["train/loss"]
+        for r in map(json.loads, (root / "fp32" / "metrics.jsonl").read_text().splitlines())
+        if "train/loss" in r
+    }
     png = plots.plot_curves(load_sweep(root), "train/loss", tmp_path / "loss.png")
     fig = figs[png.name]
     (ax,) = [a for a in fig.axes if a.get_title().startswith("β = 0.5")]

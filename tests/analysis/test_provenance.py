@@ -1,5 +1,6 @@
 """Issue 19: provenance of a run (harness commit and dirty flag, sha256 of the loss code, ms-swift version) in
 summary.json and in the analysis tables."""
+
 from __future__ import annotations
 
 import hashlib
@@ -24,7 +25,7 @@ def test_provenance_names_the_commit_and_hashes_the_loss_code_each_precision_run
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     assert native["harness_commit"] == head and isinstance(native["harness_dirty"], bool)
     fp32 = provenance("fp32")
-    assert fp32["loss_code"] == str(REPO / "harness" / "loss") and len(fp32["loss_sha256"]) == 64
+    assert fp32["loss_code"] == str(REPO / "gkd_harness" / "harness" / "loss") and len(fp32["loss_sha256"]) == 64
     assert fp32["loss_sha256"] != native["loss_sha256"]
 
 

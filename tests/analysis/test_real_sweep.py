@@ -5,6 +5,7 @@ Points: loss=original (native/paper), fp32 (fp32/paper), continuous (fp32/contin
 criterion: patched runs for the no-negative and FP64 checks, an original run with mixed dtypes for the defect,
 and a paper/continuous pair at β=0.5.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="session")
 def real_sweep(smoke_sweep) -> Path:
@@ -39,11 +41,16 @@ def test_real_sweep_passes(real_sweep, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     v = json.loads((report / "verdict.json").read_text())
     status = {c["name"]: c["status"] for c in v["criteria"]}
-    expected = {"no_negative_patched": "pass", "no_nonfinite": "pass", "spot_tolerance": "pass",
-                "original_shows_defect": "pass", "beta_forms_unchanged": "pass",
-                "precisions_unchanged_in_fp32": "not_applicable",  # no FP32/FP32 pair in the smoke sweep
-                "no_failed_runs": "pass",
-                "patched_not_worse": "skipped"}  # no eval/* (monitor.eval off), not required by default
+    expected = {
+        "no_negative_patched": "pass",
+        "no_nonfinite": "pass",
+        "spot_tolerance": "pass",
+        "original_shows_defect": "pass",
+        "beta_forms_unchanged": "pass",
+        "precisions_unchanged_in_fp32": "not_applicable",  # no FP32/FP32 pair in the smoke sweep
+        "no_failed_runs": "pass",
+        "patched_not_worse": "skipped",
+    }  # no eval/* (monitor.eval off), not required by default
     assert {k: status.get(k) for k in expected} == expected
     # criteria added since (e.g. a candidate's certificate) must not fail a sweep they have no subject in
     assert all(st in ("pass", "not_applicable", "skipped") for st in status.values()), status
@@ -116,8 +123,17 @@ def test_wandb_offline_runs_of_the_real_sweep(real_sweep, tmp_path):
     local = load_sweep(real_sweep)
     group = local.groups[0]
     wb = load_wandb_offline(real_sweep, group=group)
-    cols = ["run", "loss.precision", "loss.beta_form", "gkd.beta", "gkd.temperature", "run.seed", "dtype.student",
-            "dtype.teacher", "outcome"]
+    cols = [
+        "run",
+        "loss.precision",
+        "loss.beta_form",
+        "gkd.beta",
+        "gkd.temperature",
+        "run.seed",
+        "dtype.student",
+        "dtype.teacher",
+        "outcome",
+    ]
     assert wb.runs[cols].sort_values("run").to_dict("records") == local.runs[cols].sort_values("run").to_dict("records")
     for run in local.runs["run"]:
         a, b = local.run_history(run), wb.run_history(run)

@@ -1,5 +1,6 @@
 """gkd-replay on a sweep trained without captures: exit 2 with one line naming the folder and the setting that
 writes captures (monitor.capture=true)."""
+
 from __future__ import annotations
 
 from gkd_harness.analysis.replay.cli import main

@@ -5,6 +5,7 @@ contents, nothing loaded from outside the file.
 Chromium is required (Debian's ``chromium`` package; CI installs it): without it these tests fail, they do not
 skip. The reports are built from small synthetic sweeps (``gkd_harness.bench.synthetic``), so the tests take seconds.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,14 +16,19 @@ import pytest
 from gkd_harness.analysis.cli import main
 from tests.analysis.browser import VIEWPORT, find_chromium, measure
 
-GREEN, RED = "rgb(26, 127, 55)", "rgb(207, 34, 46)"  # .banner.pass / .banner.fail in gkd_harness.analysis.signoff.document.STYLE
+GREEN, RED = (
+    "rgb(26, 127, 55)",
+    "rgb(207, 34, 46)",
+)  # .banner.pass / .banner.fail in gkd_harness.analysis.signoff.document.STYLE
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _chromium_present():
     if find_chromium() is None:
-        pytest.fail("chromium is not installed: the report's browser test needs it "
-                    "(apt-get update && apt-get install -y chromium)")
+        pytest.fail(
+            "chromium is not installed: the report's browser test needs it "
+            "(apt-get update && apt-get install -y chromium)"
+        )
 
 
 def _report(sweep: Path, out: Path) -> tuple:

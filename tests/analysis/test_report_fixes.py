@@ -1,15 +1,14 @@
 """Issue 29 reproduction 11 (user text reaches report.md unescaped: the title) and issue 33 item 7 (the report:
 ``gkd.topk = ,`` for null, loss sha256 values without their variant, a bare relative path as the title, the
 held-out JSD plot where fp32 hides under native and no difference panel)."""
+
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import markdown
 import numpy as np
 import pandas as pd
-import pytest
 
 from gkd_harness.analysis.cli import main
 from gkd_harness.analysis.signoff.document import Document, constant_settings
@@ -29,8 +28,11 @@ def _live_tags(md: str) -> list:
     class P(HTMLParser):
         def handle_starttag(self, tag, attrs):
             attrs = dict(attrs)
-            if tag == "script" or any(k.startswith("on") for k in attrs) or (
-                    tag == "img" and not str(attrs.get("src", "")).endswith(".png")):
+            if (
+                tag == "script"
+                or any(k.startswith("on") for k in attrs)
+                or (tag == "img" and not str(attrs.get("src", "")).endswith(".png"))
+            ):
                 found.append((tag, attrs))
 
     P().feed(markdown.markdown(md, extensions=["tables", "fenced_code"]))
@@ -56,8 +58,16 @@ def test_a_group_with_html_gives_a_report_md_without_live_html(tmp_path, monkeyp
     # outputs/multirun/<group> reached report.md's title as it was.
     group = f"g{IMG}"
     for prec, loss in (("native", "original"), ("fp32", "fp32")):
-        write_run(tmp_path / "multirun" / group / f"loss={loss}", beta=0.5, beta_form="paper", precision=prec,
-                  seed=1, steps=4, spot_every=2, group=group)
+        write_run(
+            tmp_path / "multirun" / group / f"loss={loss}",
+            beta=0.5,
+            beta_form="paper",
+            precision=prec,
+            seed=1,
+            steps=4,
+            spot_every=2,
+            group=group,
+        )
     monkeypatch.chdir(tmp_path)
     assert main([f"multirun/{group}", "--report", str(tmp_path / "r")]) == 0
     md = (tmp_path / "r" / "report.md").read_text()
@@ -86,8 +96,9 @@ def test_versions_table_shows_each_sha256_with_its_variant(tmp_path):
     from gkd_harness.analysis.sweep.runs import load_sweep
 
     for prec, loss, sha in (("native", "original", "a" * 64), ("fp32", "fp32", "b" * 64)):
-        run = write_run(tmp_path / f"loss={loss}", beta=0.5, beta_form="paper", precision=prec, seed=1, steps=4,
-                        spot_every=2)
+        run = write_run(
+            tmp_path / f"loss={loss}", beta=0.5, beta_form="paper", precision=prec, seed=1, steps=4, spot_every=2
+        )
         s = json.loads((run / "summary.json").read_text())
         s["provenance"] = {"loss_sha256": sha, "harness_commit": "c" * 40, "harness_dirty": False}
         (run / "summary.json").write_text(json.dumps(s))
@@ -108,8 +119,9 @@ def test_held_out_jsd_plot_shows_both_lines_and_a_difference_panel(tmp_path):
     for prec in ("native", "fp32"):
         for seed in (1, 2):
             name = f"{prec}_s{seed}"
-            runs.append({"run": name, "loss.precision": prec, "loss.beta_form": "paper", "run.seed": seed,
-                         "gkd.beta": 0.5})
+            runs.append(
+                {"run": name, "loss.precision": prec, "loss.beta_form": "paper", "run.seed": seed, "gkd.beta": 0.5}
+            )
             rows += [{"run": name, "step": s, EVAL_JSD: 0.1 / s + (1e-4 if prec == "fp32" else 0)} for s in steps]
 
     class S:  # the two tables plot_seed_bands reads

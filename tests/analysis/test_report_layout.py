@@ -1,6 +1,7 @@
 """Issue 29, the report's layout: each table is computed once per report (spot_table ran 3 times: twice in the
 criteria, once in the report), the report is one function per section over one context, and the report's tables
 come from the same evidence the criteria judged."""
+
 from __future__ import annotations
 
 import gkd_harness.analysis.signoff.compare as compare

@@ -1,5 +1,6 @@
 """The seed defect table (native / fp32 / fp64 on the seed report's synthetic input) is in every sign-off report,
 captures or not, and its numbers are ``gkd-replay synthetic``'s, checked against the independent FP64 reference."""
+
 from __future__ import annotations
 
 import json

@@ -2,6 +2,7 @@
 
 The doctored-real-sweep test lives in test_real_sweep.py; these cover the criteria logic cheaply.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from gkd_harness.analysis.cli import main
-from gkd_harness.analysis.signoff.compare import forms_agreement
 from gkd_harness.analysis.load import load_sweep
+from gkd_harness.analysis.signoff.compare import forms_agreement
 
 
 def _edit_metrics(run: Path, step: int, **values) -> None:
@@ -40,18 +41,35 @@ def _status(v: dict) -> dict:
 
 def test_passing_sweep_exit_0_and_report_files(synthetic_sweep_dir, tmp_path):
     report = tmp_path / "report"
-    proc = subprocess.run([sys.executable, "-m", "gkd_harness.analysis.cli", str(synthetic_sweep_dir), "--report", str(report)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gkd_harness.analysis.cli", str(synthetic_sweep_dir), "--report", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     v = _verdict(report)
     assert v["verdict"] == "pass" and v["exit_code"] == 0 and v["failed_criteria"] == []
-    assert _status(v) == {"no_negative_patched": "pass", "no_nonfinite": "pass", "spot_tolerance": "pass",
-                          "original_shows_defect": "pass",
-                          "beta_forms_unchanged": "pass", "precisions_unchanged_in_fp32": "not_applicable",
-                          "no_failed_runs": "pass", "patched_not_worse": "skipped",  # no eval/* in synthetic runs
-                          "candidate_certified": "not_applicable"}
-    for name in ("report.md", "report.html", "loss_curves.png", "grad_norm_curves.png", "negatives.png",
-                 "spot_errors.png", "beta_curve.png"):
+    assert _status(v) == {
+        "no_negative_patched": "pass",
+        "no_nonfinite": "pass",
+        "spot_tolerance": "pass",
+        "original_shows_defect": "pass",
+        "beta_forms_unchanged": "pass",
+        "precisions_unchanged_in_fp32": "not_applicable",
+        "no_failed_runs": "pass",
+        "patched_not_worse": "skipped",  # no eval/* in synthetic runs
+        "candidate_certified": "not_applicable",
+    }
+    for name in (
+        "report.md",
+        "report.html",
+        "loss_curves.png",
+        "grad_norm_curves.png",
+        "negatives.png",
+        "spot_errors.png",
+        "beta_curve.png",
+    ):
         assert (report / name).stat().st_size > 0, name
     html = (report / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 5

@@ -1,4 +1,5 @@
 """verdict.json carries its layout version and the package versions of the report and of the runs."""
+
 from __future__ import annotations
 
 import json

@@ -2,6 +2,7 @@
 of the criteria; ``gkd-analyze --verify REPORT_DIR`` recomputes the verdict from the run folders: exit 0 when
 everything matches, 1 naming the first difference (an edited verdict, an edited run, other criteria).
 One report is written per module (synthetic run folders, gkd_harness.bench.synthetic.write_run); each test edits a copy."""
+
 from __future__ import annotations
 
 import hashlib
@@ -20,8 +21,16 @@ def written(tmp_path_factory) -> Path:
     """A sweep (native and fp32, BF16 teacher) and its report, side by side under one folder."""
     root = tmp_path_factory.mktemp("verify")
     for prec, loss in (("native", "original"), ("fp32", "fp32")):
-        write_run(root / "sweep" / f"loss={loss}", beta=0.5, beta_form="paper", precision=prec, seed=1, steps=6,
-                  spot_every=2, group="v")
+        write_run(
+            root / "sweep" / f"loss={loss}",
+            beta=0.5,
+            beta_form="paper",
+            precision=prec,
+            seed=1,
+            steps=6,
+            spot_every=2,
+            group="v",
+        )
     assert main([str(root / "sweep"), "--report", str(root / "report")]) == 0
     return root
 
@@ -39,8 +48,12 @@ def copy(written, tmp_path) -> Path:
 def test_verdict_json_records_the_sha256_of_each_run_file_and_the_criteria(written):
     v = json.loads((written / "report" / "verdict.json").read_text())
     run = written / "sweep" / "loss=fp32"
-    assert v["run_files"]["loss=fp32"]["metrics.jsonl"] == hashlib.sha256((run / "metrics.jsonl").read_bytes()).hexdigest()
-    assert v["run_files"]["loss=fp32"]["summary.json"] == hashlib.sha256((run / "summary.json").read_bytes()).hexdigest()
+    assert (
+        v["run_files"]["loss=fp32"]["metrics.jsonl"] == hashlib.sha256((run / "metrics.jsonl").read_bytes()).hexdigest()
+    )
+    assert (
+        v["run_files"]["loss=fp32"]["summary.json"] == hashlib.sha256((run / "summary.json").read_bytes()).hexdigest()
+    )
     assert set(v["run_files"]["loss=fp32"]) == {"metrics.jsonl", "summary.json", "config.yaml"}
     assert v["inputs"]["criteria"]["file"] is None and len(v["inputs"]["criteria"]["sha256"]) == 64
     assert v["inputs"]["sweep"] == str(written / "sweep") and v["inputs"]["source"] == "local"
@@ -58,7 +71,7 @@ def test_verify_fails_after_the_verdict_is_edited(copy, capsys):
     path.write_text(json.dumps(v))
     assert main(["--verify", str(copy / "report")]) == 1
     out = capsys.readouterr().out
-    assert "DIFFERS: verdict.json: verdict is \"fail\", the runs give \"pass\"" in out
+    assert 'DIFFERS: verdict.json: verdict is "fail", the runs give "pass"' in out
 
 
 def test_verify_fails_after_a_criterion_status_is_edited(copy, capsys):

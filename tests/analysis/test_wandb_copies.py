@@ -2,6 +2,7 @@
 run (``copy_of``) and ``gkd-analyze --source wandb-offline`` refuses them unless ``--allow-mixed``, as it does
 for copied run folders. One real wandb offline run (wandb in mode=offline) in gkd-train's layout
 (``WANDB_DIR=<run folder>/wandb``, so the file lies in ``<run folder>/wandb/wandb/offline-run-*/``)."""
+
 from __future__ import annotations
 
 import json

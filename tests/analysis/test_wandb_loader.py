@@ -4,6 +4,7 @@ record by record and go through the same conversion as the public API's runs (``
 What an offline run cannot give: the server-side ``wandb.Api().runs(path, filters=...)`` query itself; that
 call is the only line of ``load_wandb_sweep`` not exercised here.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,10 +44,16 @@ def offline_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("wandb_offline")
     env = dict(os.environ, WANDB_DIR=str(root), WANDB_MODE="offline", WANDB_SILENT="true")
     for name, how in (("fp32-a", "ok"), ("fp32-raised", "raise"), ("fp32-killed", "kill")):
-        subprocess.run([sys.executable, "-c", _WRITER, name, "g1", how], env=env, timeout=300, check=False,
-                       capture_output=True)
-    subprocess.run([sys.executable, "-c", _WRITER, "other-group", "g2", "ok"], env=env, timeout=300, check=True,
-                   capture_output=True)
+        subprocess.run(
+            [sys.executable, "-c", _WRITER, name, "g1", how], env=env, timeout=300, check=False, capture_output=True
+        )
+    subprocess.run(
+        [sys.executable, "-c", _WRITER, "other-group", "g2", "ok"],
+        env=env,
+        timeout=300,
+        check=True,
+        capture_output=True,
+    )
     return root
 
 
@@ -150,16 +157,17 @@ def resumed_root(tmp_path_factory):
     point = root / "sweep" / "point"
     point.mkdir(parents=True)
     (point / "summary.json").write_text('{"status": "completed"}')  # marks a harness run folder
-    jobs = [(root / "byid", ("fp32-resumed", "g", "raise", "resume1", "1", "4", "0")),
-            (root / "byid", ("fp32-resumed", "g", "ok", "resume1", "3", "6", "1")),
-            (root / "byid", ("other", "g", "ok", "other1", "1", "6", "0")),
-            (point, ("point", "g", "kill", "p-attempt1", "1", "3", "0")),
-            (point, ("point", "g", "ok", "p-attempt2", "1", "6", "2"))]
+    jobs = [
+        (root / "byid", ("fp32-resumed", "g", "raise", "resume1", "1", "4", "0")),
+        (root / "byid", ("fp32-resumed", "g", "ok", "resume1", "3", "6", "1")),
+        (root / "byid", ("other", "g", "ok", "other1", "1", "6", "0")),
+        (point, ("point", "g", "kill", "p-attempt1", "1", "3", "0")),
+        (point, ("point", "g", "ok", "p-attempt2", "1", "6", "2")),
+    ]
     for wandb_dir, argv in jobs:
         wandb_dir.mkdir(exist_ok=True)
         env = dict(os.environ, WANDB_DIR=str(wandb_dir), WANDB_MODE="offline", WANDB_SILENT="true")
-        subprocess.run([sys.executable, "-c", _ATTEMPT, *argv], env=env, timeout=300, check=False,
-                       capture_output=True)
+        subprocess.run([sys.executable, "-c", _ATTEMPT, *argv], env=env, timeout=300, check=False, capture_output=True)
     return root
 
 
@@ -178,7 +186,9 @@ def test_resumed_run_with_same_id_is_one_run(resumed_root):
     # a logged NaN stays NaN and is listed; it is not 0, not dropped
     assert np.isnan(h.loc[5, "train/grad_norm"]) and h.loc[6, "train/grad_norm"] == 6.1
     assert sorted(sw.nonfinite[["run", "step", "metric"]].values.tolist()) == [
-        ["fp32-resumed", 5, "train/grad_norm"], ["other", 5, "train/grad_norm"]]
+        ["fp32-resumed", 5, "train/grad_norm"],
+        ["other", 5, "train/grad_norm"],
+    ]
 
 
 def test_attempts_in_one_run_folder_are_one_run(resumed_root):

@@ -4,6 +4,7 @@ The end-to-end test runs real worker processes (real ms-swift loss, real harness
 measurement); it checks that every requested figure exists, that the loss values the workers report agree with
 an FP64 reference computed here independently, and that the Markdown document is written.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,11 +38,15 @@ def _fp64_reference(student, teacher_output, labels) -> float:
 def test_quantiles_and_judge():
     q = quantiles([4.0, 1.0, 3.0, 2.0, 5.0])
     assert (q["median"], q["q1"], q["q3"], q["min"], q["max"], q["n"]) == (3.0, 2.0, 4.0, 1.0, 5.0, 5)
-    rows = [{"name": "topk/fp32", "time_ratio": 0.79}, {"name": "full/fp32", "time_ratio": 0.81, "mem_ratio": 0.49},
-            {"name": "analysis/report", "time_ratio": 4.5}, {"name": "analysis/load", "time_ratio": 0.9},
-            {"name": "analysis_rss/load", "peak_mib": 1100.0},
-            {"name": "instr_topk/instrumented", "time_ratio": 1.01, "syncs_added": 2},
-            {"name": "instr_topk/monitor_off", "syncs_added": 0}]
+    rows = [
+        {"name": "topk/fp32", "time_ratio": 0.79},
+        {"name": "full/fp32", "time_ratio": 0.81, "mem_ratio": 0.49},
+        {"name": "analysis/report", "time_ratio": 4.5},
+        {"name": "analysis/load", "time_ratio": 0.9},
+        {"name": "analysis_rss/load", "peak_mib": 1100.0},
+        {"name": "instr_topk/instrumented", "time_ratio": 1.01, "syncs_added": 2},
+        {"name": "instr_topk/monitor_off", "syncs_added": 0},
+    ]
     status = {(g["name"], g["metric"]): g["status"] for g in bench.judge(rows)}
     assert status[("topk/fp32", "time_ratio")] == "met"
     assert status[("full/fp32", "time_ratio")] == "NOT met"
@@ -66,14 +71,39 @@ def test_peak_rss_sees_a_torch_allocation():
 @pytest.mark.slow
 def test_bench_quick_runs_and_writes_table(tmp_path):
     out, js = tmp_path / "performance.md", tmp_path / "bench.json"
-    rc = bench.main(["--quick", "--cases", "topk/fp32", "full/fp32", "spot_topk/check", "instr/topk", "--out", str(out),
-                     "--json", str(js), "--work-dir", str(tmp_path / "work")])
+    rc = bench.main(
+        [
+            "--quick",
+            "--cases",
+            "topk/fp32",
+            "full/fp32",
+            "spot_topk/check",
+            "instr/topk",
+            "--out",
+            str(out),
+            "--json",
+            str(js),
+            "--work-dir",
+            str(tmp_path / "work"),
+        ]
+    )
     assert rc == 0
     res = json.loads(js.read_text())
     rows = {r["name"]: r for r in res["rows"]}
-    assert set(rows) == {"topk/upstream", "topk/fp32", "full/upstream", "full/fp32", "spot_topk/loss",
-                         "spot_topk/check", "instr_topk/bare", "instr_topk/instrumented", "instr_topk/spot_step",
-                         "instr_topk/spot_every_50", "instr_topk/monitor_off", "instr_topk/record_only"}
+    assert set(rows) == {
+        "topk/upstream",
+        "topk/fp32",
+        "full/upstream",
+        "full/fp32",
+        "spot_topk/loss",
+        "spot_topk/check",
+        "instr_topk/bare",
+        "instr_topk/instrumented",
+        "instr_topk/spot_step",
+        "instr_topk/spot_every_50",
+        "instr_topk/monitor_off",
+        "instr_topk/record_only",
+    }
     for name in ("topk/fp32", "full/fp32", "spot_topk/check"):
         assert not rows[name]["errors"], rows[name]["errors"]
         assert rows[name]["time_ratio"] > 0 and math.isfinite(rows[name]["time_ratio"])
@@ -105,9 +135,13 @@ def _capped_topk(sizes):
     student, to, labels = topk_inputs(sizes, "cpu")
     n = sizes.spot_max_tokens
     from swift.rlhf_trainers.gkd_loss import TeacherOutput
+
     lab = labels[:, :n]
-    return student[:, :n], TeacherOutput(topk_logprobs=to.topk_logprobs[:, :n], topk_indices=to.topk_indices[:, :n],
-                                         labels=lab), lab
+    return (
+        student[:, :n],
+        TeacherOutput(topk_logprobs=to.topk_logprobs[:, :n], topk_indices=to.topk_indices[:, :n], labels=lab),
+        lab,
+    )
 
 
 @pytest.mark.slow
@@ -121,8 +155,9 @@ def test_bench_quick_spot_rows_at_the_seed_shape(tmp_path):
     from gkd_harness.bench.spot_cases import TOPK, wide_inputs
 
     js = tmp_path / "bench.json"
-    rc = bench.main(["--quick", "--only", "spot_wide", "spot_topk_wide", "--json", str(js), "--work-dir",
-                     str(tmp_path / "work")])
+    rc = bench.main(
+        ["--quick", "--only", "spot_wide", "spot_topk_wide", "--json", str(js), "--work-dir", str(tmp_path / "work")]
+    )
     assert rc == 0
     res = json.loads(js.read_text())
     rows = {r["name"]: r for r in res["rows"]}
@@ -135,21 +170,25 @@ def test_bench_quick_spot_rows_at_the_seed_shape(tmp_path):
         assert check["time_ratio"] > 0 and check["mem_ratio"] is not None and rows[f"{group}/loss"]["peak_mib"] > 0
         assert goals[(f"{group}/check", "time_ratio")] in ("met", "NOT met")
         assert goals[(f"{group}/check", "mem_ratio")] in ("met", "NOT met")
-        student, to, labels = wide_inputs(group == "spot_topk_wide", "cpu", vocab=Sizes.quick().full_v, seq=32,
-                                          active=28)
-        assert to.is_topk_mode == (group == "spot_topk_wide") and (not to.is_topk_mode or
-                                                                  to.topk_indices.shape[-1] == TOPK)
+        student, to, labels = wide_inputs(
+            group == "spot_topk_wide", "cpu", vocab=Sizes.quick().full_v, seq=32, active=28
+        )
+        assert to.is_topk_mode == (group == "spot_topk_wide") and (
+            not to.is_topk_mode or to.topk_indices.shape[-1] == TOPK
+        )
         assert rows[f"{group}/loss"]["loss"] == pytest.approx(_fp64_reference(student, to, labels), rel=1e-4, abs=2e-6)
         capped = labels.clone()
         capped[0, n_spot:] = -100
-        to_c = TeacherOutput(full_logits=to.full_logits, topk_logprobs=to.topk_logprobs, topk_indices=to.topk_indices,
-                             labels=capped)
+        to_c = TeacherOutput(
+            full_logits=to.full_logits, topk_logprobs=to.topk_logprobs, topk_indices=to.topk_indices, labels=capped
+        )
         assert check["loss"] == pytest.approx(_fp64_reference(student, to_c, capped), rel=1e-4, abs=2e-6)
 
 
 def test_scaling_exponent_and_table():
     """The fitted exponent recovers a known power law; a not-run point is shown as such and left out of the fit."""
     from gkd_harness.bench.scaling import exponent, format_scaling
+
     assert exponent([512, 2048, 8192], [3.0 * x**1.5 for x in (512, 2048, 8192)]) == pytest.approx(1.5)
     assert exponent([8, 64], [None, 2.0]) is None
     rows = []
@@ -166,6 +205,7 @@ def test_scaling_exponent_and_table():
 
 def test_memory_guard_reports_what_cannot_fit():
     from gkd_harness.bench.cases import memory_guard
+
     sizes = Sizes()
     big = dataclasses_replace(sizes, full_n=8192)
     assert memory_guard("full/upstream", sizes, "cpu", available=24 * 2**30) is None
@@ -176,4 +216,5 @@ def test_memory_guard_reports_what_cannot_fit():
 
 def dataclasses_replace(obj, **kw):
     import dataclasses
+
     return dataclasses.replace(obj, **kw)

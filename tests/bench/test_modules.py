@@ -1,6 +1,7 @@
 """One test per bench module the end-to-end ``gkd-bench --quick`` test (test_bench.py) does not reach by name:
 ``synthetic``, ``host_syncs``, ``instrument_cost``'s arithmetic, ``analysis_time``'s baseline and ``e2e``'s CPU
 accounting. Values are checked against hand computations, not only shapes."""
+
 from __future__ import annotations
 
 import json
@@ -57,9 +58,15 @@ def test_analysis_read_baseline_reads_every_line(tmp_path):
 def test_e2e_cpu_accounting_sees_a_child_burning_cpu():
     from gkd_harness.bench.e2e import _tree_cpu_s
 
-    child = subprocess.Popen([sys.executable, "-c", "import time\nt=time.process_time()\n"
-                              "while time.process_time() - t < 0.6: pass\nimport sys; sys.stdin.read()"],
-                             stdin=subprocess.PIPE)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\nt=time.process_time()\n"
+            "while time.process_time() - t < 0.6: pass\nimport sys; sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+    )
     try:
         deadline = time.time() + 30
         while _tree_cpu_s(os.getpid()) - _tree_cpu_s(child.pid) >= 0 and time.time() < deadline:

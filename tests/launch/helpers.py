@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from gkd_harness.harness.launcher.compose import CONFIG_MODULE, compose as compose_train, point_config, register
 from gkd_harness.harness.config.schema import TrainConfig
+from gkd_harness.harness.launcher.compose import CONFIG_MODULE, point_config, register
+from gkd_harness.harness.launcher.compose import compose as compose_train
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
@@ -43,8 +44,13 @@ def harness_env(output_root: Path, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     for key in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE", "WANDB_API_KEY"):
         env.pop(key, None)
-    env.update(GKD_OUTPUT_ROOT=str(output_root), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""), WANDB_SILENT="true")
+    env.update(
+        GKD_OUTPUT_ROOT=str(output_root),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+        WANDB_SILENT="true",
+    )
     env.update(extra)
     return env
 
@@ -54,10 +60,12 @@ def gkd_train_cmd(overrides: Sequence[str], multirun: bool = False) -> list[str]
     return [sys.executable, "-m", "gkd_harness.harness.launcher.cli", *(["-m"] if multirun else []), *overrides]
 
 
-def run_gkd_train(overrides: Sequence[str], env: dict[str, str], cwd: Path, multirun: bool = False,
-                  timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run(gkd_train_cmd(overrides, multirun), cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+def run_gkd_train(
+    overrides: Sequence[str], env: dict[str, str], cwd: Path, multirun: bool = False, timeout: float = 900
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        gkd_train_cmd(overrides, multirun), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def run_two_localhost_nodes(tmp_path: Path, port: str, node_overrides) -> tuple[list[int], dict[int, str]]:
@@ -65,8 +73,7 @@ def run_two_localhost_nodes(tmp_path: Path, port: str, node_overrides) -> tuple[
     ``node_overrides(node)`` gives each node's overrides. Returns the exit codes and each node's console output."""
     procs, logs = [], []
     for node in (0, 1):
-        env = harness_env(tmp_path / "out", NNODES="2", NODE_RANK=str(node), MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=port)
+        env = harness_env(tmp_path / "out", NNODES="2", NODE_RANK=str(node), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
         log = open(tmp_path / f"node{node}.log", "w")
         logs.append(log)
         cmd = gkd_train_cmd([*node_overrides(node), f"hydra.run.dir={tmp_path}/hydra{node}"])
@@ -112,8 +119,9 @@ def wandb_offline_run(run_dir: Path):
         if kind == "run" and run is None:
             run = rec.run
         elif kind == "history":
-            history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                            for item in rec.history.item})
+            history.append(
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in rec.history.item}
+            )
     return run, history
 
 

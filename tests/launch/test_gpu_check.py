@@ -8,19 +8,23 @@ import subprocess
 import sys
 
 import pytest
-
-from gkd_harness.launch.gpu_check import PREFLIGHT, judge_repro, preflight_row, seed_repro, table
-from tests.launch.helpers import REPO, task_config
-from gkd_harness.harness.config.validate import validate_config
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from gkd_harness.harness.config.validate import validate_config
+from gkd_harness.launch.gpu_check import PREFLIGHT, judge_repro, preflight_row, seed_repro, table
+from tests.launch.helpers import REPO, task_config
+
 
 def _dry_run(tmp_path, *args, **env):
-    return subprocess.run(["bash", str(REPO / "launch" / "gpu_check.sh"), "--dry-run", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=600,
-                          env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "GKD_CHECK_DIR": str(tmp_path),
-                               **env})
+    return subprocess.run(
+        ["bash", str(REPO / "launch" / "gpu_check.sh"), "--dry-run", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "GKD_CHECK_DIR": str(tmp_path), **env},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +39,7 @@ def dry_commands(dry_run):
     cmds = {}
     for line in dry_run.splitlines():
         if line.startswith("+ ["):
-            name = line[3:line.index("]")]
+            name = line[3 : line.index("]")]
             cmds[name] = shlex.split(line.split(": ", 1)[1]) if ": " in line else shlex.split(line.split("] ", 1)[1])
     return cmds
 
@@ -44,8 +48,10 @@ def test_dry_run_prints_the_table_with_preflight_rows(dry_run):
     """On this CPU machine: one preflight row per prerequisite, each naming what is missing here, then the
     planned checks with their timeouts; exit 0."""
     table_part = dry_run.split("== gkd-harness GPU check (dry run)", 1)[1]
-    rows = {m.group(1): (m.group(2), m.group(3)) for m in
-            re.finditer(r"^(\S+)\s+(PASS|FAIL|PLAN|SKIP|WARN)\s+\S+\s+(.*)$", table_part, re.M)}
+    rows = {
+        m.group(1): (m.group(2), m.group(3))
+        for m in re.finditer(r"^(\S+)\s+(PASS|FAIL|PLAN|SKIP|WARN)\s+\S+\s+(.*)$", table_part, re.M)
+    }
     assert [r for r in rows if r.startswith("preflight/")] == [f"preflight/{name}" for name, *_ in PREFLIGHT]
     import torch
 
@@ -55,9 +61,10 @@ def test_dry_run_prints_the_table_with_preflight_rows(dry_run):
     import importlib.util
 
     if importlib.util.find_spec("transformer_engine") is None:
-        assert rows["preflight/transformer_engine"] == (
-            "FAIL", rows["preflight/transformer_engine"][1]) and "missing: transformer-engine is not installed" in \
-            rows["preflight/transformer_engine"][1]
+        assert (
+            rows["preflight/transformer_engine"] == ("FAIL", rows["preflight/transformer_engine"][1])
+            and "missing: transformer-engine is not installed" in rows["preflight/transformer_engine"][1]
+        )
         if importlib.util.find_spec("mcore_bridge") is not None:  # installed, but its import needs TE
             assert rows["preflight/mcore_bridge"][0] == "FAIL"
             assert "No module named 'transformer_engine'" in rows["preflight/mcore_bridge"][1]
@@ -70,8 +77,9 @@ def test_dry_run_prints_the_table_with_preflight_rows(dry_run):
 def test_timeouts_come_from_the_stated_estimates(dry_run):
     """Each check's timeout is 2 x the estimate in the script's header + 60 s."""
     header = (REPO / "launch" / "gpu_check.sh").read_text()
-    stated = {m.group(1).split("/")[0]: int(m.group(2)) for m in
-              re.finditer(r"^#\s+(\S+)\s+est\s+(\d+) s", header, re.M)}
+    stated = {
+        m.group(1).split("/")[0]: int(m.group(2)) for m in re.finditer(r"^#\s+(\S+)\s+est\s+(\d+) s", header, re.M)
+    }
     assert set(stated) == {"repro", "megatron", "hf_bf16", "vllm_colocate", "bench"}
     for m in re.finditer(r"^\+ \[(\w+)\] timeout (\d+)s:", dry_run, re.M):
         assert int(m.group(2)) == 2 * stated[m.group(1)] + 60, m.group(0)
@@ -84,10 +92,15 @@ def _install_line(tmp_path, **env) -> str:
     import os
     import signal
 
-    proc = subprocess.Popen(["bash", str(REPO / "launch" / "gpu_check.sh"), "--dry-run", "--install"], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
-                            env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "GKD_CHECK_DIR": str(tmp_path),
-                                 **env})
+    proc = subprocess.Popen(
+        ["bash", str(REPO / "launch" / "gpu_check.sh"), "--dry-run", "--install"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "GKD_CHECK_DIR": str(tmp_path), **env},
+    )
     try:
         for line in proc.stdout:
             if " pip install " in line:
@@ -105,7 +118,7 @@ def test_install_from_the_registry_or_a_wheelhouse_keeps_torch(tmp_path):
 
     pinned = torch.__version__.split("+")[0]
     line = _install_line(tmp_path / "a")
-    assert "--no-index" not in line and line.endswith('-e .[gpu,bench]')
+    assert "--no-index" not in line and line.endswith("-e .[gpu,bench]")
     assert (tmp_path / "a" / "constraints.txt").read_text().strip() == f"torch=={pinned}"
     line = _install_line(tmp_path / "b", WHEELHOUSE=str(tmp_path / "wheels"))
     assert f"--no-index --find-links {tmp_path / 'wheels'} -c " in line
@@ -113,15 +126,21 @@ def test_install_from_the_registry_or_a_wheelhouse_keeps_torch(tmp_path):
 
 def test_preflight_row_names_what_is_missing(tmp_path, monkeypatch):
     row = preflight_row("nope", "gkd_no_such_module", "gkd-no-such-dist", "install it from X")
-    assert row == {"check": "preflight/nope", "rc": 1,
-                   "detail": "missing: gkd-no-such-dist is not installed; install it from X"}
+    assert row == {
+        "check": "preflight/nope",
+        "rc": 1,
+        "detail": "missing: gkd-no-such-dist is not installed; install it from X",
+    }
     (tmp_path / "gkd_broken_mod").mkdir()
     (tmp_path / "gkd_broken_mod" / "__init__.py").write_text("import gkd_missing_dependency\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     row = preflight_row("broken", "gkd_broken_mod", "gkd-broken-mod", "-")
-    assert row["rc"] == 1 and "installed but `import gkd_broken_mod` fails: ModuleNotFoundError: No module named " \
-        "'gkd_missing_dependency'" in row["detail"]
+    assert (
+        row["rc"] == 1
+        and "installed but `import gkd_broken_mod` fails: ModuleNotFoundError: No module named 'gkd_missing_dependency'"
+        in row["detail"]
+    )
     assert preflight_row("json", "json", "gkd-no-dist", "-")["rc"] == 0  # importable without a distribution
 
 
@@ -159,8 +178,10 @@ def test_seed_repro_on_cpu_reproduces_the_report():
     assert rec["upstream"] < 0 < rec["reference"] and rec["finding"] == "reproduced"
     fix = rec["fix"]
     assert fix["ok"] and fix["loss"] > 0 and fix["grad_rel_l2"] <= fix["grad_tol"] and not fix["why"]
-    assert judge_repro(rec) == [("repro/defect", "FOUND", judge_repro(rec)[0][2]),
-                                ("repro/fix", "PASS", judge_repro(rec)[1][2])]
+    assert judge_repro(rec) == [
+        ("repro/defect", "FOUND", judge_repro(rec)[0][2]),
+        ("repro/fix", "PASS", judge_repro(rec)[1][2]),
+    ]
 
 
 def test_repro_rows_can_fail_and_the_defect_is_a_finding():
@@ -177,25 +198,42 @@ def test_repro_rows_can_fail_and_the_defect_is_a_finding():
 def _run(tmp_path, name, precision, neg, dtypes, status="completed"):
     d = tmp_path / "group" / name
     d.mkdir(parents=True)
-    (d / "summary.json").write_text(json.dumps({"status": status, "error": None if status == "completed" else
-                                                "TrainingFailed: boom", "last_step": 8,
-                                                "config": {"loss.precision": precision}, "dtypes_arrived": dtypes}))
-    (d / "metrics.jsonl").write_text(json.dumps({"step": 8, "gkd/neg_loss_calls_total": neg,
-                                                 "gkd/loss_calls_total": 8, "spot/loss_rel_err": 1e-7}) + "\n")
+    (d / "summary.json").write_text(
+        json.dumps(
+            {
+                "status": status,
+                "error": None if status == "completed" else "TrainingFailed: boom",
+                "last_step": 8,
+                "config": {"loss.precision": precision},
+                "dtypes_arrived": dtypes,
+            }
+        )
+    )
+    (d / "metrics.jsonl").write_text(
+        json.dumps({"step": 8, "gkd/neg_loss_calls_total": neg, "gkd/loss_calls_total": 8, "spot/loss_rel_err": 1e-7})
+        + "\n"
+    )
 
 
 def test_table_verdicts(tmp_path):
     mixed = {"student": "float32", "teacher": "bfloat16"}
     _run(tmp_path, "loss=original", "native", 5, mixed)
     _run(tmp_path, "loss=fp32", "fp32", 0, mixed)
-    rec = {"check": "megatron", "rc": 0, "wall_s": 100, "group_dir": str(tmp_path / "group"),
-           "expect": {"student_dtype": "float32", "teacher_dtype": "bfloat16", "neg_calls": "by_precision"}}
+    rec = {
+        "check": "megatron",
+        "rc": 0,
+        "wall_s": 100,
+        "group_dir": str(tmp_path / "group"),
+        "expect": {"student_dtype": "float32", "teacher_dtype": "bfloat16", "neg_calls": "by_precision"},
+    }
     text, ok = table([rec])
     assert ok and text.count("PASS") == 2, text
 
     _run(tmp_path, "loss=fp64", "fp64", 1, {"student": "bfloat16", "teacher": "bfloat16"})  # negatives + dtypes
     text, ok = table([rec])
-    assert not ok and re.search(r"^megatron/loss=fp64 +FAIL ", text, re.M) and "student dtype bfloat16 != float32" in text
+    assert (
+        not ok and re.search(r"^megatron/loss=fp64 +FAIL ", text, re.M) and "student dtype bfloat16 != float32" in text
+    )
     assert re.search(r"^megatron/loss=fp32 +PASS ", text, re.M)
 
     _run(tmp_path, "x", "fp32", 0, mixed, status="failed")

@@ -1,5 +1,6 @@
 """launch/gpu_check.sh's preflight reports a slow import as slow, not as failed (issue 33: ``import mcore_bridge``
 took 180 s on a loaded machine and the dry run said "import mcore_bridge fails", so its checks were skipped)."""
+
 from __future__ import annotations
 
 from gkd_harness.launch.gpu_check import main, preflight_row, table
@@ -15,10 +16,14 @@ def _slow_module(tmp_path, monkeypatch, seconds: float = 30.0) -> None:
 def test_an_import_past_the_timeout_is_slow_not_failed(tmp_path, monkeypatch):
     _slow_module(tmp_path, monkeypatch)
     row = preflight_row("slow", "gkd_slow_mod", "gkd-slow-mod", "-", timeout=1.0)
-    assert row == {"check": "preflight/slow", "rc": 0, "slow": True,
-                   "detail": "slow: `import gkd_slow_mod` (gkd-slow-mod, version unknown) did not finish in 1 s "
-                             "(a loaded machine or a cold disk cache?); not a failure: the checks that need it "
-                             "still run, each under its own timeout"}
+    assert row == {
+        "check": "preflight/slow",
+        "rc": 0,
+        "slow": True,
+        "detail": "slow: `import gkd_slow_mod` (gkd-slow-mod, version unknown) did not finish in 1 s "
+        "(a loaded machine or a cold disk cache?); not a failure: the checks that need it "
+        "still run, each under its own timeout",
+    }
     text, ok = table([row])
     assert ok and "preflight/slow  SLOW" in text
 

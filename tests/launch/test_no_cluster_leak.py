@@ -9,14 +9,33 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 
 #: keys whose value is site-specific: allowed only as null / empty in committed configs
-CLUSTER_KEYS = {"partition", "account", "qos", "constraint", "exclude", "comment", "reservation", "nodelist",
-                "setup", "entity", "mail_user", "mail-user", "wckey", "gres"}
+CLUSTER_KEYS = {
+    "partition",
+    "account",
+    "qos",
+    "constraint",
+    "exclude",
+    "comment",
+    "reservation",
+    "nodelist",
+    "setup",
+    "entity",
+    "mail_user",
+    "mail-user",
+    "wckey",
+    "gres",
+}
 
 
 def committed_config_files() -> list[Path]:
     """Every file under configs/ that git would commit (tracked, or untracked and not ignored)."""
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "configs"],
-                         cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "configs"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     return sorted(REPO / p for p in out if (REPO / p).is_file())
 
 
@@ -69,12 +88,15 @@ def test_example_file_is_committable():
     assert subprocess.run(["git", "check-ignore", "-q", "configs/local/slurm.example.yaml"], cwd=REPO).returncode == 1
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("hydra:\n  launcher:\n    partition: gpu-h100\n", ["hydra.launcher.partition='gpu-h100'"]),
-    ("hydra:\n  launcher:\n    partition: null\n    account: null\n", []),
-    ("model:\n  teacher: /lustre/models/Qwen3.5-9B\n", ["model.teacher='/lustre/models/Qwen3.5-9B'"]),
-    ("hydra:\n  launcher:\n    setup: [module load cuda]\n", ["hydra.launcher.setup.0='module load cuda'"]),
-    ("teacher: Qwen/Qwen3.5-9B\n", []),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("hydra:\n  launcher:\n    partition: gpu-h100\n", ["hydra.launcher.partition='gpu-h100'"]),
+        ("hydra:\n  launcher:\n    partition: null\n    account: null\n", []),
+        ("model:\n  teacher: /lustre/models/Qwen3.5-9B\n", ["model.teacher='/lustre/models/Qwen3.5-9B'"]),
+        ("hydra:\n  launcher:\n    setup: [module load cuda]\n", ["hydra.launcher.setup.0='module load cuda'"]),
+        ("teacher: Qwen/Qwen3.5-9B\n", []),
+    ],
+)
 def test_leak_detector_catches_site_values(text, expected):
     assert leaks(text) == expected

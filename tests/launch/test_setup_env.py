@@ -1,6 +1,7 @@
 """setup_env.sh's torch decision (launch/torch_choice.py) against both kinds of torch, without a download: the
 check runs in a real interpreter that imports a stand-in ``torch`` package (the version string is all it reads),
 and the install order is driven through its pip and probe seams."""
+
 from __future__ import annotations
 
 import os
@@ -15,10 +16,16 @@ from gkd_harness.launch import torch_choice as tc
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("version,build", [
-    ("2.13.0+cpu", "cpu"), ("2.13.0+cu130", "cuda"), ("2.13.0+cu126", "cuda"), ("2.13.0", "registry"),
-    ("2.13.0+rocm6.4", "rocm"),
-])
+@pytest.mark.parametrize(
+    "version,build",
+    [
+        ("2.13.0+cpu", "cpu"),
+        ("2.13.0+cu130", "cuda"),
+        ("2.13.0+cu126", "cuda"),
+        ("2.13.0", "registry"),
+        ("2.13.0+rocm6.4", "rocm"),
+    ],
+)
 def test_build_of_names_both_kinds_of_version_string(version, build):
     assert tc.build_of(version) == build
 
@@ -28,8 +35,14 @@ def _check_with_stub_torch(tmp_path: Path, body: str) -> subprocess.CompletedPro
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text(body)
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "stub")}
-    return subprocess.run([sys.executable, str(ROOT / "launch" / "torch_choice.py"), "check"], env=env,
-                          capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "launch" / "torch_choice.py"), "check"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
 
 
 def test_a_cuda_build_is_accepted_with_one_line_and_its_size(tmp_path):
@@ -106,4 +119,7 @@ def test_setup_env_builds_the_table_of_ms_swifts_flags():
     swift.arguments, 20 to 40 s); Megatron's only where Transformer Engine is there, a failure is one line."""
     script = (ROOT / "launch" / "setup_env.sh").read_text()
     assert "python -W ignore -m gkd_harness.harness.launcher.extra_args >/dev/null 2>&1" in script
-    assert "find_spec('transformer_engine')" in script and "-m gkd_harness.harness.launcher.extra_args --megatron" in script
+    assert (
+        "find_spec('transformer_engine')" in script
+        and "-m gkd_harness.harness.launcher.extra_args --megatron" in script
+    )

@@ -7,9 +7,14 @@ import pytest
 
 from gkd_harness.launch.slurm import dry_run, main, node_slurm_env, sbatch_script, torchrun_command
 
-SEED_2x8 = ["experiment=precision_ab", "hydra/launcher=submitit_slurm", "hydra.launcher.nodes=2",
-            "hydra.launcher.gpus_per_node=8", "run.dataset=org/gkd-prompts",
-            "monitor.eval.dataset=org/gkd-held-out"]
+SEED_2x8 = [
+    "experiment=precision_ab",
+    "hydra/launcher=submitit_slurm",
+    "hydra.launcher.nodes=2",
+    "hydra.launcher.gpus_per_node=8",
+    "run.dataset=org/gkd-prompts",
+    "monitor.eval.dataset=org/gkd-held-out",
+]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +41,7 @@ def test_sbatch_asks_for_two_nodes_eight_gpus_one_task_each(seed_dry_run):
     assert "#SBATCH --ntasks-per-node=1" in text
     assert "#SBATCH --array=0-5%6" in text  # precision_ab: 2 variants x 3 seeds, one array job
     assert "#SBATCH --job-name=gkd-precision_ab" in text
-    srun = [l for l in text.splitlines() if l.startswith("srun ")]
+    srun = [line for line in text.splitlines() if line.startswith("srun ")]
     assert len(srun) == 1 and "-m submitit.core._submit" in srun[0]
 
 
@@ -44,14 +49,24 @@ def test_each_node_gets_its_rank_and_the_shared_rendezvous(seed_dry_run):
     nodes = _node_blocks(seed_dry_run)
     assert sorted(nodes) == [0, 1]
     for rank, (env, swift_cmd, torchrun) in nodes.items():
-        assert env == {"NPROC_PER_NODE": "8", "NNODES": "2", "NODE_RANK": str(rank), "MASTER_ADDR": "node01",
-                       "MASTER_PORT": nodes[0][0]["MASTER_PORT"]}
+        assert env == {
+            "NPROC_PER_NODE": "8",
+            "NNODES": "2",
+            "NODE_RANK": str(rank),
+            "MASTER_ADDR": "node01",
+            "MASTER_PORT": nodes[0][0]["MASTER_PORT"],
+        }
         assert swift_cmd[:4] == ["megatron", "rlhf", "--rlhf_type", "gkd"]
         # one torchrun per node (ms-swift's), 8 processes on it
         assert torchrun[:3] == ["python", "-m", "torch.distributed.run"]
         flags = dict(zip(torchrun[3:13:2], torchrun[4:14:2]))
-        assert flags == {"--nproc_per_node": "8", "--master_port": env["MASTER_PORT"], "--nnodes": "2",
-                         "--node_rank": str(rank), "--master_addr": "node01"}
+        assert flags == {
+            "--nproc_per_node": "8",
+            "--master_port": env["MASTER_PORT"],
+            "--nnodes": "2",
+            "--node_rank": str(rank),
+            "--master_addr": "node01",
+        }
         assert torchrun[13].endswith("swift/cli/_megatron/rlhf.py")
         assert torchrun[14:] == swift_cmd[2:]
 
@@ -101,9 +116,23 @@ def test_cli_prints(capsys):
 def test_wrapped_command_is_the_same_command():
     from gkd_harness.launch.slurm import format_command
 
-    argv = ["python", "-m", "torch.distributed.run", "--nproc_per_node", "8", "--master_addr", "node01",
-            "/x/rlhf.py", "--model", "Qwen/Qwen3.5-0.8B", "--external_plugins", "/x/plugin.py", "--flag",
-            "--output_dir", "/runs/a=1,b=2/swift"]
+    argv = [
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "8",
+        "--master_addr",
+        "node01",
+        "/x/rlhf.py",
+        "--model",
+        "Qwen/Qwen3.5-0.8B",
+        "--external_plugins",
+        "/x/plugin.py",
+        "--flag",
+        "--output_dir",
+        "/runs/a=1,b=2/swift",
+    ]
     text = format_command(argv, wrap=True)
     assert shlex.split(text.replace("\\\n", " ")) == argv
     assert "\n    /x/rlhf.py \\" in text and "--external_plugins /x/plugin.py \\" in text

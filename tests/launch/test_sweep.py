@@ -80,29 +80,42 @@ def app(tmp_path):
 
 def _run(app, *overrides):
     env = {**os.environ, "GKD_OUTPUT_ROOT": str(app / "out"), "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "app.py", "-m", *overrides], cwd=app, env=env, capture_output=True,
-                          text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "app.py", "-m", *overrides], cwd=app, env=env, capture_output=True, text=True, timeout=240
+    )
     return proc, proc.stdout + proc.stderr
 
 
 def _summary_lines(text):
-    return [l for l in text.splitlines() if l.startswith("  ") and ("gkd.beta=" in l)]
+    return [line for line in text.splitlines() if line.startswith("  ") and ("gkd.beta=" in line)]
 
 
 @pytest.mark.parametrize("launcher", ["basic", "submitit_local"])
 def test_failing_point_does_not_stop_the_others_and_each_point_gets_a_line(app, launcher):
-    proc, out = _run(app, f"hydra/launcher={launcher}", "gkd.beta=0.1,0.5,0.9,1.0", "run.fail_beta=0.5",
-                     "hydra.callbacks.sweep_status.progress_interval_s=0")
+    proc, out = _run(
+        app,
+        f"hydra/launcher={launcher}",
+        "gkd.beta=0.1,0.5,0.9,1.0",
+        "run.fail_beta=0.5",
+        "hydra.callbacks.sweep_status.progress_interval_s=0",
+    )
     assert proc.returncode != 0, out  # Hydra re-raises the failed point after the batch
     sweep = app / "out" / "multirun" / "unit"
-    status = {d.name: json.loads((d / "summary.json").read_text())["status"]
-              for d in sweep.iterdir() if (d / "summary.json").exists()}
-    assert status == {"gkd.beta=0.1,run.fail_beta=0.5": "completed", "gkd.beta=0.5,run.fail_beta=0.5": "failed",
-                      "gkd.beta=0.9,run.fail_beta=0.5": "completed", "gkd.beta=1.0,run.fail_beta=0.5": "completed"}
+    status = {
+        d.name: json.loads((d / "summary.json").read_text())["status"]
+        for d in sweep.iterdir()
+        if (d / "summary.json").exists()
+    }
+    assert status == {
+        "gkd.beta=0.1,run.fail_beta=0.5": "completed",
+        "gkd.beta=0.5,run.fail_beta=0.5": "failed",
+        "gkd.beta=0.9,run.fail_beta=0.5": "completed",
+        "gkd.beta=1.0,run.fail_beta=0.5": "completed",
+    }
     lines = _summary_lines(out.split("summary, 4 points")[1])
     assert len(lines) == 4, out
-    assert sum(l.split()[0] == "completed" for l in lines) == 3
-    failed = [l for l in lines if l.split()[0] == "failed"]
+    assert sum(line.split()[0] == "completed" for line in lines) == 3
+    failed = [line for line in lines if line.split()[0] == "failed"]
     assert len(failed) == 1 and "gkd.beta=0.5" in failed[0] and "planned failure" in failed[0]
     assert "[sweep unit] summary, 4 points: 3 completed, 1 failed" in out
     verdict = json.loads((sweep / "gkd.beta=0.5,run.fail_beta=0.5" / ".hydra" / "job_return.json").read_text())
@@ -143,12 +156,15 @@ def test_progress_line_reports_done_failed_and_current_step(tmp_path):
     assert " elapsed, ETA " in line
 
 
-REFUSING_APP = APP.replace(  # as gkd_harness.harness.launcher.cli does when run_folder refuses a folder holding another config
-    '    out = Path(cfg.run.output_dir)\n',
-    '    out = Path(cfg.run.output_dir)\n'
-    '    if cfg.run.get("dataset") == "b":\n'
-    '        from gkd_harness.harness.launcher.cli import PointFailed\n'
-    '        return PointFailed(2, "ConfigMismatch: the folder holds a run of another config", refused=True)\n')
+REFUSING_APP = (
+    APP.replace(  # as gkd_harness.harness.launcher.cli does when run_folder refuses a folder holding another config
+        "    out = Path(cfg.run.output_dir)\n",
+        "    out = Path(cfg.run.output_dir)\n"
+        '    if cfg.run.get("dataset") == "b":\n'
+        "        from gkd_harness.harness.launcher.cli import PointFailed\n"
+        '        return PointFailed(2, "ConfigMismatch: the folder holds a run of another config", refused=True)\n',
+    )
+)
 assert REFUSING_APP != APP
 
 
@@ -181,8 +197,9 @@ def test_submitit_slurm_writes_the_manifest_before_it_submits(app):
     """hydra/launcher=submitit_slurm: the launching process writes sweep_manifest.json before submitit builds
     its SLURM executor. Without SLURM here, submitit then stops ("Could not detect srun"), so nothing was
     submitted and no point started, yet the plan is on disk for gkd-analyze to name the missing points."""
-    proc, out = _run(app, "hydra/launcher=submitit_slurm", "gkd.beta=0.1,0.5",
-                     "hydra.callbacks.sweep_status.progress_interval_s=0")
+    proc, out = _run(
+        app, "hydra/launcher=submitit_slurm", "gkd.beta=0.1,0.5", "hydra.callbacks.sweep_status.progress_interval_s=0"
+    )
     assert proc.returncode != 0 and "srun" in out, out
     sweep = app / "out" / "multirun" / "unit"
     manifest = json.loads((sweep / "sweep_manifest.json").read_text())
@@ -197,20 +214,35 @@ def test_a_sweep_of_invalid_points_exits_2_like_a_single_run(tmp_path):
     from tests.conftest import entry_point
 
     env = {**os.environ, "GKD_OUTPUT_ROOT": str(tmp_path / "out")}
-    proc = subprocess.run([entry_point("gkd-train"), "-m", "gkd.beta=1.5,0.5", "run.max_steps=1", "run.dry_run=true",
-                           "hydra.callbacks.sweep_status.progress_interval_s=0"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [
+            entry_point("gkd-train"),
+            "-m",
+            "gkd.beta=1.5,0.5",
+            "run.max_steps=1",
+            "run.dry_run=true",
+            "hydra.callbacks.sweep_status.progress_interval_s=0",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out
     assert "1 of 2 points have an invalid config (first: gkd.beta: must lie in [0, 1], got 1.5)" in out, out
 
 
-INVALID_APP = APP.replace(  # as gkd_harness.harness.launcher.cli does when validation refuses a point (ConfigError, exit 2)
-    '    out = Path(cfg.run.output_dir)\n',
-    '    out = Path(cfg.run.output_dir)\n'
-    '    if cfg.run.get("dataset") == "b":\n'
-    '        from gkd_harness.harness.launcher.cli import PointFailed\n'
-    '        return PointFailed(2, "ConfigError: run.dataset: b: row 1 has no assistant turn")\n')
+INVALID_APP = (
+    APP.replace(  # as gkd_harness.harness.launcher.cli does when validation refuses a point (ConfigError, exit 2)
+        "    out = Path(cfg.run.output_dir)\n",
+        "    out = Path(cfg.run.output_dir)\n"
+        '    if cfg.run.get("dataset") == "b":\n'
+        "        from gkd_harness.harness.launcher.cli import PointFailed\n"
+        '        return PointFailed(2, "ConfigError: run.dataset: b: row 1 has no assistant turn")\n',
+    )
+)
 assert INVALID_APP != APP
 
 
@@ -238,11 +270,12 @@ def test_an_invalid_rerun_writes_nothing_into_the_completed_folders(app):
     assert {n: _files(sweep / n) for n in names} == before  # not a byte changed in either completed folder
     log = (sweep / "refused_points.log").read_text().splitlines()
     assert [line.split(" ", 1)[1] for line in log] == [
-        f"refused: {n}: ConfigError: run.dataset: b: row 1 has no assistant turn" for n in names]
+        f"refused: {n}: ConfigError: run.dataset: b: row 1 has no assistant turn" for n in names
+    ]
     assert "[sweep unit] refused: gkd.beta=0.1: ConfigError: run.dataset" in out2
     assert "2 of 2 points have an invalid config (first: run.dataset: b: row 1 has no assistant turn)" in out2
     table = _summary_lines(out2.split("summary, 2 points")[1])
-    assert [l.split()[0] for l in table] == ["refused", "refused"], out2
+    assert [line.split()[0] for line in table] == ["refused", "refused"], out2
 
 
 def test_an_invalid_point_in_a_fresh_folder_still_records_its_failure_there(app):
@@ -252,8 +285,9 @@ def test_an_invalid_point_in_a_fresh_folder_still_records_its_failure_there(app)
     (app / "configs" / "train.yaml").write_text(TRAIN.replace("fail_beta: -1,", "fail_beta: -1, dataset: b,"))
     proc, out = _run(app, "gkd.beta=0.1", "hydra.callbacks.sweep_status.progress_interval_s=0")
     assert proc.returncode == 2, out
-    verdict = json.loads((app / "out" / "multirun" / "unit" / "gkd.beta=0.1" / ".hydra" / "job_return.json")
-                         .read_text())
+    verdict = json.loads(
+        (app / "out" / "multirun" / "unit" / "gkd.beta=0.1" / ".hydra" / "job_return.json").read_text()
+    )
     assert verdict == {"status": "FAILED", "error": "ConfigError: run.dataset: b: row 1 has no assistant turn"}
 
 
@@ -268,8 +302,9 @@ def test_gkd_train_rerun_of_a_completed_smoke_group_with_an_invalid_dataset_leav
     names = ["loss=continuous", "loss=fp32", "loss=original"]
     for name in names:
         (sweep / name / ".hydra").mkdir(parents=True)
-        (sweep / name / "summary.json").write_text(json.dumps({"status": "completed", "error": None,
-                                                               "last_step": 2, "config": {"run.max_steps": 2}}))
+        (sweep / name / "summary.json").write_text(
+            json.dumps({"status": "completed", "error": None, "last_step": 2, "config": {"run.max_steps": 2}})
+        )
         (sweep / name / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
         (sweep / name / ".hydra" / "job_return.json").write_text('{"status": "COMPLETED", "error": null}')
         (sweep / name / "cli.log").write_text("")  # Hydra's job log file, which it opens for every job
@@ -277,9 +312,20 @@ def test_gkd_train_rerun_of_a_completed_smoke_group_with_an_invalid_dataset_leav
     bad = tmp_path / "no_assistant.jsonl"
     bad.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     env = {**os.environ, "GKD_OUTPUT_ROOT": str(tmp_path / "out"), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([entry_point("gkd-train"), "-m", "experiment=smoke", f"run.dataset={bad}",
-                           "hydra.callbacks.sweep_status.progress_interval_s=0"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            entry_point("gkd-train"),
+            "-m",
+            "experiment=smoke",
+            f"run.dataset={bad}",
+            "hydra.callbacks.sweep_status.progress_interval_s=0",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out
     assert {n: _files(sweep / n) for n in names} == before, out
@@ -292,14 +338,20 @@ CANDIDATE = str(REPO / "examples" / "candidates" / "good_promote_first.py")
 
 
 def _planned_folders(out: str) -> list[str]:
-    return sorted(line.split("run folder ", 1)[1].strip() for line in out.splitlines()
-                  if line.startswith("# gkd-train dry run: run folder "))
+    return sorted(
+        line.split("run folder ", 1)[1].strip()
+        for line in out.splitlines()
+        if line.startswith("# gkd-train dry run: run folder ")
+    )
 
 
-@pytest.mark.parametrize("recipe,group", [
-    (["tracking.wandb.group=certify-my-pr"], "certify-my-pr"),  # README's recipe: a group of its own
-    ([], "smoke"),  # the recipe before it had one
-])
+@pytest.mark.parametrize(
+    "recipe,group",
+    [
+        (["tracking.wandb.group=certify-my-pr"], "certify-my-pr"),  # README's recipe: a group of its own
+        ([], "smoke"),  # the recipe before it had one
+    ],
+)
 def test_the_certify_recipe_plans_the_original_point_in_its_own_folder(tmp_path, recipe, group):
     """Issue 29, reproduction 4: ``loss.name`` / ``loss.source`` (set on every point of the sweep) named the
     original point's folder ``loss.name=my-pr,loss=original``, so upstream trained again beside its completed
@@ -307,10 +359,24 @@ def test_the_certify_recipe_plans_the_original_point_in_its_own_folder(tmp_path,
     from tests.conftest import entry_point
 
     env = {**os.environ, "GKD_OUTPUT_ROOT": str(tmp_path / "out"), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([entry_point("gkd-train"), "-m", "experiment=smoke", "loss=original,candidate",
-                           f"loss.source={CANDIDATE}", "loss.name=my-pr", *recipe,
-                           "run.dry_run=true", "hydra.callbacks.sweep_status.progress_interval_s=0"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            entry_point("gkd-train"),
+            "-m",
+            "experiment=smoke",
+            "loss=original,candidate",
+            f"loss.source={CANDIDATE}",
+            "loss.name=my-pr",
+            *recipe,
+            "run.dry_run=true",
+            "hydra.callbacks.sweep_status.progress_interval_s=0",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     sweep = tmp_path / "out" / "multirun" / group
@@ -330,10 +396,21 @@ def test_the_certify_recipe_after_a_smoke_sweep_leaves_the_original_folder_untou
     shutil.copytree(smoke_sweep, sweep)
     original = next(sweep.glob("loss=original,*"))
     before = _files(original)
-    proc = run_gkd_train(["experiment=smoke", "loss=original,candidate", f"loss.source={CANDIDATE}",
-                          "loss.name=my-pr", f"run.max_steps={SMOKE_STEPS}", "monitor.capture=true",
-                          f"tracking.wandb.group={SMOKE_GROUP}", "hydra.callbacks.sweep_status.progress_interval_s=0"],
-                         harness_env(tmp_path / "out"), tmp_path, multirun=True)
+    proc = run_gkd_train(
+        [
+            "experiment=smoke",
+            "loss=original,candidate",
+            f"loss.source={CANDIDATE}",
+            "loss.name=my-pr",
+            f"run.max_steps={SMOKE_STEPS}",
+            "monitor.capture=true",
+            f"tracking.wandb.group={SMOKE_GROUP}",
+            "hydra.callbacks.sweep_status.progress_interval_s=0",
+        ],
+        harness_env(tmp_path / "out"),
+        tmp_path,
+        multirun=True,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert _files(original) == before
@@ -342,13 +419,18 @@ def test_the_certify_recipe_after_a_smoke_sweep_leaves_the_original_folder_untou
     summary = json.loads((candidate / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["candidate"]["name"] == "my-pr"
     assert sorted(p.name.split(",")[0] for p in sweep.iterdir() if p.is_dir()) == [
-        "loss=candidate", "loss=continuous", "loss=fp32", "loss=original"]
+        "loss=candidate",
+        "loss=continuous",
+        "loss=fp32",
+        "loss=original",
+    ]
 
 
 SKIP_LOGGING_APP = APP.replace(  # as gkd_harness.harness.launcher.run does: a skipped point logs one line, then returns
     '        with open(out / "skipped", "a") as fh:\n            fh.write("x")\n',
-    '        import logging\n'
-    '        logging.getLogger("gkd_harness.train").info(f"{out}: completed earlier with the same config, skipping")\n')
+    "        import logging\n"
+    '        logging.getLogger("gkd_harness.train").info(f"{out}: completed earlier with the same config, skipping")\n',
+)
 assert SKIP_LOGGING_APP != APP
 
 

@@ -24,9 +24,16 @@ STEPS = 2
 def test_two_node_localhost_run(tmp_path):
     run_dir = tmp_path / "run"
     port = str(free_port())
-    overrides = ["experiment=smoke", "loss=original", f"run.max_steps={STEPS}", "run.grad_accum=1",
-                 "backend.nproc_per_node=1", "run.device=cpu", "tracking.wandb.mode=disabled",
-                 f"run.output_dir={run_dir}"]
+    overrides = [
+        "experiment=smoke",
+        "loss=original",
+        f"run.max_steps={STEPS}",
+        "run.grad_accum=1",
+        "backend.nproc_per_node=1",
+        "run.device=cpu",
+        "tracking.wandb.mode=disabled",
+        f"run.output_dir={run_dir}",
+    ]
     rcs, out = run_two_localhost_nodes(tmp_path, port, lambda node: overrides)
     assert rcs == [0, 0], f"node0:\n{tail(out[0])}\n\nnode1:\n{tail(out[1])}"
 

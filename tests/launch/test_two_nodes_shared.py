@@ -8,7 +8,6 @@ node 0 could see (on Megatron, the last rank writes ``metrics.jsonl`` and the dt
 "the harness plugin never reported" at best.
 """
 
-
 import pytest
 
 from gkd_harness.harness.launcher.node import free_port
@@ -20,8 +19,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.parallel]
 def test_node_local_run_folder_is_refused_at_train_begin(tmp_path):
     run_dirs = {0: tmp_path / "shared" / "run", 1: tmp_path / "node1_local" / "run"}
     port = str(free_port())
-    overrides = ["experiment=smoke", "loss=original", "run.max_steps=2", "run.grad_accum=1",
-                 "backend.nproc_per_node=1", "run.device=cpu", "tracking.wandb.mode=disabled"]
+    overrides = [
+        "experiment=smoke",
+        "loss=original",
+        "run.max_steps=2",
+        "run.grad_accum=1",
+        "backend.nproc_per_node=1",
+        "run.device=cpu",
+        "tracking.wandb.mode=disabled",
+    ]
     rcs, out = run_two_localhost_nodes(tmp_path, port, lambda node: [*overrides, f"run.output_dir={run_dirs[node]}"])
     assert rcs[0] != 0 and rcs[1] != 0, f"node0:\n{tail(out[0])}\n\nnode1:\n{tail(out[1])}"
 

@@ -3,6 +3,7 @@
 Everything here is marked ``vllm``; in an environment without vLLM the whole folder is skipped at collection
 (the main venv's CI run), and ``.ci/run`` runs it with ``.venv-vllm/bin/python -m pytest -m vllm tests/vllm``.
 """
+
 import importlib.util
 
 import pytest

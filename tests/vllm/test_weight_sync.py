@@ -4,6 +4,7 @@ generates from the new weights (checked against an independent FP64 HF forward).
 This is the in-process path ms-swift's colocate mode uses (``GRPOVllmEngine.inner_model.load_weights``),
 exercised directly on a tiny Qwen3 (head_dim 32) so a failure points at the switch, not at the trainer.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -25,16 +26,27 @@ def llm(tiny_model_dir):
     """An in-process vLLM CPU engine with the harness's prepack switch installed before it is built."""
     with pytest.MonkeyPatch.context() as mp:
         # in-process engine core (as ms-swift's colocate mode), and the CPU-lane settings of rollout_env
-        for k, v in {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_PLUGINS": "none", "VLLM_CPU_KVCACHE_SPACE": "1",
-                     "GKD_VLLM_CPU_NO_PREPACK": "1", "HF_HUB_OFFLINE": "1"}.items():
+        for k, v in {
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "VLLM_PLUGINS": "none",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "GKD_VLLM_CPU_NO_PREPACK": "1",
+            "HF_HUB_OFFLINE": "1",
+        }.items():
             mp.setenv(k, v)
         from gkd_harness.harness.rank.rollout_patches import install_rollout_patches
 
         assert "vllm_cpu_no_prepack" in install_rollout_patches()
         from vllm import LLM
 
-        engine = LLM(model=str(tiny_model_dir), dtype="float32", max_model_len=128, enforce_eager=True, seed=0,
-                     gpu_memory_utilization=0.3)
+        engine = LLM(
+            model=str(tiny_model_dir),
+            dtype="float32",
+            max_model_len=128,
+            enforce_eager=True,
+            seed=0,
+            gpu_memory_utilization=0.3,
+        )
         yield engine
         del engine
 
@@ -58,8 +70,11 @@ def vllm_next_token_logprobs(llm, prompt_ids, k):
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    out = llm.generate(TokensPrompt(prompt_token_ids=prompt_ids),
-                       SamplingParams(max_tokens=1, temperature=0.0, logprobs=k), use_tqdm=False)
+    out = llm.generate(
+        TokensPrompt(prompt_token_ids=prompt_ids),
+        SamplingParams(max_tokens=1, temperature=0.0, logprobs=k),
+        use_tqdm=False,
+    )
     top = out[0].outputs[0].logprobs[0]
     return {tok: lp.logprob for tok, lp in top.items()}
 
@@ -76,8 +91,10 @@ def test_engine_generates_from_synced_weights(llm, tiny_model_dir):
 
     hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     gen = torch.Generator().manual_seed(123)
-    new_state = {k: v + 0.5 * v.std() * torch.randn(v.shape, generator=gen) if v.ndim == 2 else v.clone()
-                 for k, v in hf.state_dict().items()}
+    new_state = {
+        k: v + 0.5 * v.std() * torch.randn(v.shape, generator=gen) if v.ndim == 2 else v.clone()
+        for k, v in hf.state_dict().items()
+    }
     prompt = [1, 40, 41, 42, 43, 44]
     k = 8
 

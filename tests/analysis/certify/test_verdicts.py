@@ -1,6 +1,7 @@
 """gkd-certify's verdicts on candidates a pull request could contain (issue 30): no false pass (a candidate that
 writes into its inputs, one that ignores the injected primitives), and every fail says why and how bad
 (severity, the recognised cause)."""
+
 import json
 
 import pytest
@@ -70,13 +71,16 @@ def test_a_broken_fix_is_a_defect(tmp_path):
     assert _family(cert, "mixed")["severity"] == "defect" and _family(cert, "mixed")["worst_ratio"] > 100
 
 
-@pytest.mark.parametrize("name,family,cause", [
-    ("beta_bf16", "beta 0, 0.5, 1", "β rounded to BF16"),
-    ("mean_not_sum", "mixed", "a mean instead of a sum"),
-    ("wrong_num_valid", "mixed", "a wrong num_valid"),
-    (EXAMPLES / "broken_promote_after_temperature.py", "temperature", "promotion after temperature"),
-    (EXAMPLES / "broken_clamp.py", "mixed", "a clamp (line"),
-])
+@pytest.mark.parametrize(
+    "name,family,cause",
+    [
+        ("beta_bf16", "beta 0, 0.5, 1", "β rounded to BF16"),
+        ("mean_not_sum", "mixed", "a mean instead of a sum"),
+        ("wrong_num_valid", "mixed", "a wrong num_valid"),
+        (EXAMPLES / "broken_promote_after_temperature.py", "temperature", "promotion after temperature"),
+        (EXAMPLES / "broken_clamp.py", "mixed", "a clamp (line"),
+    ],
+)
 def test_recognised_causes(tmp_path, name, family, cause):
     path = name if not isinstance(name, str) else write(name, tmp_path)
     cert = certify(load(str(path), None, "paper", ()), quick=True, only=[family.split(" ")[0]])
@@ -94,8 +98,12 @@ def test_a_correct_promote_first_fix_passes_strict():
 
 
 def test_strict_still_fails_a_candidate_worse_than_upstream_in_fp32():
-    cert = certify(load(str(EXAMPLES / "broken_student_only.py"), None, "paper", ()), quick=True, strict=True,
-                   only=["vocab-parallel primitives", "BF16 gradient"])
+    cert = certify(
+        load(str(EXAMPLES / "broken_student_only.py"), None, "paper", ()),
+        quick=True,
+        strict=True,
+        only=["vocab-parallel primitives", "BF16 gradient"],
+    )
     assert cert["verdict"] == "FAIL"
     assert all("upstream in FP32" in f["failing"][0]["note"] for f in cert["families"] if f["failing"])
 

@@ -7,6 +7,7 @@ the candidate's source. Now a non-candidate loss carries neither key (``gkd_harn
 neither names a folder (``configs/hydra/default.yaml``): the original point is the same point as in any other
 sweep of the group.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 
 from gkd_harness.harness.config.flat import flatten
 from gkd_harness.harness.config.schema import LossConfig, from_dict, to_dict
-from gkd_harness.harness.launcher.compose import compose, point_config
+from gkd_harness.harness.launcher.compose import point_config
 
 REPO = Path(__file__).resolve().parents[3]
 CANDIDATE = str(REPO / "examples" / "candidates" / "good_promote_first.py")

@@ -1,6 +1,7 @@
 """Local datasets checked at validation, before any model loads (issue 24, item 5): before the fix an empty jsonl
 failed 72 s later with ``StopIteration``, a malformed line 55 s later with the row only in swift.log, and rows
 without an assistant turn trained to "completed" with loss 0.0."""
+
 from __future__ import annotations
 
 import json
@@ -35,7 +36,7 @@ def test_an_empty_file_is_named(tmp_path):
 
 
 def test_a_malformed_line_is_named_by_number(tmp_path):
-    msg = _error(tmp_path, json.dumps(GOOD) + "\n" + json.dumps(GOOD) + "\n{\"messages\": [\n")
+    msg = _error(tmp_path, json.dumps(GOOD) + "\n" + json.dumps(GOOD) + '\n{"messages": [\n')
     assert "train.jsonl line 3 is not valid JSON" in msg and len(msg.splitlines()) == 1
 
 
@@ -43,12 +44,16 @@ def test_a_row_without_an_assistant_turn_is_refused_unless_on_policy(tmp_path):
     text = json.dumps(GOOD) + "\n" + json.dumps(PROMPT_ONLY) + "\n"
     assert "line 2 has no assistant turn" in _error(tmp_path, text)
     from gkd_harness.harness.config.dataset_rules import check_dataset  # on-policy: the student writes every response
+
     check_dataset("run.dataset", str(tmp_path / "train.jsonl"), on_policy=True)
 
 
 def test_other_formats_with_a_response_pass(tmp_path):
-    rows = [GOOD, {"query": "q", "response": "r"}, {"conversations": [{"from": "human", "value": "q"},
-                                                                     {"from": "gpt", "value": "a"}]}]
+    rows = [
+        GOOD,
+        {"query": "q", "response": "r"},
+        {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]},
+    ]
     _validate(tmp_path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -86,11 +91,17 @@ def test_an_uncached_hub_dataset_is_refused_when_offline(tmp_path, monkeypatch):
     _hub_cache(tmp_path, monkeypatch, "example-org/cached")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     for key in ("run.dataset", "monitor.eval.dataset"):
-        with pytest.raises(ConfigError, match=rf"^{key}: 'HF::example-org/missing:default#200' is not a local file "
-                                              "and hub dataset example-org/missing is not in the Hugging Face cache"):
-            validate_config(_hub_cfg(tmp_path, "run.dataset=example-org/cached",
-                                     f"{key}='HF::example-org/missing:default#200'"))
-    validate_config(_hub_cfg(tmp_path, "run.dataset='example-org/cached#200'", "monitor.eval.dataset=example-org/cached"))
+        with pytest.raises(
+            ConfigError,
+            match=rf"^{key}: 'HF::example-org/missing:default#200' is not a local file "
+            "and hub dataset example-org/missing is not in the Hugging Face cache",
+        ):
+            validate_config(
+                _hub_cfg(tmp_path, "run.dataset=example-org/cached", f"{key}='HF::example-org/missing:default#200'")
+            )
+    validate_config(
+        _hub_cfg(tmp_path, "run.dataset='example-org/cached#200'", "monitor.eval.dataset=example-org/cached")
+    )
     validate_config(_hub_cfg(tmp_path, "run.dataset=example-org/missing", "run.dry_run=true"))  # plans for other nodes
     monkeypatch.delenv("HF_HUB_OFFLINE")
     validate_config(_hub_cfg(tmp_path, "run.dataset=example-org/missing"))  # online: ms-swift downloads it
@@ -113,10 +124,21 @@ def test_gkd_train_refuses_an_uncached_hub_dataset_in_one_line(tmp_path):
 
     from tests.conftest import entry_point
 
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(tmp_path / "hub"),
-           "GKD_OUTPUT_ROOT": str(tmp_path / "out")}
-    proc = subprocess.run([entry_point("gkd-train"), "run.dataset=example-org/missing"], capture_output=True,
-                          text=True, timeout=300, env=env, cwd=tmp_path)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_CACHE": str(tmp_path / "hub"),
+        "GKD_OUTPUT_ROOT": str(tmp_path / "out"),
+    }
+    proc = subprocess.run(
+        [entry_point("gkd-train"), "run.dataset=example-org/missing"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gkd-train: invalid config: run.dataset: 'example-org/missing'")

@@ -2,6 +2,7 @@
 (``--beta 0.9`` used to reach ms-swift after the harness's ``--beta 0.5`` while wandb recorded 0.5), and a
 credential-looking flag or value is refused (``--hub_token hf_...`` used to reach 15 files). Before the fix each of
 these validated."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,11 +18,17 @@ def _error(extra: str) -> str:
     return str(err.value)
 
 
-@pytest.mark.parametrize("extra,key", [
-    ("[--beta,0.9]", "gkd.beta"), ("['--temperature=2']", "gkd.temperature"), ("[--max-steps,9]", "run.max_steps"),
-    ("[--deepspeed,zero3]", "backend.deepspeed"), ("[--lora_rank,8,--seed,3]", "run.seed"),
-    ("[--vllm_gpu_memory_utilization,0.5]", "rollout.*"),
-])
+@pytest.mark.parametrize(
+    "extra,key",
+    [
+        ("[--beta,0.9]", "gkd.beta"),
+        ("['--temperature=2']", "gkd.temperature"),
+        ("[--max-steps,9]", "run.max_steps"),
+        ("[--deepspeed,zero3]", "backend.deepspeed"),
+        ("[--lora_rank,8,--seed,3]", "run.seed"),
+        ("[--vllm_gpu_memory_utilization,0.5]", "rollout.*"),
+    ],
+)
 def test_a_flag_the_harness_sets_names_the_key_to_use(extra, key):
     msg = _error(extra)
     assert msg.startswith("run.extra_args: ") and f"use the config key {key} instead" in msg
@@ -31,8 +38,10 @@ def test_a_flag_only_the_harness_may_set_is_refused():
     assert "set by the harness and cannot be overridden" in _error("[--external_plugins,x.py]")
 
 
-@pytest.mark.parametrize("extra", ["[--hub_token,abc]", "['--hub-token=abc']", "[--push_to_hub_token,x]",
-                                   "[--hub_model_id,hf_abcdefghijklmnop]"])
+@pytest.mark.parametrize(
+    "extra",
+    ["[--hub_token,abc]", "['--hub-token=abc']", "[--push_to_hub_token,x]", "[--hub_model_id,hf_abcdefghijklmnop]"],
+)
 def test_credential_looking_flags_and_values_are_refused(extra):
     msg = _error(extra)
     assert "looks like a credential" in msg and "abcdefghijklmnop" not in msg

@@ -1,4 +1,5 @@
 """gkd_harness.harness.config.flat: the one flattener of config trees."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,7 +19,11 @@ def test_flatten_keeps_lists_and_empty_mappings_and_reads_dataclasses():
         loss: Loss = dataclasses.field(default_factory=Loss)
         tags: list = dataclasses.field(default_factory=lambda: ["a"])
 
-    assert flatten({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": {}, "f": None}) == {"a.b": 1, "a.c.d": [1, 2], "e": {},
-                                                                               "f": None}
+    assert flatten({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": {}, "f": None}) == {
+        "a.b": 1,
+        "a.c.d": [1, 2],
+        "e": {},
+        "f": None,
+    }
     assert flatten(Cfg()) == {"loss.precision": "fp32", "loss.extra": {}, "tags": ["a"]}
     assert flatten({}) == {}

@@ -1,6 +1,7 @@
 """Group, run and tag names are folder and wandb names (issue 24, item 4): before the fix
 ``tracking.wandb.group=../../../x`` wrote the run outside the output root, an empty group or ``.`` made
 ``outputs/runs`` itself the run folder, and a newline was accepted."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,12 +13,18 @@ from gkd_harness.harness.launcher.compose import point_config
 from tests.harness.config.test_validate import base_cfg
 
 
-@pytest.mark.parametrize("override,key", [
-    ("tracking.wandb.group=../../../x", "tracking.wandb.group"), ("tracking.wandb.group=''", "tracking.wandb.group"),
-    ("tracking.wandb.group=.", "tracking.wandb.group"), ("tracking.wandb.group=a/b", "tracking.wandb.group"),
-    ("tracking.wandb.group='a\nb'", "tracking.wandb.group"), ("run.name=x/../y", "run.name"),
-    ("tracking.wandb.tags=[ok,'a\tb']", "tracking.wandb.tags[1]"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("tracking.wandb.group=../../../x", "tracking.wandb.group"),
+        ("tracking.wandb.group=''", "tracking.wandb.group"),
+        ("tracking.wandb.group=.", "tracking.wandb.group"),
+        ("tracking.wandb.group=a/b", "tracking.wandb.group"),
+        ("tracking.wandb.group='a\nb'", "tracking.wandb.group"),
+        ("run.name=x/../y", "run.name"),
+        ("tracking.wandb.tags=[ok,'a\tb']", "tracking.wandb.tags[1]"),
+    ],
+)
 def test_unsafe_names_are_refused_naming_the_key(override, key):
     with pytest.raises(ConfigError) as err:
         validate_config(base_cfg(override))
@@ -46,13 +53,16 @@ import dataclasses  # noqa: E402
 import typing  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from gkd_harness.harness.config.name_rules import (NOT_NAME_KEYS, OWNED_TAG_PREFIXES, OWNED_TAGS,  # noqa: E402
-                                       run_folder_name)
+from gkd_harness.harness.config.name_rules import NOT_NAME_KEYS, OWNED_TAG_PREFIXES, OWNED_TAGS, run_folder_name  # noqa: E402
 
 #: one composed config per schema variant, so that every string key of every variant is walked
-VARIANTS = ((), ("backend=megatron", "model.student_dtype=null", "model.teacher_dtype=null"), ("rollout=hf", "gkd.lmbda=0.5"),
-            ("rollout=vllm_colocate", "gkd.lmbda=0.5"),
-            ("rollout=vllm_server", "gkd.lmbda=0.5", "rollout.vllm.server.host=127.0.0.1"))
+VARIANTS = (
+    (),
+    ("backend=megatron", "model.student_dtype=null", "model.teacher_dtype=null"),
+    ("rollout=hf", "gkd.lmbda=0.5"),
+    ("rollout=vllm_colocate", "gkd.lmbda=0.5"),
+    ("rollout=vllm_server", "gkd.lmbda=0.5", "rollout.vllm.server.host=127.0.0.1"),
+)
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -95,8 +105,13 @@ def test_every_string_key_that_reaches_a_folder_name_refuses_a_parent_path():
     """The hidden-key walk: for every string key of the schema (every variant) outside NOT_NAME_KEYS, a `../`
     value is refused in one line naming that key. Before the fix loss.name, model.template, ... passed."""
     walked = _walked()
-    assert {"loss.name", "model.template", "backend.recompute_granularity", "rollout.vllm.server.host",
-            "tracking.wandb.entity"} <= set(walked)  # the walk reaches the variants' keys
+    assert {
+        "loss.name",
+        "model.template",
+        "backend.recompute_granularity",
+        "rollout.vllm.server.host",
+        "tracking.wandb.entity",
+    } <= set(walked)  # the walk reaches the variants' keys
     assert NOT_NAME_KEYS <= set(walked), NOT_NAME_KEYS - set(walked)  # no stale exemption
     missed = []
     for key, (base, kind) in sorted(walked.items()):
@@ -124,8 +139,15 @@ def test_keys_that_hold_paths_never_reach_a_folder_name():
     assert NOT_NAME_KEYS <= excluded, NOT_NAME_KEYS - excluded
 
 
-@pytest.mark.parametrize("override", ["model.template=../../../../../ESC", "model.model_type=a/b",
-                                      "loss.beta_form=../../../../ESC", "gkd.beta=0.5 model.template=/etc"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "model.template=../../../../../ESC",
+        "model.model_type=a/b",
+        "loss.beta_form=../../../../ESC",
+        "gkd.beta=0.5 model.template=/etc",
+    ],
+)
 def test_an_unsafe_override_never_makes_a_folder_outside_the_output_root(tmp_path, monkeypatch, override):
     """Hydra makes the run folder before the job validates: an override_dirname that is not one folder name is
     swapped for the stand-in (before: runs/<group>/model.template=../../../../../ESC left the output root)."""

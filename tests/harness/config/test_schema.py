@@ -6,9 +6,8 @@
   ms-swift's ranks receives the config in that form).
 * Validating a bad value takes well under 2 s and imports neither torch nor ms-swift.
 """
-from __future__ import annotations
 
-from gkd_harness.harness.config.flat import flatten
+from __future__ import annotations
 
 import dataclasses
 import json
@@ -20,9 +19,18 @@ import pytest
 from omegaconf import MISSING
 
 import gkd_harness.harness.config.schema as config_module
+from gkd_harness.harness.config.flat import flatten
+from gkd_harness.harness.config.schema import (
+    ConfigError,
+    HFBackendConfig,
+    MegatronBackendConfig,
+    TrainConfig,
+    VllmColocateRolloutConfig,
+    from_dict,
+    to_dict,
+    to_typed,
+)
 from gkd_harness.harness.launcher.compose import compose, point_config
-from gkd_harness.harness.config.schema import (ConfigError, HFBackendConfig, MegatronBackendConfig, TrainConfig, VllmColocateRolloutConfig,
-                            from_dict, to_dict, to_typed)
 
 REPO = Path(__file__).resolve().parents[3]
 EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "experiment").glob("*.yaml"))
@@ -37,17 +45,20 @@ def preset_overrides(experiment: str | None) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- types at compose
-@pytest.mark.parametrize("overrides,key", [
-    (["gkd.beta=abc"], "gkd.beta"),
-    (["run.seed=x"], "run.seed"),
-    (["gkd.topk=2.5"], "gkd.topk"),
-    (["run.resume=maybe"], "run.resume"),
-    (["model.embedded.hidden_size=wide"], "model.embedded.hidden_size"),
-    (["monitor.spot_check.max_tokens=many"], "monitor.spot_check.max_tokens"),
-    (["backend=megatron", "backend.tensor_model_parallel_size=two"], "backend.tensor_model_parallel_size"),
-    (["rollout=vllm_colocate", "rollout.vllm.gpu_memory_utilization=most"], "rollout.vllm.gpu_memory_utilization"),
-    (["tracking.wandb.tags=notalist"], "tracking.wandb.tags"),
-])
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["gkd.beta=abc"], "gkd.beta"),
+        (["run.seed=x"], "run.seed"),
+        (["gkd.topk=2.5"], "gkd.topk"),
+        (["run.resume=maybe"], "run.resume"),
+        (["model.embedded.hidden_size=wide"], "model.embedded.hidden_size"),
+        (["monitor.spot_check.max_tokens=many"], "monitor.spot_check.max_tokens"),
+        (["backend=megatron", "backend.tensor_model_parallel_size=two"], "backend.tensor_model_parallel_size"),
+        (["rollout=vllm_colocate", "rollout.vllm.gpu_memory_utilization=most"], "rollout.vllm.gpu_memory_utilization"),
+        (["tracking.wandb.tags=notalist"], "tracking.wandb.tags"),
+    ],
+)
 def test_wrong_type_fails_at_compose_naming_the_full_key(overrides, key):
     with pytest.raises(ConfigError) as err:
         compose(overrides)
@@ -55,17 +66,25 @@ def test_wrong_type_fails_at_compose_naming_the_full_key(overrides, key):
     assert str(err.value).startswith(f"{key}: ") and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("override,key", [("gkd.gamma=1", "gkd.gamma"), ("run.stepz=3", "run.stepz"),
-                                          ("backend.tp=2", "backend.tp")])
+@pytest.mark.parametrize(
+    "override,key", [("gkd.gamma=1", "gkd.gamma"), ("run.stepz=3", "run.stepz"), ("backend.tp=2", "backend.tp")]
+)
 def test_unknown_key_is_refused_at_compose(override, key):
     with pytest.raises(ConfigError) as err:
         compose([override])
     assert key in str(err.value), str(err.value)
 
 
-@pytest.mark.parametrize("override,key", [("+gkd.gamma=1", "gkd.gamma"), ("+run.stepz=3", "run.stepz"),
-                                          ("+backend.tp=2", "backend.tp"), ("+newgroup.x=1", "newgroup"),
-                                          ("+model.embedded.width=3", "model.embedded.width")])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("+gkd.gamma=1", "gkd.gamma"),
+        ("+run.stepz=3", "run.stepz"),
+        ("+backend.tp=2", "backend.tp"),
+        ("+newgroup.x=1", "newgroup"),
+        ("+model.embedded.width=3", "model.embedded.width"),
+    ],
+)
 def test_appended_unknown_key_is_refused_when_the_job_types_its_config(override, key):
     """Hydra's ``+key=value`` appends past the schema's struct flag; the typed config (what every job builds
     first) refuses the key."""
@@ -93,15 +112,22 @@ def test_wrong_type_is_refused_by_from_dict_naming_the_full_key():
 
 # ---------------------------------------------------------------------------------------------- no code defaults
 def schema_classes() -> list[type]:
-    return [obj for obj in vars(config_module).values()
-            if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == config_module.__name__]
+    return [
+        obj
+        for obj in vars(config_module).values()
+        if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == config_module.__name__
+    ]
 
 
 def test_every_schema_field_defaults_to_missing():
     classes = schema_classes()
     assert TrainConfig in classes and len(classes) >= 20
-    with_default = [f"{cls.__name__}.{f.name}" for cls in classes for f in dataclasses.fields(cls)
-                    if f.default is not MISSING or f.default_factory is not dataclasses.MISSING]
+    with_default = [
+        f"{cls.__name__}.{f.name}"
+        for cls in classes
+        for f in dataclasses.fields(cls)
+        if f.default is not MISSING or f.default_factory is not dataclasses.MISSING
+    ]
     assert with_default == []
 
 
@@ -157,17 +183,21 @@ print(elapsed)
 def test_validation_of_a_bad_value_imports_neither_torch_nor_swift():
     """Imports, compose and validation together, in a fresh interpreter, name the key without loading torch, ms-swift,
     transformers or megatron (what keeps a config error quick; its time is printed, not asserted)."""
-    proc = subprocess.run([sys.executable, "-c", VALIDATE_BAD_VALUE], cwd=REPO, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", VALIDATE_BAD_VALUE], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     print(f"validation of a bad value in a fresh interpreter: {float(proc.stdout.strip().splitlines()[-1]):.2f} s")
 
 
-@pytest.mark.parametrize("overrides,key", [
-    (["backend=megatron", "backend.name=ds"], "backend.name"),
-    (["rollout=hf", "gkd.lmbda=1", "rollout.engine=sglang"], "rollout.engine"),
-    (["rollout=vllm_colocate", "gkd.lmbda=1", "rollout.vllm.mode=remote"], "rollout.vllm.mode"),
-])
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["backend=megatron", "backend.name=ds"], "backend.name"),
+        (["rollout=hf", "gkd.lmbda=1", "rollout.engine=sglang"], "rollout.engine"),
+        (["rollout=vllm_colocate", "gkd.lmbda=1", "rollout.vllm.mode=remote"], "rollout.vllm.mode"),
+    ],
+)
 def test_unknown_discriminator_is_named_not_a_key_of_the_fallback_class(overrides, key):
     """backend.name / rollout.engine / rollout.vllm.mode pick the group's dataclass; an unknown value is the error
     (before the fix: ``rollout.log_completions: unknown key``, ``backend.bf16: unknown key``)."""

@@ -1,35 +1,58 @@
 """Config trees (one flatten, secrets), metric records, the wandb env mapping, run identity and the fallback."""
+
 import json
 import textwrap
 from pathlib import Path
 
-
-from gkd_harness.harness.config.secrets import REDACTED, find_secret_keys, is_secret_key, redact, redact_name, redact_text, secret_env_var, secret_overrides, secret_refusal, secret_values
+from gkd_harness.harness.config.secrets import (
+    REDACTED,
+    find_secret_keys,
+    is_secret_key,
+    redact,
+    redact_name,
+    redact_text,
+    secret_env_var,
+    secret_overrides,
+    secret_refusal,
+    secret_values,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-
-
 def test_redact_secrets_but_not_token_counts():
-    cfg = {"tracking": {"wandb": {"api_key": "abc123", "project": "p"}}, "hub_token": "hf_x", "WANDB_API_KEY": "k",
-           "monitor": {"spot_check": {"max_tokens": 256}}, "password": "pw", "secret": None}
+    cfg = {
+        "tracking": {"wandb": {"api_key": "abc123", "project": "p"}},
+        "hub_token": "hf_x",
+        "WANDB_API_KEY": "k",
+        "monitor": {"spot_check": {"max_tokens": 256}},
+        "password": "pw",
+        "secret": None,
+    }
     out = redact(cfg)
     assert out["tracking"]["wandb"] == {"api_key": REDACTED, "project": "p"}
     assert out["hub_token"] == REDACTED and out["WANDB_API_KEY"] == REDACTED and out["password"] == REDACTED
     assert out["monitor"]["spot_check"]["max_tokens"] == 256
     assert "abc123" not in json.dumps(out) and "hf_x" not in json.dumps(out)
-    assert redact({"tracking.wandb.api_key": "abc", "gkd.beta": 0.5}) == {"tracking.wandb.api_key": REDACTED,
-                                                                          "gkd.beta": 0.5}
+    assert redact({"tracking.wandb.api_key": "abc", "gkd.beta": 0.5}) == {
+        "tracking.wandb.api_key": REDACTED,
+        "gkd.beta": 0.5,
+    }
 
 
 def test_find_secret_keys_at_any_depth_with_the_env_var_to_use():
-    tree = {"tracking": {"wandb": {"api_key": "k1", "project": "p"}},
-            "model": {"hub_token": "hf_1", "max_tokens": 5, "token_budget": 3},
-            "run": {"extra_args": [{"password": "pw"}], "secret": None, "db_secret": ""},
-            "modelscope_token": "m"}
-    assert find_secret_keys(tree) == ["tracking.wandb.api_key", "model.hub_token", "run.extra_args.0.password",
-                                      "modelscope_token"]
+    tree = {
+        "tracking": {"wandb": {"api_key": "k1", "project": "p"}},
+        "model": {"hub_token": "hf_1", "max_tokens": 5, "token_budget": 3},
+        "run": {"extra_args": [{"password": "pw"}], "secret": None, "db_secret": ""},
+        "modelscope_token": "m",
+    }
+    assert find_secret_keys(tree) == [
+        "tracking.wandb.api_key",
+        "model.hub_token",
+        "run.extra_args.0.password",
+        "modelscope_token",
+    ]
     assert secret_values(tree) == ["hf_1", "k1", "pw", "m"]
     assert secret_env_var("tracking.wandb.api_key") == "WANDB_API_KEY"
     assert secret_env_var("+tracking.wandb.api_key") == "WANDB_API_KEY"
@@ -41,8 +64,16 @@ def test_find_secret_keys_at_any_depth_with_the_env_var_to_use():
 
 
 def test_secret_overrides_on_the_command_line():
-    argv = ["-m", "+tracking.wandb.api_key=abc", "++model.hub_token='hf_x'", "gkd.beta=0.5,0.9",
-            "monitor.spot_check.max_tokens=8", "tracking.wandb.api_key=null", "~run.password", "--multirun"]
+    argv = [
+        "-m",
+        "+tracking.wandb.api_key=abc",
+        "++model.hub_token='hf_x'",
+        "gkd.beta=0.5,0.9",
+        "monitor.spot_check.max_tokens=8",
+        "tracking.wandb.api_key=null",
+        "~run.password",
+        "--multirun",
+    ]
     assert secret_overrides(argv) == ["tracking.wandb.api_key", "model.hub_token"]
 
 
@@ -62,8 +93,9 @@ def test_redact_text_covers_overrides_yaml_lines_and_values():
     assert "abcd1234" not in out
     assert "- gkd.beta=0.5" in out and "max_tokens: 7" in out and "secret: null" in out
     assert f"api_key: {REDACTED}" in out and f"+tracking.wandb.api_key={REDACTED},gkd.beta=0.5" in out
-    assert redact_name("+tracking.wandb.api_key=abcd1234,gkd.beta=0.5") == \
-        "+tracking.wandb.api_key=REDACTED,gkd.beta=0.5"
+    assert (
+        redact_name("+tracking.wandb.api_key=abcd1234,gkd.beta=0.5") == "+tracking.wandb.api_key=REDACTED,gkd.beta=0.5"
+    )
     assert redact_name("gkd.beta=0.5,loss=fp32") == "gkd.beta=0.5,loss=fp32"
 
 
@@ -75,13 +107,17 @@ def test_a_credential_looking_value_is_a_secret_under_any_key():
     """Before the fix only the key counted: `run.dataset=hf_...` was accepted and written unredacted into 11 files."""
     from gkd_harness.harness.config.secrets import looks_like_credential
 
-    tree = {"run": {"dataset": TOKEN, "extra_args": ["--lr", f"--hub_model_id={TOKEN}", TOKEN], "name": "hf_dataset_name"},
-            "model": {"template": f"data/{TOKEN}.jsonl"}}
+    tree = {
+        "run": {"dataset": TOKEN, "extra_args": ["--lr", f"--hub_model_id={TOKEN}", TOKEN], "name": "hf_dataset_name"},
+        "model": {"template": f"data/{TOKEN}.jsonl"},
+    }
     assert find_secret_keys(tree) == ["run.dataset", "run.extra_args", "model.template"]
     assert TOKEN in secret_values(tree) and f"data/{TOKEN}.jsonl" in secret_values(tree)
     assert TOKEN not in json.dumps(redact(tree)) and redact(tree)["run"]["name"] == "hf_dataset_name"
-    assert redact_text(f"- run.dataset={TOKEN}\n  dataset: {TOKEN}\n#0 : run.extra_args=[--hub_token,{TOKEN}]") == \
-        f"- run.dataset={REDACTED}\n  dataset: {REDACTED}\n#0 : run.extra_args=[--hub_token,{REDACTED}]"
+    assert (
+        redact_text(f"- run.dataset={TOKEN}\n  dataset: {TOKEN}\n#0 : run.extra_args=[--hub_token,{TOKEN}]")
+        == f"- run.dataset={REDACTED}\n  dataset: {REDACTED}\n#0 : run.extra_args=[--hub_token,{REDACTED}]"
+    )
     for value in (TOKEN, "sk-" + "a1" * 12, "wandb_v1_abc"):
         assert looks_like_credential(value), value
     for value in ("hf_dataset_name", "hf_x", "qwen3", "/data/train.jsonl", "max_tokens", "0123abc"):
@@ -97,6 +133,13 @@ def test_a_credential_looking_value_is_a_secret_under_any_key():
 def test_credential_flags_and_values_inside_overrides_are_refused_before_hydra():
     """Before the fix `run.extra_args=[--hub_token,hf_...]` passed the pre-Hydra check (validation refused it
     later), so the token reached multirun.yaml twice and Hydra's launch line."""
-    argv = ["-m", f"run.extra_args=[--hub_token,{TOKEN}]", "run.extra_args=[--hub-token=abc]",
-            f"run.dataset={TOKEN}", "run.extra_args=[--max_tokens,8]", "gkd.beta=0.5", "run.dataset=hf_dataset_name"]
+    argv = [
+        "-m",
+        f"run.extra_args=[--hub_token,{TOKEN}]",
+        "run.extra_args=[--hub-token=abc]",
+        f"run.dataset={TOKEN}",
+        "run.extra_args=[--max_tokens,8]",
+        "gkd.beta=0.5",
+        "run.dataset=hf_dataset_name",
+    ]
     assert secret_overrides(argv) == ["run.extra_args", "run.extra_args", "run.dataset"]

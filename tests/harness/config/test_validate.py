@@ -4,14 +4,15 @@ Each value is given the way a user gives it (a Hydra override, composed for real
 type fails at compose time (the schema), a value out of range at ``validate_config``. Either way the error is a
 :class:`ConfigError` whose message names the full key.
 """
+
 import json
 
 import pytest
 
-from gkd_harness.harness.launcher.compose import point_config
 from gkd_harness.harness.config.schema import ConfigError
-from gkd_harness.harness.launcher.run import train
 from gkd_harness.harness.config.validate import validate_config
+from gkd_harness.harness.launcher.compose import point_config
+from gkd_harness.harness.launcher.run import train
 from tests.launch.helpers import with_value
 
 
@@ -35,31 +36,69 @@ def config_error(*overrides) -> ConfigError:
 
 def test_default_config_is_valid():
     validate_config(base_cfg())
-    validate_config(base_cfg("loss=original", "gkd.topk=8", "gkd.beta=0", "backend=megatron",
-                             "model.student_dtype=null", "model.teacher_dtype=null"))
+    validate_config(
+        base_cfg(
+            "loss=original",
+            "gkd.topk=8",
+            "gkd.beta=0",
+            "backend=megatron",
+            "model.student_dtype=null",
+            "model.teacher_dtype=null",
+        )
+    )
 
 
-@pytest.mark.parametrize("key,value", [
-    ("loss.precision", "fp16"), ("loss.beta_form", "swapped"),
-    ("gkd.beta", "-0.1"), ("gkd.beta", "1.5"), ("gkd.beta", "half"), ("gkd.beta", "nan"),
-    ("gkd.temperature", "0"), ("gkd.temperature", "-1.0"), ("gkd.temperature", "null"),
-    ("gkd.topk", "0"), ("gkd.topk", "513"), ("gkd.topk", "2.5"),
-    ("gkd.sft_alpha", "-1.0"), ("gkd.seq_kd", "true"), ("gkd.lmbda", "0.5"), ("gkd.lmbda", "2.0"),
-    ("model.student_dtype", "fp8"), ("model.teacher_dtype", "half"), ("model.torch_dtype", "int8"),
-    ("model.student", "/nonexistent/student"), ("model.teacher", "./no/such/teacher"),
-    ("model.embedded.num_kv_heads", "3"), ("model.embedded.vocab_size", "100"),
-    ("model.embedded.teacher_noise", "-1.0"), ("model.embedded.teacher", "oracle"),
-    ("backend.name", "deepspeed"), ("backend.nproc_per_node", "0"),
-    ("run.max_steps", "0"), ("run.seed", "x"), ("run.grad_accum", "0"), ("run.per_device_batch_size", "0"),
-    ("run.learning_rate", "-1.0"), ("run.device", "tpu"), ("run.save_steps", "0"),
-    # booleans: OmegaConf's own coercion accepts true/false, yes/no, on/off and integers; words else are refused
-    ("run.resume", "maybe"),
-    ("monitor.enabled", "often"), ("monitor.spot_check.every_n_steps", "-1"), ("monitor.spot_check.max_tokens", "0"),
-    ("monitor.spot_check.param_grad", "often"), ("monitor.capture", "sometimes"),
-    ("monitor.capture_max_tokens", "0"), ("monitor.capture_max_tokens", "all"),
-    ("tracking.wandb.mode", "cloud"), ("tracking.wandb.tags", "'a,b'"),
-    ("rollout.engine", "sglang"),
-])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("loss.precision", "fp16"),
+        ("loss.beta_form", "swapped"),
+        ("gkd.beta", "-0.1"),
+        ("gkd.beta", "1.5"),
+        ("gkd.beta", "half"),
+        ("gkd.beta", "nan"),
+        ("gkd.temperature", "0"),
+        ("gkd.temperature", "-1.0"),
+        ("gkd.temperature", "null"),
+        ("gkd.topk", "0"),
+        ("gkd.topk", "513"),
+        ("gkd.topk", "2.5"),
+        ("gkd.sft_alpha", "-1.0"),
+        ("gkd.seq_kd", "true"),
+        ("gkd.lmbda", "0.5"),
+        ("gkd.lmbda", "2.0"),
+        ("model.student_dtype", "fp8"),
+        ("model.teacher_dtype", "half"),
+        ("model.torch_dtype", "int8"),
+        ("model.student", "/nonexistent/student"),
+        ("model.teacher", "./no/such/teacher"),
+        ("model.embedded.num_kv_heads", "3"),
+        ("model.embedded.vocab_size", "100"),
+        ("model.embedded.teacher_noise", "-1.0"),
+        ("model.embedded.teacher", "oracle"),
+        ("backend.name", "deepspeed"),
+        ("backend.nproc_per_node", "0"),
+        ("run.max_steps", "0"),
+        ("run.seed", "x"),
+        ("run.grad_accum", "0"),
+        ("run.per_device_batch_size", "0"),
+        ("run.learning_rate", "-1.0"),
+        ("run.device", "tpu"),
+        ("run.save_steps", "0"),
+        # booleans: OmegaConf's own coercion accepts true/false, yes/no, on/off and integers; words else are refused
+        ("run.resume", "maybe"),
+        ("monitor.enabled", "often"),
+        ("monitor.spot_check.every_n_steps", "-1"),
+        ("monitor.spot_check.max_tokens", "0"),
+        ("monitor.spot_check.param_grad", "often"),
+        ("monitor.capture", "sometimes"),
+        ("monitor.capture_max_tokens", "0"),
+        ("monitor.capture_max_tokens", "all"),
+        ("tracking.wandb.mode", "cloud"),
+        ("tracking.wandb.tags", "'a,b'"),
+        ("rollout.engine", "sglang"),
+    ],
+)
 def test_invalid_value_names_its_key(key, value):
     err = config_error(f"{key}={value}")
     assert err.key == key and str(err).startswith(f"{key}: "), str(err)
@@ -93,8 +132,11 @@ def test_folder_without_config_json(tmp_path, key):
 def test_vocab_mismatch_needs_explicit_alignment(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n')
-    models = [f"model.student={model_dir(tmp_path, 's', 1000)}", f"model.teacher={model_dir(tmp_path, 't', 1024)}",
-              f"run.dataset={data}"]
+    models = [
+        f"model.student={model_dir(tmp_path, 's', 1000)}",
+        f"model.teacher={model_dir(tmp_path, 't', 1024)}",
+        f"run.dataset={data}",
+    ]
     with pytest.raises(ConfigError, match=r"model\.teacher: vocab size 1024 differs .* 1000"):
         validate_config(base_cfg(*models))
     validate_config(base_cfg(*models, "model.vocab_alignment=true"))
@@ -104,8 +146,9 @@ def test_vocab_mismatch_needs_explicit_alignment(tmp_path):
 
 def test_real_models_need_a_dataset(tmp_path):
     with pytest.raises(ConfigError, match=r"run\.dataset"):
-        validate_config(base_cfg(f"model.student={model_dir(tmp_path, 's', 10)}",
-                                 f"model.teacher={model_dir(tmp_path, 't', 10)}"))
+        validate_config(
+            base_cfg(f"model.student={model_dir(tmp_path, 's', 10)}", f"model.teacher={model_dir(tmp_path, 't', 10)}")
+        )
 
 
 def test_boundary_cast_on_megatron_needs_explicit_consent():

@@ -21,6 +21,7 @@ subprocess in which empty placeholder modules stand in for ``transformer_engine`
 megatron-core's ``TEGroupedLinear`` / ``TELinear``, None without TE) so that the argument classes can be imported.
 Nothing from those modules runs while parsing. Where Transformer Engine is installed, no stand-in is used.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,8 @@ from pathlib import Path
 import pytest
 
 from gkd_harness.harness.launcher.compose import compose, point_config
-from gkd_harness.launch.slurm import node_plan
 from gkd_harness.harness.launcher.sweep_points import point_name, sweep_points
+from gkd_harness.launch.slurm import node_plan
 
 REPO = Path(__file__).resolve().parents[3]
 EXPERIMENTS = sorted(p.stem for p in (REPO / "configs" / "experiment").glob("*.yaml"))
@@ -53,8 +54,11 @@ NEGATIVE = {
 def preset_overrides(experiment: str | None) -> list[str]:
     if experiment is None:
         return []
-    return [f"experiment={experiment}", *(["run.dataset=x/y"] if experiment in NEEDS_DATASET else []),
-            *(["monitor.eval.dataset=x/z"] if experiment in NEEDS_EVAL_DATASET else [])]
+    return [
+        f"experiment={experiment}",
+        *(["run.dataset=x/y"] if experiment in NEEDS_DATASET else []),
+        *(["monitor.eval.dataset=x/z"] if experiment in NEEDS_EVAL_DATASET else []),
+    ]
 
 
 def contract_argvs(tmp: Path) -> dict[str, list[str]]:
@@ -126,8 +130,12 @@ def _install_import_stand_ins() -> None:
     def _placeholder(name):
         def call(self, *args, **kwargs):  # decorators (@triton.jit, @triton.autotune(...)) return what they wrap
             return args[0] if len(args) == 1 and callable(args[0]) and not kwargs else self
-        return _Meta(name, (), {"__init__": lambda self, *a, **k: None, "__call__": call,
-                                "__getattr__": lambda self, n: _placeholder(n)})
+
+        return _Meta(
+            name,
+            (),
+            {"__init__": lambda self, *a, **k: None, "__call__": call, "__getattr__": lambda self, n: _placeholder(n)},
+        )
 
     class _Module(types.ModuleType):
         def __getattr__(self, name):
@@ -167,8 +175,9 @@ def megatron_worker() -> None:
 
 def megatron_parse_errors(argvs: dict[str, list[str]]) -> tuple[str, dict[str, str]]:
     code = "from tests.harness.launcher.test_argv_contract import megatron_worker; megatron_worker()"
-    proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(argvs), cwd=REPO, capture_output=True,
-                          text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], input=json.dumps(argvs), cwd=REPO, capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     return out["class"], out["errors"]

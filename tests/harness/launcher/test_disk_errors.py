@@ -8,6 +8,7 @@ Before the fix: a read-only run folder exited 1 ("cannot write .lock (EROFS)"), 
 that filled during the run ended in a multi-line traceback (the intended line masked by an OSError raised when
 swift.log was closed), and summary.json's last_step could lag metrics.jsonl's last line.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,11 +43,17 @@ def mounts():
 
 
 def _gkd_train(cwd: Path, root: Path, *args, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "GKD_OUTPUT_ROOT": str(root),
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "WANDB_MODE": "offline",
+        "GKD_OUTPUT_ROOT": str(root),
+        "OMP_NUM_THREADS": "1",
+    }
     env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run([entry_point("gkd-train"), *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [entry_point("gkd-train"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _one_line(p: subprocess.CompletedProcess) -> str:
@@ -64,8 +71,10 @@ def test_a_read_only_run_folder_exits_2_naming_it(tmp_path, mounts):
     p = _gkd_train(tmp_path, tmp_path / "out", f"run.output_dir={ro / 'run'}", "run.max_steps=1")
     line = _one_line(p)
     assert p.returncode == 2, p.stderr[-3000:]
-    assert line == (f"gkd-train: unusable run folder: cannot write .lock in run.output_dir {ro / 'run'}: "
-                    "Read-only file system (EROFS)")
+    assert line == (
+        f"gkd-train: unusable run folder: cannot write .lock in run.output_dir {ro / 'run'}: "
+        "Read-only file system (EROFS)"
+    )
 
 
 def test_a_read_only_output_root_exits_2_naming_the_folder(tmp_path, mounts):
@@ -74,8 +83,9 @@ def test_a_read_only_output_root_exits_2_naming_the_folder(tmp_path, mounts):
     p = _gkd_train(tmp_path, ro, "run.max_steps=1")
     line = _one_line(p)
     assert p.returncode == 2, p.stderr[-3000:]
-    assert line.startswith(f"gkd-train: unusable path: cannot use {ro}/runs") and \
-        line.endswith("Read-only file system (EROFS)"), line
+    assert line.startswith(f"gkd-train: unusable path: cannot use {ro}/runs") and line.endswith(
+        "Read-only file system (EROFS)"
+    ), line
 
 
 def test_a_full_disk_at_the_start_exits_1_in_one_line(tmp_path, mounts):

@@ -2,6 +2,7 @@
 line when it starts, progress while ms-swift imports, one line when done; a second process waits on the build's
 lock naming its owner. The real build (importing ms-swift, 20 s to minutes) is replaced by a stand-in process
 that writes a table; everything around it is the harness's own code."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,15 @@ from gkd_harness.harness.fixtures import building
 from gkd_harness.harness.fixtures.building import exclusive
 from gkd_harness.harness.launcher import extra_args
 
-ROW = {"flags": ["--lora_rank"], "dest": "lora_rank", "action": "store", "nargs": None, "type": "int", "const": None,
-       "choices": None}
+ROW = {
+    "flags": ["--lora_rank"],
+    "dest": "lora_rank",
+    "action": "store",
+    "nargs": None,
+    "type": "int",
+    "const": None,
+    "choices": None,
+}
 
 
 def _stand_in(path, sleep_s: float):
@@ -44,8 +52,10 @@ def test_a_cold_cache_build_says_when_it_starts_how_it_goes_and_when_it_is_done(
     table = extra_args.flag_table(False)
     assert table == [ROW]
     lines = _lines(capfd.readouterr().err)
-    assert lines[0] == (f"gkd-harness: building the table of ms-swift's flags once, for run.extra_args "
-                        f"({cold_cache.name}: imports ms-swift)"), lines
+    assert lines[0] == (
+        f"gkd-harness: building the table of ms-swift's flags once, for run.extra_args "
+        f"({cold_cache.name}: imports ms-swift)"
+    ), lines
     assert any(ln.startswith("gkd-harness: still importing ms-swift's argument classes (") for ln in lines[1:-1])
     assert lines[-1].startswith("gkd-harness: built the table of ms-swift's flags in "), lines
     assert extra_args.flag_table(False) == [ROW] and _lines(capfd.readouterr().err) == []  # cached: silent
@@ -64,8 +74,9 @@ def test_a_second_process_waits_naming_the_owner_and_uses_its_table(cold_cache, 
             build.progress("still importing ms-swift's argument classes (40 s)")
             taken.set()
             release.wait(10)
-            cold_cache.write_text(json.dumps({"format": TABLE_FORMAT, "backend": backend_name(False),
-                                              "actions": [ROW]}))
+            cold_cache.write_text(
+                json.dumps({"format": TABLE_FORMAT, "backend": backend_name(False), "actions": [ROW]})
+            )
 
     t = threading.Thread(target=owner)
     t.start()

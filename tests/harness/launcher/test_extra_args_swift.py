@@ -7,6 +7,7 @@ set β behind the harness's back) and ``--no_<flag>`` forms of harness-set flags
 where Transformer Engine is missing. Now the flags are a table extracted once from ms-swift's parser (real
 ms-swift here, into a private cache) and the check parses against it with plain argparse.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,11 +34,17 @@ BATTERY = [
     (["--tuner_type", "lora", "--lora_rank", "8", "--attn_impl", "sdpa"], True),
     (["--lora-rank=8", "--lora_alpha", "16"], True),
     (["--target_modules", "all-linear", "q_proj"], True),
-    (["--use_liger_kernel"], True), (["--use_liger_kernel", "false"], True),
+    (["--use_liger_kernel"], True),
+    (["--use_liger_kernel", "false"], True),
     (["--debug", "underflow_overflow"], True),
-    (["--lora_rnak", "8"], False), (["--lora_rank", "eight"], False), (["--lora_rank"], False),
-    (["--debug", "x"], False), (["--use_liger_kernel", "maybe"], False), (["--lora_rank", "8", "9"], False),
-    (["--optim", "adamw_torch_fused"], True), (["--optim", "nope"], False),
+    (["--lora_rnak", "8"], False),
+    (["--lora_rank", "eight"], False),
+    (["--lora_rank"], False),
+    (["--debug", "x"], False),
+    (["--use_liger_kernel", "maybe"], False),
+    (["--lora_rank", "8", "9"], False),
+    (["--optim", "adamw_torch_fused"], True),
+    (["--optim", "nope"], False),
 ]
 
 
@@ -89,12 +96,17 @@ def test_the_dry_run_refuses_what_ms_swift_refuses(table_cache, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("extra,why", [
-    ("[--bet,0.9]", "ms-swift has no flag --bet"),  # an abbreviation of --beta: ms-swift's parser took it
-    ("[--no_gradient_checkpointing]",
-     "it sets gradient_checkpointing, which the harness sets: use the config key backend.gradient_checkpointing instead"),
-    ("[--no-check-model]", "it sets check_model, which the harness sets and cannot be overridden"),
-])
+@pytest.mark.parametrize(
+    "extra,why",
+    [
+        ("[--bet,0.9]", "ms-swift has no flag --bet"),  # an abbreviation of --beta: ms-swift's parser took it
+        (
+            "[--no_gradient_checkpointing]",
+            "it sets gradient_checkpointing, which the harness sets: use the config key backend.gradient_checkpointing instead",
+        ),
+        ("[--no-check-model]", "it sets check_model, which the harness sets and cannot be overridden"),
+    ],
+)
 def test_abbreviations_and_negations_cannot_reach_a_harness_flag(table_cache, extra, why):
     cfg, _ = point_config([f"run.extra_args={extra}"], run_dir="/tmp/unused")
     with pytest.raises(ConfigError, match="^run.extra_args: " + why.replace(".", r"\.") + "$"):
@@ -102,46 +114,72 @@ def test_abbreviations_and_negations_cannot_reach_a_harness_flag(table_cache, ex
 
 
 def test_validation_checks_the_flags_without_importing_ms_swift(table_cache):
-    code = ("import sys\n"
-            "from gkd_harness.harness.launcher.compose import point_config\n"
-            "from gkd_harness.harness.config.validate import validate_config\n"
-            "from gkd_harness.harness.config.schema import ConfigError\n"
-            "cfg, _ = point_config(['run.extra_args=[--lora_rank,eight]'], run_dir='/tmp/unused')\n"
-            "try:\n"
-            "    validate_config(cfg)\n"
-            "except ConfigError as e:\n"
-            "    print(e)\n"
-            "print([m for m in ('torch', 'swift', 'transformers') if m in sys.modules])\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, CACHE_ENV: str(table_cache)}).stdout.splitlines()
-    assert out == ["run.extra_args: ms-swift refuses it: argument --lora_rank/--lora-rank: invalid int value: 'eight'",
-                   "[]"]
+    code = (
+        "import sys\n"
+        "from gkd_harness.harness.launcher.compose import point_config\n"
+        "from gkd_harness.harness.config.validate import validate_config\n"
+        "from gkd_harness.harness.config.schema import ConfigError\n"
+        "cfg, _ = point_config(['run.extra_args=[--lora_rank,eight]'], run_dir='/tmp/unused')\n"
+        "try:\n"
+        "    validate_config(cfg)\n"
+        "except ConfigError as e:\n"
+        "    print(e)\n"
+        "print([m for m in ('torch', 'swift', 'transformers') if m in sys.modules])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, CACHE_ENV: str(table_cache)},
+    ).stdout.splitlines()
+    assert out == [
+        "run.extra_args: ms-swift refuses it: argument --lora_rank/--lora-rank: invalid int value: 'eight'",
+        "[]",
+    ]
 
 
 def test_gkd_train_refuses_an_unknown_flag_in_one_line_and_quickly(table_cache, tmp_path):
     """The command a user types: exit 2, one line (before: ms-swift's INFO line above it, after 20 to 40 s)."""
     t0 = time.monotonic()
-    proc = subprocess.run([entry_point("gkd-train"), "run.extra_args=[--lora_rnak,8]", "run.dry_run=true"],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={**os.environ, CACHE_ENV: str(table_cache), "GKD_OUTPUT_ROOT": str(tmp_path / "o")})
+    proc = subprocess.run(
+        [entry_point("gkd-train"), "run.extra_args=[--lora_rnak,8]", "run.dry_run=true"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, CACHE_ENV: str(table_cache), "GKD_OUTPUT_ROOT": str(tmp_path / "o")},
+    )
     wall = time.monotonic() - t0
     assert proc.returncode == 2, proc.stderr
     assert (proc.stdout + proc.stderr).strip().splitlines() == [
-        "gkd-train: invalid config: run.extra_args: ms-swift has no flag --lora_rnak"]
+        "gkd-train: invalid config: run.extra_args: ms-swift has no flag --lora_rnak"
+    ]
     assert wall < 15, f"{wall:.1f} s (about 1.3 s on an idle 2-core machine)"  # loose: the suite runs in parallel
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None,
-                    reason="Transformer Engine is installed: megatron rlhf's flags are checked")
+@pytest.mark.skipif(
+    importlib.util.find_spec("transformer_engine") is not None,
+    reason="Transformer Engine is installed: megatron rlhf's flags are checked",
+)
 def test_a_megatron_dry_run_without_transformer_engine_says_the_flags_are_unchecked(table_cache, tmp_path, caplog):
-    cfg, run_dir = point_config(["backend=megatron", "model.student_dtype=null", "model.teacher_dtype=null",
-                                 "run.extra_args=[--attn_impl,sdpa]"], run_dir=tmp_path / "run")
+    cfg, run_dir = point_config(
+        [
+            "backend=megatron",
+            "model.student_dtype=null",
+            "model.teacher_dtype=null",
+            "run.extra_args=[--attn_impl,sdpa]",
+        ],
+        run_dir=tmp_path / "run",
+    )
     with caplog.at_level("WARNING", logger="gkd_harness.train"):
         plan = dry_run(cfg, run_dir)
     assert "--attn_impl sdpa" in plan.replace("\\\n", " ")
     assert "Megatron argument classes need Transformer Engine" in caplog.text
-    assert sorted(n for n in os.listdir(table_cache) if not n.startswith(".")) == [table_path(False).name]  # .lock: the build's
+    assert sorted(n for n in os.listdir(table_cache) if not n.startswith(".")) == [
+        table_path(False).name
+    ]  # .lock: the build's
 
 
 def test_flags_and_paths_never_reach_folder_or_run_names(tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
 """No leftovers (issue 24, item 7): a dry-run sweep and a config error leave no folder under the output root.
 Before the fix ``gkd-train -m experiment=beta_sweep run.dry_run=true`` left 24 empty point folders (and the sweep
 folder with multirun.yaml), and a config error left a run folder holding an empty log file."""
+
 from __future__ import annotations
 
 import os
@@ -12,8 +13,9 @@ from tests.conftest import entry_point
 
 def _gkd_train(tmp_path, *args) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "GKD_OUTPUT_ROOT": str(tmp_path / "out")}
-    return subprocess.run([entry_point("gkd-train"), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [entry_point("gkd-train"), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def _left(tmp_path) -> list[str]:

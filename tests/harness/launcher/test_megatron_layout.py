@@ -9,6 +9,7 @@ The constraints, read from ms-swift's source and restated here independently of 
 - ``MegatronRolloutMixin._get_local_rollout_batch``: each DP rank's share of the generation batch divides by the
   rollout group TP x PP x CP (on-policy steps only: ``gkd.lmbda`` > 0).
 """
+
 from __future__ import annotations
 
 import copy
@@ -37,7 +38,12 @@ def _swift_accepts(world: int, tp: int, pp: int, cp: int, micro: int, gbs: int, 
 
 
 def _base(experiment, tmp_path):
-    base = [f"experiment={experiment}", "run.dataset=x/y", "monitor.eval.dataset=x/val", f"run.output_dir={tmp_path / 'run'}"]
+    base = [
+        f"experiment={experiment}",
+        "run.dataset=x/y",
+        "monitor.eval.dataset=x/val",
+        f"run.output_dir={tmp_path / 'run'}",
+    ]
     if not isinstance(point_config(base)[0].backend, MegatronBackendConfig):  # an HF preset, laid out on Megatron
         base.append("backend=megatron_seed")
     return base
@@ -56,11 +62,24 @@ def layout_configs(tmp_path_factory):
     def get(experiment):
         if experiment not in cache:
             base = _base(experiment, root / experiment)
-            cache[experiment] = [(tp, pp, cp, *point_config([*base, f"backend.tensor_model_parallel_size={tp}",
-                                                             f"backend.pipeline_model_parallel_size={pp}",
-                                                             f"backend.context_parallel_size={cp}"]))
-                                 for tp, pp, cp in LAYOUTS]
+            cache[experiment] = [
+                (
+                    tp,
+                    pp,
+                    cp,
+                    *point_config(
+                        [
+                            *base,
+                            f"backend.tensor_model_parallel_size={tp}",
+                            f"backend.pipeline_model_parallel_size={pp}",
+                            f"backend.context_parallel_size={cp}",
+                        ]
+                    ),
+                )
+                for tp, pp, cp in LAYOUTS
+            ]
         return cache[experiment]
+
     return get
 
 
@@ -72,25 +91,45 @@ def test_every_preset_and_layout_gets_a_global_batch_ms_swift_accepts(experiment
         plan = node_plan(cfg, run_dir, 0, nodes, 8)
         gbs = int(plan.argv[plan.argv.index("--global_batch_size") + 1])
         assert "--generation_batch_size" not in plan.argv and "--steps_per_generation" not in plan.argv
-        assert _swift_accepts(nodes * 8, tp, pp, cp, cfg.backend.micro_batch_size, gbs, cfg.gkd.lmbda > 0), \
-            (experiment, nodes, tp, pp, cp, gbs)
+        assert _swift_accepts(nodes * 8, tp, pp, cp, cfg.backend.micro_batch_size, gbs, cfg.gkd.lmbda > 0), (
+            experiment,
+            nodes,
+            tp,
+            pp,
+            cp,
+            gbs,
+        )
 
 
 def test_the_issues_tp2_pp2_cp2_seed_run_gets_a_batch_its_rollout_group_can_split(tmp_path):
-    cfg, run_dir = _cfg("seed", tmp_path, "backend.tensor_model_parallel_size=2",
-                        "backend.pipeline_model_parallel_size=2", "backend.context_parallel_size=2")
+    cfg, run_dir = _cfg(
+        "seed",
+        tmp_path,
+        "backend.tensor_model_parallel_size=2",
+        "backend.pipeline_model_parallel_size=2",
+        "backend.context_parallel_size=2",
+    )
     plan = node_plan(cfg, run_dir, 0, 1, 8)
     assert plan.argv[plan.argv.index("--global_batch_size") + 1] == "8"  # was 1: 1 % 8 != 0 in rollout_mixin.py
     assert any("x 8 (each data-parallel rank's rollout batch" in n for n in plan.notes)
 
 
-@pytest.mark.parametrize("extra,key", [
-    (["backend.global_batch_size=4"], "backend.global_batch_size"),  # DP 1, rollout group 8: 4 % 8
-    (["backend.nproc_per_node=6"], "backend.tensor_model_parallel_size"),  # 6 processes over 8
-])
+@pytest.mark.parametrize(
+    "extra,key",
+    [
+        (["backend.global_batch_size=4"], "backend.global_batch_size"),  # DP 1, rollout group 8: 4 % 8
+        (["backend.nproc_per_node=6"], "backend.tensor_model_parallel_size"),  # 6 processes over 8
+    ],
+)
 def test_an_impossible_layout_is_refused_naming_the_keys(extra, key, tmp_path):
-    cfg, run_dir = _cfg("seed", tmp_path, "backend.tensor_model_parallel_size=2",
-                        "backend.pipeline_model_parallel_size=2", "backend.context_parallel_size=2", *extra)
+    cfg, run_dir = _cfg(
+        "seed",
+        tmp_path,
+        "backend.tensor_model_parallel_size=2",
+        "backend.pipeline_model_parallel_size=2",
+        "backend.context_parallel_size=2",
+        *extra,
+    )
     with pytest.raises(ConfigError) as e:
         node_plan(cfg, run_dir, 0, 1, 8 if "nproc" not in extra[0] else 6)
     assert key in str(e.value) and "context_parallel_size" in str(e.value)
@@ -107,6 +146,7 @@ def test_megatron_saves_resumable_checkpoints_with_run_save_steps(tmp_path):
     steps with the optimizer (no --no_save_optim), so a requeue continues from it (gkd_harness.harness.launcher.resume:
     --mcore_model DIR --finetune false, tests/harness/launcher/test_resume.py); without run.save_steps the last
     step's checkpoint holds weights only, unless run.resume=true asks to keep the optimizer too."""
+
     def argv(*overrides):
         cfg, run_dir = _cfg("seed", tmp_path, *overrides)
         return node_plan(cfg, run_dir, 0, 1, 8).argv

@@ -3,14 +3,21 @@
 The ``backend`` group comes from real Hydra composition; the node's environment is a plain mapping (a SLURM
 task's variables, or a hand-started node process).
 """
+
 from pathlib import Path
 
 import pytest
 
-from gkd_harness.harness.launcher.compose import point_config
 from gkd_harness.harness.config.schema import ConfigError
-from gkd_harness.harness.launcher.node import (DIST_KEYS, detect_device, is_main_node, node_layout, parse_slurm_nodelist,
-                              slurm_port)
+from gkd_harness.harness.launcher.compose import point_config
+from gkd_harness.harness.launcher.node import (
+    DIST_KEYS,
+    detect_device,
+    is_main_node,
+    node_layout,
+    parse_slurm_nodelist,
+    slurm_port,
+)
 
 
 def backend(*overrides):
@@ -67,18 +74,35 @@ def test_hand_started_node_process_keeps_its_rendezvous():
     """The 2-"node" localhost layout: each node process carries NNODES/NODE_RANK/MASTER_* in its env."""
     base = {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}
     layout = node_layout(backend("backend.nproc_per_node=1"), base)
-    assert layout.env() == {"NPROC_PER_NODE": "1", "NNODES": "2", "NODE_RANK": "1",
-                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}
+    assert layout.env() == {
+        "NPROC_PER_NODE": "1",
+        "NNODES": "2",
+        "NODE_RANK": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29511",
+    }
     assert set(layout.env()) == set(DIST_KEYS)
 
 
 @pytest.mark.parametrize("node", [0, 1])
 def test_slurm_two_nodes_eight_gpus(node):
-    base = {"SLURM_JOB_ID": "123456", "SLURM_JOB_NODELIST": "gpu-a[07-08]", "SLURM_JOB_NUM_NODES": "2",
-            "SLURM_NODEID": str(node), "SLURM_GPUS_ON_NODE": "8", "NNODES": "9", "MASTER_ADDR": "stale"}
+    base = {
+        "SLURM_JOB_ID": "123456",
+        "SLURM_JOB_NODELIST": "gpu-a[07-08]",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_NODEID": str(node),
+        "SLURM_GPUS_ON_NODE": "8",
+        "NNODES": "9",
+        "MASTER_ADDR": "stale",
+    }
     layout = node_layout(backend("backend.nproc_per_node=null"), base)
-    assert layout.env() == {"NPROC_PER_NODE": "8", "NNODES": "2", "NODE_RANK": str(node),
-                            "MASTER_ADDR": "gpu-a07", "MASTER_PORT": str(20000 + 123456 % 20000)}
+    assert layout.env() == {
+        "NPROC_PER_NODE": "8",
+        "NNODES": "2",
+        "NODE_RANK": str(node),
+        "MASTER_ADDR": "gpu-a07",
+        "MASTER_PORT": str(20000 + 123456 % 20000),
+    }
     assert layout.world_size == 16
     assert is_main_node(base) == (node == 0)
 
@@ -92,21 +116,34 @@ def test_slurm_port_is_the_same_on_every_node_and_in_range():
 def test_config_wins_over_slurm():
     base = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-4]", "SLURM_JOB_NUM_NODES": "4", "SLURM_NODEID": "3"}
     b = backend("backend.nproc_per_node=4", "backend.master_port=31000", "backend.master_addr=10.1.2.3")
-    assert node_layout(b, base).env() == {"NPROC_PER_NODE": "4", "NNODES": "4", "NODE_RANK": "3",
-                                          "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "31000"}
+    assert node_layout(b, base).env() == {
+        "NPROC_PER_NODE": "4",
+        "NNODES": "4",
+        "NODE_RANK": "3",
+        "MASTER_ADDR": "10.1.2.3",
+        "MASTER_PORT": "31000",
+    }
 
 
 def test_slurm_gpus_per_node_typed_form():
-    base = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0",
-            "SLURM_GPUS_PER_NODE": "h100:8"}
+    base = {
+        "SLURM_JOB_ID": "7",
+        "SLURM_JOB_NODELIST": "n1",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_NODEID": "0",
+        "SLURM_GPUS_PER_NODE": "h100:8",
+    }
     assert node_layout(backend("backend=megatron"), base, force_torchrun=True).env()["NPROC_PER_NODE"] == "8"
 
 
-@pytest.mark.parametrize("nodelist,hosts", [
-    ("node01", ["node01"]),
-    ("gpu[01-03,07]", ["gpu01", "gpu02", "gpu03", "gpu07"]),
-    ("a[1-2],b5", ["a1", "a2", "b5"]),
-])
+@pytest.mark.parametrize(
+    "nodelist,hosts",
+    [
+        ("node01", ["node01"]),
+        ("gpu[01-03,07]", ["gpu01", "gpu02", "gpu03", "gpu07"]),
+        ("a[1-2],b5", ["a1", "a2", "b5"]),
+    ],
+)
 def test_parse_slurm_nodelist(nodelist, hosts):
     assert parse_slurm_nodelist(nodelist) == hosts
 
@@ -116,13 +153,16 @@ def test_non_integer_process_count_fails_at_compose():
         backend("backend.nproc_per_node=eight")
 
 
-@pytest.mark.parametrize("overrides,base,key", [
-    (["backend.nproc_per_node=0"], {}, "backend.nproc_per_node"),
-    (["backend.nproc_per_node=1"], {"NNODES": "2", "NODE_RANK": "2", "MASTER_PORT": "1"}, "backend.node_rank"),
-    (["backend.nproc_per_node=1"], {"NNODES": "2", "NODE_RANK": "1"}, "backend.master_port"),
-    (["backend.nproc_per_node=2", "backend.master_port=70000"], {}, "backend.master_port"),
-    (["backend.nproc_per_node=1"], {"NNODES": "two"}, "NNODES"),
-])
+@pytest.mark.parametrize(
+    "overrides,base,key",
+    [
+        (["backend.nproc_per_node=0"], {}, "backend.nproc_per_node"),
+        (["backend.nproc_per_node=1"], {"NNODES": "2", "NODE_RANK": "2", "MASTER_PORT": "1"}, "backend.node_rank"),
+        (["backend.nproc_per_node=1"], {"NNODES": "2", "NODE_RANK": "1"}, "backend.master_port"),
+        (["backend.nproc_per_node=2", "backend.master_port=70000"], {}, "backend.master_port"),
+        (["backend.nproc_per_node=1"], {"NNODES": "two"}, "NNODES"),
+    ],
+)
 def test_bad_values_name_the_key(overrides, base, key):
     with pytest.raises(ConfigError) as err:
         node_layout(backend(*overrides), base)
@@ -134,13 +174,16 @@ def test_node_rank_error_names_the_variables_it_came_from():
         node_layout(backend(), {"NNODES": "2", "NODE_RANK": "2", "MASTER_PORT": "1"})
 
 
-@pytest.mark.parametrize("run_device,env,expected", [
-    ("cpu", {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1", "SLURM_GPUS_ON_NODE": "8"}, "cpu"),
-    ("cuda", {}, "cuda"),
-    ("auto", {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1", "SLURM_GPUS_ON_NODE": "8"}, "cuda"),
-    ("auto", {"CUDA_VISIBLE_DEVICES": ""}, "cpu"),
-    ("auto", {"CUDA_VISIBLE_DEVICES": "-1"}, "cpu"),
-])
+@pytest.mark.parametrize(
+    "run_device,env,expected",
+    [
+        ("cpu", {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1", "SLURM_GPUS_ON_NODE": "8"}, "cpu"),
+        ("cuda", {}, "cuda"),
+        ("auto", {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1", "SLURM_GPUS_ON_NODE": "8"}, "cuda"),
+        ("auto", {"CUDA_VISIBLE_DEVICES": ""}, "cpu"),
+        ("auto", {"CUDA_VISIBLE_DEVICES": "-1"}, "cpu"),
+    ],
+)
 def test_detect_device_without_torch(run_device, env, expected):
     assert detect_device(run_device, env) == expected
 
@@ -164,6 +207,10 @@ def test_node_uses_no_private_submitit_name():
 
     from gkd_harness.harness.launcher import node
 
-    names = {a.name for n in ast.walk(ast.parse(inspect.getsource(node)))
-             if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("submitit") for a in n.names}
+    names = {
+        a.name
+        for n in ast.walk(ast.parse(inspect.getsource(node)))
+        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("submitit")
+        for a in n.names
+    }
     assert not [n for n in names if n.startswith("_")], names

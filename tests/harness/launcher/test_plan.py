@@ -2,6 +2,7 @@
 that node, and what ``gkd-train`` executes there (issue: the dry run showed --global_batch_size 16 while the node
 passed 8, because two copies of the layout arithmetic drifted apart).
 """
+
 from __future__ import annotations
 
 import os
@@ -12,20 +13,27 @@ from pathlib import Path
 
 import pytest
 
-from gkd_harness.harness.launcher.compose import point_config
 from gkd_harness.harness.config.schema import MegatronBackendConfig
+from gkd_harness.harness.launcher.compose import point_config
 from gkd_harness.harness.launcher.plan import build_plan
-from gkd_harness.harness.launcher.swift_argv import megatron_batch_sizes
 from gkd_harness.harness.launcher.run import make_plan
+from gkd_harness.harness.launcher.swift_argv import megatron_batch_sizes
 from gkd_harness.launch.slurm import node_plan, node_slurm_env
 from tests.conftest import entry_point
 
 EXPERIMENTS = sorted(p.stem for p in (Path(__file__).resolve().parents[3] / "configs" / "experiment").glob("*.yaml"))
 CONFIG_ROOT = Path(__file__).resolve().parents[3] / "configs"
-MEGATRON_EXPERIMENTS = [e for e in EXPERIMENTS
-                        if re.search(r"override /backend: megatron", (CONFIG_ROOT / "experiment" / f"{e}.yaml").read_text())]
-TWO_NODE_SLURM = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[01-02]", "SLURM_JOB_NUM_NODES": "2",
-                  "SLURM_NODEID": "0"}
+MEGATRON_EXPERIMENTS = [
+    e
+    for e in EXPERIMENTS
+    if re.search(r"override /backend: megatron", (CONFIG_ROOT / "experiment" / f"{e}.yaml").read_text())
+]
+TWO_NODE_SLURM = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NODELIST": "node[01-02]",
+    "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_NODEID": "0",
+}
 
 
 def _overrides(experiment: str, out: Path) -> list[str]:
@@ -35,8 +43,9 @@ def _overrides(experiment: str, out: Path) -> list[str]:
 def _dry_run(overrides, env_extra) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "NNODES", "NODE_RANK", "MASTER_"))}
     env.update(env_extra)
-    return subprocess.run([entry_point("gkd-train"), *overrides, "run.dry_run=true"], env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [entry_point("gkd-train"), *overrides, "run.dry_run=true"], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def _argv_and_vars(text: str) -> tuple[list[str], dict]:
@@ -59,7 +68,9 @@ def test_seed_on_two_slurm_nodes_prints_global_batch_16(tmp_path):
 
 def test_dry_run_writes_nothing_and_loads_nothing(tmp_path):
     out = tmp_path / "run"
-    proc = _dry_run([f"run.output_dir={out}", f"hydra.run.dir={tmp_path / 'h'}"], {"GKD_HARNESS_CACHE": str(tmp_path / "c")})
+    proc = _dry_run(
+        [f"run.output_dir={out}", f"hydra.run.dir={tmp_path / 'h'}"], {"GKD_HARNESS_CACHE": str(tmp_path / "c")}
+    )
     assert proc.returncode == 0, proc.stderr
     assert "swift rlhf" in proc.stdout and "--use_cpu true" in proc.stdout
     assert not out.exists() and not (tmp_path / "h").exists() and not (tmp_path / "c").exists()
@@ -90,15 +101,26 @@ def test_megatron_global_batch_is_a_multiple_of_micro_batch_times_dp(experiment,
     plan = node_plan(cfg, run_dir, 0, nodes, 8)
     gbs = int(plan.argv[plan.argv.index("--global_batch_size") + 1])
     dp, _ = megatron_batch_sizes(cfg.backend, plan.layout, cfg.run.grad_accum)
-    assert dp == nodes * 8 // (cfg.backend.tensor_model_parallel_size * cfg.backend.pipeline_model_parallel_size
-                               * cfg.backend.context_parallel_size)
+    assert dp == nodes * 8 // (
+        cfg.backend.tensor_model_parallel_size
+        * cfg.backend.pipeline_model_parallel_size
+        * cfg.backend.context_parallel_size
+    )
     assert gbs % (cfg.backend.micro_batch_size * dp) == 0
 
 
 def test_megatron_single_process_still_uses_torchrun(tmp_path):
     """Megatron's init_process_group(env://) needs RANK/WORLD_SIZE even for one process: torchrun always."""
-    cfg, run_dir = point_config(["experiment=seed", "run.dataset=x/y", "backend.nproc_per_node=1",
-                                 "rollout=none", "gkd.lmbda=0", f"run.output_dir={tmp_path}"])
+    cfg, run_dir = point_config(
+        [
+            "experiment=seed",
+            "run.dataset=x/y",
+            "backend.nproc_per_node=1",
+            "rollout=none",
+            "gkd.lmbda=0",
+            f"run.output_dir={tmp_path}",
+        ]
+    )
     plan = make_plan(cfg, run_dir, base_env={}, dry_run=True)
     assert plan.layout.torchrun and plan.env["NPROC_PER_NODE"] == "1" and plan.env["NNODES"] == "1"
 
@@ -115,8 +137,9 @@ def test_hf_single_process_runs_without_torchrun_and_drops_stale_variables(tmp_p
 def test_explicit_global_batch_not_divisible_is_refused_naming_the_key(tmp_path):
     from gkd_harness.harness.config.schema import ConfigError
 
-    cfg, run_dir = point_config(["experiment=seed", "run.dataset=x/y", "backend.global_batch_size=12",
-                                 f"run.output_dir={tmp_path}"])
+    cfg, run_dir = point_config(
+        ["experiment=seed", "run.dataset=x/y", "backend.global_batch_size=12", f"run.output_dir={tmp_path}"]
+    )
     with pytest.raises(ConfigError, match="backend.global_batch_size"):
         node_plan(cfg, run_dir, 0, 2, 8)
 
@@ -135,8 +158,9 @@ def test_seed_preset_has_no_boundary_cast_on_megatron(tmp_path):
 def test_boundary_cast_on_megatron_is_refused_unless_asked_for(tmp_path):
     bad = _dry_run(["experiment=seed", "run.dataset=x/y", "model.student_dtype=bfloat16"], {})
     assert bad.returncode == 2 and "model.student_dtype" in bad.stderr and "Traceback" not in bad.stderr
-    ok = _dry_run(["experiment=seed", "run.dataset=x/y", "model.student_dtype=bfloat16",
-                   "model.megatron_boundary_cast=true"], {})
+    ok = _dry_run(
+        ["experiment=seed", "run.dataset=x/y", "model.student_dtype=bfloat16", "model.megatron_boundary_cast=true"], {}
+    )
     assert ok.returncode == 0, ok.stderr
 
 

@@ -5,13 +5,13 @@ exit code 247: Train: 25%|██▌ 3/12…": ms-swift's CLI relays its child's 
 the log was a progress bar. And a swift.log that could not be written (a full disk) ended in an OSError raised when
 the buffered log was closed, which masked the intended one-line error with a traceback.
 """
+
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -21,8 +21,9 @@ from gkd_harness.harness.launcher.process import TrainingFailed, _failure, _run_
 from tests.conftest import entry_point
 
 #: a rank that prints a progress bar, then is killed by SIGKILL (as by the OOM killer)
-KILLED_RANK = ("import os, signal, sys; print('Train: 25%|##5       | 3/12', flush=True); "
-               "os.kill(os.getpid(), signal.SIGKILL)")
+KILLED_RANK = (
+    "import os, signal, sys; print('Train: 25%|##5       | 3/12', flush=True); os.kill(os.getpid(), signal.SIGKILL)"
+)
 #: ms-swift's CLI: runs the rank as a child and exits with its return code (-9 -> 247)
 RELAYING_CLI = f"import subprocess, sys; sys.exit(subprocess.run([sys.executable, '-c', {KILLED_RANK!r}]).returncode)"
 
@@ -48,13 +49,17 @@ def test_signals_from_exit_codes_and_torchrun_logs(tmp_path):
     assert killing_signal(137) == signal.SIGKILL and killing_signal(143) == signal.SIGTERM
     assert killing_signal(1) is None and killing_signal(0) is None
     log = tmp_path / "swift.log"
-    log.write_text("[rank1]: Train: 10%\nexitcode  : -9 (pid: 4242)\ntorch.distributed.elastic.multiprocessing."
-                   "errors.ChildFailedError:\n")
+    log.write_text(
+        "[rank1]: Train: 10%\nexitcode  : -9 (pid: 4242)\ntorch.distributed.elastic.multiprocessing."
+        "errors.ChildFailedError:\n"
+    )
     msg = str(_failure(["torchrun", "x"], 1, log))
     assert "a process killed by SIGKILL (exit code 1); out of memory?" in msg, msg
     log.write_text("Traceback (most recent call last):\nValueError: bad value\n")
-    assert str(_failure(["swift", "rlhf"], 1, log)) == \
-        f"ms-swift (swift rlhf) failed with exit code 1: ValueError: bad value (log: {log})"
+    assert (
+        str(_failure(["swift", "rlhf"], 1, log))
+        == f"ms-swift (swift rlhf) failed with exit code 1: ValueError: bad value (log: {log})"
+    )
     msg = str(_failure(["swift", "rlhf"], -15, log))
     assert "killed by SIGTERM; its last error: ValueError: bad value" in msg and "out of memory" not in msg
 
@@ -73,10 +78,21 @@ def test_gkd_train_names_a_sigkilled_rank(tmp_path):
     """The real thing: a tiny run whose rank (summary.json's train_pid) is SIGKILLed while it trains."""
     import json
 
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "GKD_OUTPUT_ROOT": str(tmp_path / "out"),
-           "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([entry_point("gkd-train"), "run.max_steps=2000", "tracking=disabled"], cwd=tmp_path,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "WANDB_MODE": "offline",
+        "GKD_OUTPUT_ROOT": str(tmp_path / "out"),
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.Popen(
+        [entry_point("gkd-train"), "run.max_steps=2000", "tracking=disabled"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         pid = None
         deadline = time.monotonic() + 300

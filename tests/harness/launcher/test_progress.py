@@ -1,5 +1,6 @@
 """The progress display: what it says, an ETA from training steps only that knows about parallel points, and that a
 log (not a terminal) stays short. Every ETA below is worked out by hand from the pinned clock."""
+
 import io
 
 from gkd_harness.harness.launcher.progress import EtaClock, ProgressDisplay, Running, Snapshot, render
@@ -19,8 +20,9 @@ def one(step, max_steps=20, name="loss=fp32", total=1, done=0, failed=0, label="
 
 def test_render_names_points_step_elapsed_and_eta():
     snap = Snapshot(label="sweep smoke", total=3, done=1, failed=0, running=(Running("loss=fp32", 10, 20),))
-    assert render(snap, 90.0, 90.0) == ("[sweep smoke] 1/3 points done, 0 failed | loss=fp32 step 10/20 | "
-                                        "01:30 elapsed, ETA 01:30")
+    assert render(snap, 90.0, 90.0) == (
+        "[sweep smoke] 1/3 points done, 0 failed | loss=fp32 step 10/20 | 01:30 elapsed, ETA 01:30"
+    )
     assert "ETA --:--" in render(snap, 10.0, None)
 
 
@@ -39,8 +41,13 @@ def test_eta_starts_from_the_first_training_step():
 def test_parallel_points_are_each_shown():
     """submitit_local starts every point at once; before, only the first running point was shown."""
     names = [f"loss=fp32,run.seed={s}" for s in range(1, 7)]
-    snap = Snapshot(label="sweep outcome", total=6, done=0, failed=0,
-                    running=tuple(Running(n, 3 + i, 200) for i, n in enumerate(names)))
+    snap = Snapshot(
+        label="sweep outcome",
+        total=6,
+        done=0,
+        failed=0,
+        running=tuple(Running(n, 3 + i, 200) for i, n in enumerate(names)),
+    )
     lines = render(snap, 300.0, 640.0).splitlines()
     assert lines[0] == "[sweep outcome] 0/6 points done, 0 failed | 6 running | 05:00 elapsed, ETA 10:40"
     assert lines[1:] == [f"    {n} step {3 + i}/200" for i, n in enumerate(names)]
@@ -53,8 +60,9 @@ def test_eta_of_parallel_points_is_not_their_sum():
     names = [f"p{i}" for i in range(6)]
 
     def snap(steps):
-        return Snapshot(label="s", total=6, done=0, failed=0,
-                        running=tuple(Running(n, s, 20) for n, s in zip(names, steps)))
+        return Snapshot(
+            label="s", total=6, done=0, failed=0, running=tuple(Running(n, s, 20) for n, s in zip(names, steps))
+        )
 
     assert eta.observe(snap([0] * 6), 0.0) is None
     assert eta.observe(snap([1] * 6), 60.0) is None
@@ -100,9 +108,11 @@ def test_display_uses_the_step_clock():
         clock.t = t
         display.update(one(step))
     lines = out.getvalue().splitlines()
-    assert lines == ["[run x] 0/1 points done, 0 failed | loss=fp32 step 0/20 | 00:00 elapsed, ETA --:--",
-                     "[run x] 0/1 points done, 0 failed | loss=fp32 step 1/20 | 05:00 elapsed, ETA --:--",
-                     "[run x] 0/1 points done, 0 failed | loss=fp32 step 2/20 | 05:10 elapsed, ETA 03:00"]
+    assert lines == [
+        "[run x] 0/1 points done, 0 failed | loss=fp32 step 0/20 | 00:00 elapsed, ETA --:--",
+        "[run x] 0/1 points done, 0 failed | loss=fp32 step 1/20 | 05:00 elapsed, ETA --:--",
+        "[run x] 0/1 points done, 0 failed | loss=fp32 step 2/20 | 05:10 elapsed, ETA 03:00",
+    ]
 
 
 def test_plain_stream_prints_only_on_changes():

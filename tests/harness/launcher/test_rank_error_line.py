@@ -1,6 +1,7 @@
 """gkd-train's one-line failure names a rank's own error under torchrun, whose multi-rank output prefixes every
 line of a rank with ``[rankN]: `` (before, the line was torchrun's ChildFailedError: the rank's error, e.g. the
 run folder check's, was missed)."""
+
 from gkd_harness.harness.launcher.process import _last_error_line
 
 LOG = """[gkd-harness] installed loss precision=original
@@ -18,8 +19,10 @@ torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 def test_rank_prefixed_error_is_the_reported_line(tmp_path):
     log = tmp_path / "swift.log"
     log.write_text(LOG)
-    assert _last_error_line(log) == ("gkd_harness.harness.rank.callbacks.RunFolderNotSharedError: run folder /r is not shared "
-                                     "by the 2 nodes: set run.output_dir")
+    assert _last_error_line(log) == (
+        "gkd_harness.harness.rank.callbacks.RunFolderNotSharedError: run folder /r is not shared "
+        "by the 2 nodes: set run.output_dir"
+    )
 
 
 def test_unprefixed_error_still_found(tmp_path):

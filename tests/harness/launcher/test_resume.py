@@ -44,9 +44,14 @@ from gkd_harness.harness.store.metrics_io import MetricsWriter  # noqa: E402
 from gkd_harness.harness.store.provenance import harness_version  # noqa: E402
 from gkd_harness.harness.store.run_folder import RunFolder  # noqa: E402
 
-FLAT = flatten({"loss": {"precision": "fp32", "beta_form": "paper"}, "gkd": {"beta": 0.5},
-                "model": {"student": "embedded", "teacher": "embedded"}, "run": {"dataset": None, "max_steps": 3,
-                                                                                  "output_dir": "/somewhere"}})
+FLAT = flatten(
+    {
+        "loss": {"precision": "fp32", "beta_form": "paper"},
+        "gkd": {"beta": 0.5},
+        "model": {"student": "embedded", "teacher": "embedded"},
+        "run": {"dataset": None, "max_steps": 3, "output_dir": "/somewhere"},
+    }
+)
 
 
 def _folder(root, status, flat=FLAT):

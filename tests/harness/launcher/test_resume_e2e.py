@@ -5,6 +5,7 @@ passed no resume flag and archived nothing: ``metrics.jsonl`` held steps ``[1, 2
 counters restarted inside one file and nothing went to ``previous_attempts/``. The decision now has one home
 (``gkd_harness.harness.launcher.resume.decide_attempt``): no checkpoint means archive the attempt and restart, with a note.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,14 @@ def test_resume_without_a_checkpoint_archives_the_attempt_and_restarts(smoke_swe
 
     overrides = yaml.safe_load((run / HYDRA_DIR / "overrides.yaml").read_text())
     env = dict(os.environ, GKD_OUTPUT_ROOT=str(tmp_path / "outputs"), HF_HUB_OFFLINE="1", WANDB_MODE="offline")
-    proc = subprocess.run([entry_point("gkd-train"), *overrides, f"run.output_dir={run}", "run.resume=true"],
-                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [entry_point("gkd-train"), *overrides, f"run.output_dir={run}", "run.resume=true"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "no usable checkpoint" in proc.stdout + proc.stderr
 

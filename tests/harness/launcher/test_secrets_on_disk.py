@@ -5,6 +5,7 @@ Before the fix `'run.extra_args=[--hub_token,hf_...]'` was refused, but only ins
 twice into the sweep's multirun.yaml and printed on Hydra's launch line; an `hf_...` value in `run.dataset` (or in
 a config file) was accepted and written unredacted into 11 files.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,9 @@ TOKEN = "hf_" + "Ab3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3h"  # the shape of a Hugging F
 def _gkd_train(cwd: Path, *args) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "GKD_OUTPUT_ROOT": str(cwd / "out")}
     env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run([entry_point("gkd-train"), *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        [entry_point("gkd-train"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 def _files_holding(root: Path, text: str) -> list[str]:
@@ -34,18 +36,24 @@ def _files_holding(root: Path, text: str) -> list[str]:
     return sorted(hits)
 
 
-@pytest.mark.parametrize("args,key", [
-    (("-m", f"run.extra_args=[--hub_token,{TOKEN}]", "run.max_steps=1"), "run.extra_args"),
-    (("-m", f"run.dataset={TOKEN}", "gkd.beta=0.5,0.9"), "run.dataset"),
-    ((f"run.dataset={TOKEN}", "run.max_steps=1"), "run.dataset"),
-    ((f"model.template={TOKEN}",), "model.template"),
-])
+@pytest.mark.parametrize(
+    "args,key",
+    [
+        (("-m", f"run.extra_args=[--hub_token,{TOKEN}]", "run.max_steps=1"), "run.extra_args"),
+        (("-m", f"run.dataset={TOKEN}", "gkd.beta=0.5,0.9"), "run.dataset"),
+        ((f"run.dataset={TOKEN}", "run.max_steps=1"), "run.dataset"),
+        ((f"model.template={TOKEN}",), "model.template"),
+    ],
+)
 def test_a_credential_on_the_command_line_is_refused_before_anything_is_written(tmp_path, args, key):
     p = _gkd_train(tmp_path, *args)
     assert p.returncode == 2, p.stderr[-3000:]
     lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"gkd-train: invalid config: {key}: ") and \
-        "looks like a credential" in lines[0], p.stderr
+    assert (
+        len(lines) == 1
+        and lines[0].startswith(f"gkd-train: invalid config: {key}: ")
+        and "looks like a credential" in lines[0]
+    ), p.stderr
     assert TOKEN not in p.stdout + p.stderr  # the console (Hydra's launch line included)
     assert _files_holding(tmp_path, TOKEN) == []
 
@@ -75,9 +83,9 @@ def test_log_records_are_redacted_and_a_failing_log_write_prints_no_traceback():
     try:
         _redact_log_records()
         _redact_log_records()  # idempotent: one redacting layer
-        record = logging.getLogger("hydra.test").makeRecord("hydra.test", logging.INFO, __file__, 1,
-                                                             "\t#%d : %s", (0, f"run.extra_args=[--hub_token,{TOKEN}]"),
-                                                             None)
+        record = logging.getLogger("hydra.test").makeRecord(
+            "hydra.test", logging.INFO, __file__, 1, "\t#%d : %s", (0, f"run.extra_args=[--hub_token,{TOKEN}]"), None
+        )
         assert record.getMessage() == "\t#0 : run.extra_args=[--hub_token,<redacted>]"
         assert logging.raiseExceptions is False
     finally:

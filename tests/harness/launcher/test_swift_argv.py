@@ -4,17 +4,24 @@ Configs are composed for real (``gkd_harness.harness.launcher.compose.point_conf
 ``gkd_harness.harness.launcher.node.NodeLayout`` from ``node_layout``, as ``gkd_harness.harness.launcher.plan`` builds it. That every flag is
 accepted by ms-swift's own argument parser is ``tests/harness/launcher/test_argv_contract.py``.
 """
+
 import dataclasses
 import re
 from pathlib import Path
 
 from gkd_harness.harness.launcher.compose import point_config
 from gkd_harness.harness.launcher.node import NodeLayout, node_layout
-from gkd_harness.harness.launcher.swift_argv import PLUGIN_PATH, ResolvedInputs, build_argv, hf_argv, megatron_argv, megatron_batch_sizes
+from gkd_harness.harness.launcher.swift_argv import (
+    PLUGIN_PATH,
+    ResolvedInputs,
+    build_argv,
+    hf_argv,
+    megatron_argv,
+    megatron_batch_sizes,
+)
 
 INPUTS = ResolvedInputs(student="/m/student", teacher="/m/teacher", dataset="/d/train.jsonl")
-ONE_GPU = NodeLayout(nproc_per_node=1, nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=29511,
-                     torchrun=True)
+ONE_GPU = NodeLayout(nproc_per_node=1, nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=29511, torchrun=True)
 
 
 def cfg_with(*overrides):
@@ -52,8 +59,16 @@ def megatron_fields():
 
 
 def test_hf_argv_maps_every_design_key():
-    cfg = cfg_with("gkd.beta=0.25", "gkd.temperature=0.7", "gkd.topk=16", "gkd.sft_alpha=0.3", "run.seed=7",
-                   "run.max_steps=11", "run.grad_accum=3", "run.per_device_batch_size=4")
+    cfg = cfg_with(
+        "gkd.beta=0.25",
+        "gkd.temperature=0.7",
+        "gkd.topk=16",
+        "gkd.sft_alpha=0.3",
+        "run.seed=7",
+        "run.max_steps=11",
+        "run.grad_accum=3",
+        "run.per_device_batch_size=4",
+    )
     argv = hf_argv(cfg, INPUTS, "/runs/r1", device="cpu", wandb_mode="offline", run_name="r1")
     assert argv[:4] == ["swift", "rlhf", "--rlhf_type", "gkd"]
     a = as_dict(argv)
@@ -64,7 +79,9 @@ def test_hf_argv_maps_every_design_key():
     assert (a["seed"], a["data_seed"], a["max_steps"]) == ("7", "7", "11")
     assert (a["gradient_accumulation_steps"], a["per_device_train_batch_size"]) == ("3", "4")
     assert a["use_vllm"] == "false" and a["lmbda"] == "0.0"
-    assert a["external_plugins"] == PLUGIN_PATH and Path(PLUGIN_PATH).name == "plugin.py" and Path(PLUGIN_PATH).is_file()
+    assert (
+        a["external_plugins"] == PLUGIN_PATH and Path(PLUGIN_PATH).name == "plugin.py" and Path(PLUGIN_PATH).is_file()
+    )
     assert a["callbacks"] == "gkd_harness" and a["report_to"] == "wandb" and a["run_name"] == "r1"
     assert a["output_dir"] == "/runs/r1/swift" and a["add_version"] == "false"
     assert a["use_cpu"] == "true"  # gloo DDP across ranks on CPU
@@ -76,26 +93,47 @@ def test_hf_argv_maps_every_design_key():
 def test_hf_argv_variants():
     a = as_dict(hf_argv(cfg_with("tracking=disabled"), INPUTS, "/r", device="cuda", wandb_mode="disabled"))
     assert a["report_to"] == "none" and "use_cpu" not in a and "gkd_logits_topk" not in a
-    a = as_dict(hf_argv(cfg_with("backend.deepspeed=zero3", "run.extra_args=[--warmup_ratio,0.1]"), INPUTS, "/r",
-                        device="cuda", wandb_mode="disabled"))
+    a = as_dict(
+        hf_argv(
+            cfg_with("backend.deepspeed=zero3", "run.extra_args=[--warmup_ratio,0.1]"),
+            INPUTS,
+            "/r",
+            device="cuda",
+            wandb_mode="disabled",
+        )
+    )
     assert a["deepspeed"] == "zero3" and a["warmup_ratio"] == "0.1" and a["report_to"] == "none"
     a = as_dict(hf_argv(cfg_with("rollout=hf", "gkd.lmbda=0.5"), INPUTS, "/r", device="cpu", wandb_mode="offline"))
     assert a["lmbda"] == "0.5" and a["use_vllm"] == "false"
 
 
 def test_megatron_argv_parallel_sizes():
-    cfg = cfg_with("backend=megatron", "backend.tensor_model_parallel_size=2", "backend.pipeline_model_parallel_size=2",
-                   "backend.context_parallel_size=2", "backend.sequence_parallel=true", "backend.nproc_per_node=8",
-                   "backend.nnodes=2", "backend.micro_batch_size=2", "run.grad_accum=4", "gkd.topk=64",
-                   "run.max_steps=100", "backend.recompute_granularity=full", "model.student_dtype=null",
-                   "model.teacher_dtype=null")
+    cfg = cfg_with(
+        "backend=megatron",
+        "backend.tensor_model_parallel_size=2",
+        "backend.pipeline_model_parallel_size=2",
+        "backend.context_parallel_size=2",
+        "backend.sequence_parallel=true",
+        "backend.nproc_per_node=8",
+        "backend.nnodes=2",
+        "backend.micro_batch_size=2",
+        "run.grad_accum=4",
+        "gkd.topk=64",
+        "run.max_steps=100",
+        "backend.recompute_granularity=full",
+        "model.student_dtype=null",
+        "model.teacher_dtype=null",
+    )
     layout = node_layout(cfg.backend, {"MASTER_PORT": "29511"}, force_torchrun=True)
     assert (layout.nproc_per_node, layout.nnodes, layout.world_size) == (8, 2, 16)
     argv = build_argv(cfg, INPUTS, "/runs/m", layout, device="cuda", wandb_mode="online", run_name="m1")
     assert argv[:4] == ["megatron", "rlhf", "--rlhf_type", "gkd"]
     a = as_dict(argv)
     assert (a["tensor_model_parallel_size"], a["pipeline_model_parallel_size"], a["context_parallel_size"]) == (
-        "2", "2", "2")
+        "2",
+        "2",
+        "2",
+    )
     assert a["sequence_parallel"] == "true" and a["micro_batch_size"] == "2"
     assert a["global_batch_size"] == str(2 * (16 // 8) * 4)  # mbs * DP (16 ranks / TP*PP*CP) * grad_accum
     assert megatron_batch_sizes(cfg.backend, layout, cfg.run.grad_accum) == (2, 16)
@@ -113,8 +151,9 @@ def test_megatron_global_batch_follows_the_layout_not_the_config_alone():
     cfg = cfg_with("experiment=seed", "run.dataset=x/y")
     sizes = []
     for nodes in (1, 2):
-        layout = NodeLayout(nproc_per_node=8, nnodes=nodes, node_rank=0, master_addr="n1", master_port=29511,
-                            torchrun=True)
+        layout = NodeLayout(
+            nproc_per_node=8, nnodes=nodes, node_rank=0, master_addr="n1", master_port=29511, torchrun=True
+        )
         sizes.append(as_dict(megatron_argv(cfg, INPUTS, "/r", layout, wandb_mode="offline"))["global_batch_size"])
     assert sizes == ["8", "16"]
     fixed = cfg_with("experiment=seed", "run.dataset=x/y", "backend.global_batch_size=64")
@@ -122,8 +161,15 @@ def test_megatron_global_batch_follows_the_layout_not_the_config_alone():
 
 
 def test_megatron_colocated_rollout_args():
-    cfg = cfg_with("backend=megatron", "rollout=vllm_colocate", "gkd.lmbda=0.5", "backend.nproc_per_node=8",
-                   "rollout.vllm.device=cuda", "model.student_dtype=null", "model.teacher_dtype=null")
+    cfg = cfg_with(
+        "backend=megatron",
+        "rollout=vllm_colocate",
+        "gkd.lmbda=0.5",
+        "backend.nproc_per_node=8",
+        "rollout.vllm.device=cuda",
+        "model.student_dtype=null",
+        "model.teacher_dtype=null",
+    )
     a = as_dict(megatron_argv(cfg, INPUTS, "/runs/m", ONE_GPU, wandb_mode="disabled"))
     assert a["use_vllm"] == "true" and a["vllm_mode"] == "colocate" and a["lmbda"] == "0.5"
     assert a["report_to"] == "none" and "wandb_project" not in a

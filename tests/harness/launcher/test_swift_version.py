@@ -1,14 +1,19 @@
 """The tested ms-swift series (gkd_harness.harness.launcher.swift_version): the check before launch, the version-dependent
 arguments, and pyproject's requirement (one range, two spellings: checked equal here)."""
+
 import re
 import subprocess
-import sys
 
 import pytest
 
 from gkd_harness.harness.config.schema import ConfigError
-from gkd_harness.harness.launcher.swift_version import (ALLOW_KEY, TESTED_SWIFT_SERIES, check_swift_version, series,
-                                            version_args)
+from gkd_harness.harness.launcher.swift_version import (
+    ALLOW_KEY,
+    TESTED_SWIFT_SERIES,
+    check_swift_version,
+    series,
+    version_args,
+)
 from tests.launch.helpers import REPO, gkd_train_cmd, harness_env
 
 
@@ -58,9 +63,12 @@ def test_gkd_train_refuses_an_untested_version_before_launch(tmp_path):
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [x for x in proc.stderr.splitlines() if x.strip()]
-    assert lines == [f"gkd-train: invalid config: {ALLOW_KEY}: ms-swift 9.9.0 is installed; the harness is tested "
-                     f"with 4.5.x and 4.6.x: install one of them, or set {ALLOW_KEY}=true to run on 9.9.0 anyway"]
-    proc = subprocess.run([*cmd, f"{ALLOW_KEY}=true"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)
+    assert lines == [
+        f"gkd-train: invalid config: {ALLOW_KEY}: ms-swift 9.9.0 is installed; the harness is tested "
+        f"with 4.5.x and 4.6.x: install one of them, or set {ALLOW_KEY}=true to run on 9.9.0 anyway"
+    ]
+    proc = subprocess.run(
+        [*cmd, f"{ALLOW_KEY}=true"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "--dataloader_persistent_workers false" in proc.stdout

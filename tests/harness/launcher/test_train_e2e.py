@@ -3,6 +3,7 @@
 Each configuration runs once per session (``run`` fixture) and is shared by the tests that read it. Runs are a
 few steps long; the 20-step acceptance numbers are in the issue note.
 """
+
 import json
 import os
 import signal
@@ -13,13 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from gkd_harness.harness.store.captures import load_capture
 from gkd_harness.harness.launcher.compose import point_config
-from gkd_harness.harness.losses import make_gkd_loss
-from gkd_harness.harness.store.metrics_io import read_metrics
 from gkd_harness.harness.launcher.run import train
-from tests.conftest import entry_point
 from gkd_harness.harness.loss.reference import reference_gkd
+from gkd_harness.harness.losses import make_gkd_loss
+from gkd_harness.harness.store.captures import load_capture
+from gkd_harness.harness.store.metrics_io import read_metrics
+from tests.conftest import entry_point
 
 pytestmark = pytest.mark.slow
 
@@ -30,15 +31,26 @@ RUNS = {
     "original": (["loss=original", "monitor.capture=true", "monitor.spot_check.param_grad=true"], 1),
     "fp32": (["loss=fp32", "monitor.capture=true", "monitor.spot_check.param_grad=true"], 1),
     "fp32_off": (["loss=fp32", "monitor=off"], 1),
-    "beta0_topk_sft": (["loss=continuous", "gkd.beta=0", "gkd.topk=8", "gkd.sft_alpha=0.5", "monitor.capture=true",
-                        "run.max_steps=2"], 1),
+    "beta0_topk_sft": (
+        ["loss=continuous", "gkd.beta=0", "gkd.topk=8", "gkd.sft_alpha=0.5", "monitor.capture=true", "run.max_steps=2"],
+        1,
+    ),
     "beta1_ddp": (["loss=fp32", "gkd.beta=1", "backend.nproc_per_node=2", "run.max_steps=2"], 2),
 }
 
 
 def compose_cfg(out_dir, overrides):
-    return point_config([f"run.output_dir={out_dir}", f"run.max_steps={STEPS}", "gkd.beta=0.5", "gkd.temperature=0.9",
-                         "tracking.wandb.mode=offline", "tracking.wandb.group=e2e", *overrides])[0]
+    return point_config(
+        [
+            f"run.output_dir={out_dir}",
+            f"run.max_steps={STEPS}",
+            "gkd.beta=0.5",
+            "gkd.temperature=0.9",
+            "tracking.wandb.mode=offline",
+            "tracking.wandb.group=e2e",
+            *overrides,
+        ]
+    )[0]
 
 
 @pytest.fixture(scope="session")
@@ -142,15 +154,24 @@ def test_logged_values_against_independent_fp64_reference(run, name):
     assert (t.full_logits if t.full_logits is not None else t.topk_logprobs).dtype == torch.bfloat16
     form = summary["config"]["loss.beta_form"]
     topk = (t.topk_logprobs, t.topk_indices) if t.is_topk_mode else None
-    total, n, _ = reference_gkd(cap["student_logits"], cap["labels"], cap["beta"], cap["temperature"], form,
-                                teacher_full=t.full_logits, teacher_topk=topk, teacher_labels=t.labels)
+    total, n, _ = reference_gkd(
+        cap["student_logits"],
+        cap["labels"],
+        cap["beta"],
+        cap["temperature"],
+        form,
+        teacher_full=t.full_logits,
+        teacher_topk=topk,
+        teacher_labels=t.labels,
+    )
     ref = total / n
     row = metrics(out)[0]
     assert row["spot/loss_fp64"] == pytest.approx(ref, rel=1e-9)
     jsd = row["gkd/jsd_loss"]
     prec = summary["config"]["loss.precision"]
-    run_total, run_n = make_gkd_loss(prec, form)(cap["student_logits"], t, cap["labels"], cap["beta"],
-                                                  cap["temperature"])
+    run_total, run_n = make_gkd_loss(prec, form)(
+        cap["student_logits"], t, cap["labels"], cap["beta"], cap["temperature"]
+    )
     assert jsd == pytest.approx(float(run_total / run_n), rel=1e-6)  # the logged value is this call's loss
     if prec == "native":
         assert jsd < 0 < ref
@@ -193,8 +214,12 @@ def test_completed_run_is_skipped(run):
 
 
 def test_cli_rejects_bad_config_naming_the_key(tmp_path):
-    proc = subprocess.run([entry_point("gkd-train"), f"run.output_dir={tmp_path / 'r'}", "gkd.beta=1.5"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [entry_point("gkd-train"), f"run.output_dir={tmp_path / 'r'}", "gkd.beta=1.5"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip() == "gkd-train: invalid config: gkd.beta: must lie in [0, 1], got 1.5"
     assert "Traceback" not in proc.stdout + proc.stderr
@@ -209,10 +234,18 @@ def test_completed_folder_with_another_config_is_refused_listing_the_keys(run, t
 
     shutil.copytree(summary["inputs"]["teacher"], other)
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
-    args = [f"run.output_dir={out}", f"run.max_steps={STEPS}", "gkd.beta=0.5", "gkd.temperature=0.9",
-            "tracking.wandb.mode=offline", "tracking.wandb.group=e2e", *RUNS["fp32"][0]]
-    proc = subprocess.run([entry_point("gkd-train"), *args, f"model.teacher={other}"], capture_output=True, text=True,
-                          timeout=300)
+    args = [
+        f"run.output_dir={out}",
+        f"run.max_steps={STEPS}",
+        "gkd.beta=0.5",
+        "gkd.temperature=0.9",
+        "tracking.wandb.mode=offline",
+        "tracking.wandb.group=e2e",
+        *RUNS["fp32"][0],
+    ]
+    proc = subprocess.run(
+        [entry_point("gkd-train"), *args, f"model.teacher={other}"], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 2, proc.stderr
     assert "model.teacher" in proc.stderr and "run.overwrite=true" in proc.stderr and "Traceback" not in proc.stderr
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before  # nothing touched
@@ -225,17 +258,31 @@ def test_a_second_run_into_a_live_folder_exits_at_once_naming_the_owner(embedded
     """Issue 12 item 3: the second run used to move the live run's files away and swap its plugin settings."""
     out = tmp_path / "D"
     env = {**os.environ, "GKD_HARNESS_CACHE": str(embedded_cache)}
-    first = subprocess.Popen([entry_point("gkd-train"), "run.max_steps=4", f"run.output_dir={out}",
-                              "tracking.wandb.mode=disabled"], env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [entry_point("gkd-train"), "run.max_steps=4", f"run.output_dir={out}", "tracking.wandb.mode=disabled"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 300
         while not (out / ".lock").exists():
             assert time.time() < deadline and first.poll() is None, first.stderr.read() if first.poll() else "timeout"
             time.sleep(0.2)
-        second = subprocess.run([entry_point("gkd-train"), "run.max_steps=4", "loss=original",
-                                 f"run.output_dir={out}", "tracking.wandb.mode=disabled"], env=env,
-                                capture_output=True, text=True, timeout=120)
+        second = subprocess.run(
+            [
+                entry_point("gkd-train"),
+                "run.max_steps=4",
+                "loss=original",
+                f"run.output_dir={out}",
+                "tracking.wandb.mode=disabled",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert second.returncode == 2, second.stderr
         assert str(out) in second.stderr and f"pid {first.pid}" in second.stderr.replace("pid=", "pid ")
         assert first.wait(timeout=900) == 0
@@ -251,8 +298,14 @@ def test_a_second_run_into_a_live_folder_exits_at_once_naming_the_owner(embedded
 def test_sigkill_mid_training_keeps_metrics_and_marks_failed_then_resumes(embedded_cache, tmp_path):
     out = tmp_path / "killed"
     env = {**os.environ, "GKD_HARNESS_CACHE": str(embedded_cache)}
-    args = [entry_point("gkd-train"), f"run.output_dir={out}", f"run.max_steps={RESUME_STEPS}", "run.save_steps=2",
-            "loss=original", "tracking.wandb.mode=offline"]
+    args = [
+        entry_point("gkd-train"),
+        f"run.output_dir={out}",
+        f"run.max_steps={RESUME_STEPS}",
+        "run.save_steps=2",
+        "loss=original",
+        "tracking.wandb.mode=offline",
+    ]
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 600

@@ -1,4 +1,5 @@
 """gkd_harness.harness.launcher.wandb_env: the WANDB_* variables that steer ms-swift's wandb.init, and the online/offline decision."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,9 @@ def test_online_falls_back_to_offline_with_one_warning():
 
 def test_wandb_env_mapping_never_carries_a_key(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", "secret-key-123")
-    env = wandb_env({"project": "p", "entity": "e", "group": "g", "tags": ["a", "b"], "api_key": "x"}, "offline",
-                    tmp_path, "run-1")
+    env = wandb_env(
+        {"project": "p", "entity": "e", "group": "g", "tags": ["a", "b"], "api_key": "x"}, "offline", tmp_path, "run-1"
+    )
     assert env["WANDB_PROJECT"] == "p" and env["WANDB_ENTITY"] == "e" and env["WANDB_RUN_GROUP"] == "g"
     assert env["WANDB_TAGS"] == "g,a,b" and env["WANDB_NAME"] == "run-1" and env["WANDB_MODE"] == "offline"
     assert env["WANDB_DIR"] == str(tmp_path / "wandb") and env["WANDB_JOB_TYPE"] == "gkd-train"
@@ -39,8 +41,15 @@ def test_wandb_env_mapping_never_carries_a_key(tmp_path, monkeypatch):
 
 
 def test_run_identity_tags_group_job_type_and_a_stable_id(tmp_path, monkeypatch):
-    env = wandb_env({"group": "smoke", "tags": ["mine", "fp32"]}, "offline", tmp_path / "run", "loss=fp32",
-                    precision="fp32", beta_form="continuous", experiment="smoke")
+    env = wandb_env(
+        {"group": "smoke", "tags": ["mine", "fp32"]},
+        "offline",
+        tmp_path / "run",
+        "loss=fp32",
+        precision="fp32",
+        beta_form="continuous",
+        experiment="smoke",
+    )
     assert env["WANDB_TAGS"].split(",") == ["patched", "fp32", "continuous", "smoke", "mine"]
     assert env["WANDB_RUN_GROUP"] == "smoke" and env["WANDB_JOB_TYPE"] == "gkd-train"
     assert env["WANDB_RESUME"] == "allow" and env["WANDB_RUN_ID"] == wandb_run_id(tmp_path / "run")
@@ -74,11 +83,24 @@ def test_a_retry_continues_the_same_wandb_run_offline(tmp_path):
     real ``wandb.init`` calls (offline, same folder) get the same run id, group, job type and tags."""
     run_dir = tmp_path / "run"
     (run_dir / "wandb").mkdir(parents=True)
-    env = wandb_env({"project": "p", "group": "smoke"}, "offline", run_dir, "loss=fp32", precision="fp32",
-                    beta_form="paper", experiment="smoke")
+    env = wandb_env(
+        {"project": "p", "group": "smoke"},
+        "offline",
+        run_dir,
+        "loss=fp32",
+        precision="fp32",
+        beta_form="paper",
+        experiment="smoke",
+    )
     clean = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    out = subprocess.run([sys.executable, "-c", WANDB_SCRIPT], env={**clean, **env}, cwd=tmp_path,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", WANDB_SCRIPT],
+        env={**clean, **env},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     first, second = json.loads(out.stdout.strip().splitlines()[-1])
     assert first["id"] == second["id"] == env["WANDB_RUN_ID"] == wandb_run_id(run_dir)
@@ -88,5 +110,6 @@ def test_a_retry_continues_the_same_wandb_run_offline(tmp_path):
         assert Path(attempt["dir"]).resolve().is_relative_to((run_dir / "wandb").resolve())
     offline = sorted(p.name for p in (run_dir / "wandb" / "wandb").glob("offline-run-*"))
     # offline-run-<time>-<id>; wandb appends -1 when both attempts start within the same second
-    assert len(offline) == 2 and all(re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{env['WANDB_RUN_ID']}(-\d+)?", name)
-                                     for name in offline), offline
+    assert len(offline) == 2 and all(
+        re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{env['WANDB_RUN_ID']}(-\d+)?", name) for name in offline
+    ), offline

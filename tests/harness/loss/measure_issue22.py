@@ -11,6 +11,7 @@
 References: ``gkd_harness.harness.loss.reference`` (FP64) and, with ``--mp``, the mpmath row reference of
 ``mp_reference.py`` on the worst rows (25 s per row at this width).
 """
+
 from __future__ import annotations
 
 import sys
@@ -21,9 +22,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from swift.rlhf_trainers.gkd_loss import TeacherOutput  # noqa: E402
+
 from gkd_harness.harness.loss.reference import reference_gkd  # noqa: E402
 from gkd_harness.harness.losses import make_gkd_loss_terms  # noqa: E402
-from swift.rlhf_trainers.gkd_loss import TeacherOutput  # noqa: E402
 
 V = 151_936
 
@@ -46,7 +48,7 @@ def run(precision, form, s, t, beta, temp, **kw):
     x = s.detach().clone().requires_grad_(True)
     lab = torch.zeros(x.shape[:2], dtype=torch.long)
     out = make_gkd_loss_terms(precision, form)(x, TeacherOutput(full_logits=t, labels=lab), lab, beta, temp, **kw)
-    (g, ) = torch.autograd.grad(out.total / int(out.num_valid), x)
+    (g,) = torch.autograd.grad(out.total / int(out.num_valid), x)
     return float(out.total), out.per_position.detach().double(), g.double()
 
 
@@ -59,19 +61,25 @@ def report(name, s, t, beta, temp, form, mp=False, **kw):
     ref_total, n, ref_grad = reference_gkd(s, lab, beta, temp, form, teacher_full=t)
     total, per, grad = run("fp32", form, s, t, beta, temp, **kw)
     _, _, g64 = run("fp64", form, s, t, beta, temp, **kw)
-    line = (f"{name}: fp32 total {total:+.3e} (ref {ref_total:+.3e}, |err| {abs(total - ref_total):.2e}, "
-            f"tol {1e-4 * abs(ref_total) + 2e-6 * n:.2e}), negative positions {int((per < 0).sum())}/{n}, "
-            f"grad rel L2 vs reference {rel(grad, ref_grad):.2e}, spot (fp32 vs fp64 variant) {rel(grad, g64):.2e}")
+    line = (
+        f"{name}: fp32 total {total:+.3e} (ref {ref_total:+.3e}, |err| {abs(total - ref_total):.2e}, "
+        f"tol {1e-4 * abs(ref_total) + 2e-6 * n:.2e}), negative positions {int((per < 0).sum())}/{n}, "
+        f"grad rel L2 vs reference {rel(grad, ref_grad):.2e}, spot (fp32 vs fp64 variant) {rel(grad, g64):.2e}"
+    )
     print(line, flush=True)
     if mp:
         from mp_reference import mp_jsd_row
-        row_err = ((grad - ref_grad)[0].norm(dim=-1) / ref_grad[0].norm(dim=-1))
+
+        row_err = (grad - ref_grad)[0].norm(dim=-1) / ref_grad[0].norm(dim=-1)
         i = int(row_err.argmax())
         mloss, mgrad = mp_jsd_row(s[0, i], t[0, i], beta, form, temp)
         mgrad = mgrad / n
-        print(f"   worst row {i} vs mpmath: loss fp32 {float(per[i]):+.6e} mp {mloss:+.6e}; grad rel L2: fp32 "
-              f"{rel(grad[0, i], mgrad):.2e}, reference.py {rel(ref_grad[0, i], mgrad):.2e}, fp64 variant "
-              f"{rel(g64[0, i], mgrad):.2e}", flush=True)
+        print(
+            f"   worst row {i} vs mpmath: loss fp32 {float(per[i]):+.6e} mp {mloss:+.6e}; grad rel L2: fp32 "
+            f"{rel(grad[0, i], mgrad):.2e}, reference.py {rel(ref_grad[0, i], mgrad):.2e}, fp64 variant "
+            f"{rel(g64[0, i], mgrad):.2e}",
+            flush=True,
+        )
 
 
 def main(mp: bool) -> None:
@@ -80,12 +88,13 @@ def main(mp: bool) -> None:
     s = (torch.randn(1, n, V, generator=g) * 2).bfloat16().float()
     report("R1a identical, T=0.3, b=0.05 paper, TP=1 primitives", s, s.bfloat16(), 0.05, 0.3, "paper", **INJECTED)
     t = (s + 0.05 * torch.randn(1, n, V, generator=g)).bfloat16()
-    report("R1b near-identical, T=1, b=0.05 continuous, TP=1 primitives", s, t, 0.05, 1.0, "continuous", mp=mp,
-           **INJECTED)
+    report(
+        "R1b near-identical, T=1, b=0.05 continuous, TP=1 primitives", s, t, 0.05, 1.0, "continuous", mp=mp, **INJECTED
+    )
     report("R1b same inputs, default primitives", s, t, 0.05, 1.0, "continuous")
     # R2: logit std 5, student dominant on token a, teacher on token b != a.
-    s = (torch.randn(1, n, V, generator=g) * 5)
-    t = (torch.randn(1, n, V, generator=g) * 5)
+    s = torch.randn(1, n, V, generator=g) * 5
+    t = torch.randn(1, n, V, generator=g) * 5
     ids = torch.arange(n)
     s[0, ids, ids] += 30.0
     t[0, ids, ids + n] += 30.0

@@ -9,6 +9,7 @@ Written from the definitions only (no formula of harness/loss): ``p = softmax(zs
 
 At 50 significant digits nothing of FP64 inputs cancels. Slow (pure python): meant for a few rows.
 """
+
 from __future__ import annotations
 
 import mpmath

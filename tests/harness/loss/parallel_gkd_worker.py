@@ -24,6 +24,7 @@ kl_div_fn=vocab_parallel_kl_div``), with ms-swift's own functions:
   per CP rank, as the Megatron trainer makes them), its metrics computed with ms-swift's own
   ``SwiftMixin.compute_custom_metrics`` (the logging-step reduction), next to ``cp_reduce`` of the call's total.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -59,20 +60,33 @@ def import_megatron_gkd_fns() -> SimpleNamespace:
         sys.modules["mcore_bridge"] = pkg
         pkg.split_cp_inputs = importlib.import_module("mcore_bridge.utils.megatron_utils").split_cp_inputs
     from mcore_bridge import split_cp_inputs
-
-    from swift.megatron.trainers.gkd_utils import (cp_reduce, cp_slice_teacher_output, tp_gather_topk,
-                                                   vocab_parallel_topk)
+    from swift.megatron.trainers.gkd_utils import (
+        cp_reduce,
+        cp_slice_teacher_output,
+        tp_gather_topk,
+        vocab_parallel_topk,
+    )
     from swift.megatron.trainers.vocab_parallel_utils import vocab_parallel_kl_div, vocab_parallel_log_softmax
-    return SimpleNamespace(cp_reduce=cp_reduce, cp_slice_teacher_output=cp_slice_teacher_output,
-                           tp_gather_topk=tp_gather_topk, vocab_parallel_topk=vocab_parallel_topk,
-                           vocab_parallel_kl_div=vocab_parallel_kl_div,
-                           vocab_parallel_log_softmax=vocab_parallel_log_softmax, split_cp_inputs=split_cp_inputs)
+
+    return SimpleNamespace(
+        cp_reduce=cp_reduce,
+        cp_slice_teacher_output=cp_slice_teacher_output,
+        tp_gather_topk=tp_gather_topk,
+        vocab_parallel_topk=vocab_parallel_topk,
+        vocab_parallel_kl_div=vocab_parallel_kl_div,
+        vocab_parallel_log_softmax=vocab_parallel_log_softmax,
+        split_cp_inputs=split_cp_inputs,
+    )
 
 
 def _loss_kwargs(fns, case) -> dict:
     """The injected functions exactly as ``MegatronGKDTrainer.loss_func`` passes them."""
-    return dict(gather_fn=fns.tp_gather_topk, log_softmax_fn=fns.vocab_parallel_log_softmax,
-                kl_div_fn=fns.vocab_parallel_kl_div, chunk_size=case["chunk_size"])
+    return dict(
+        gather_fn=fns.tp_gather_topk,
+        log_softmax_fn=fns.vocab_parallel_log_softmax,
+        kl_div_fn=fns.vocab_parallel_kl_div,
+        chunk_size=case["chunk_size"],
+    )
 
 
 def run_tp_case(case: dict, inp: dict, fns) -> dict:
@@ -82,10 +96,10 @@ def run_tp_case(case: dict, inp: dict, fns) -> dict:
     ``make_gkd_loss_terms`` outputs and, for top-k, the teacher's global top-k values/ids.
     """
     from megatron.core import parallel_state as ps
-
-    from gkd_harness.harness.losses import make_gkd_loss, make_gkd_loss_terms
     from swift.rlhf_trainers.gkd_loss import TeacherOutput
     from swift.rlhf_trainers.gkd_loss import gkd_loss as upstream_gkd_loss
+
+    from gkd_harness.harness.losses import make_gkd_loss, make_gkd_loss_terms
 
     rank, size = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
     student, teacher, labels = inp["student"], inp["teacher"], inp["labels"]
@@ -106,19 +120,23 @@ def run_tp_case(case: dict, inp: dict, fns) -> dict:
 
     s = student[..., shard].contiguous().requires_grad_(True)
     total, n = make_gkd_loss(case["precision"], case["beta_form"])(s, t_out, labels, *args, **kwargs)
-    (grad, ) = torch.autograd.grad(total / n, s)
+    (grad,) = torch.autograd.grad(total / n, s)
     out.update(total=total.detach(), n=int(n), grad=grad, loss_dtype=str(total.dtype))
 
     s2 = student[..., shard].contiguous().requires_grad_(True)
     terms = make_gkd_loss_terms(case["precision"], case["beta_form"])(s2, t_out, labels, *args, **kwargs)
-    (grad_terms, ) = torch.autograd.grad(terms.total / terms.num_valid, s2)
-    out.update(terms_total=terms.total.detach(), terms_n=int(terms.num_valid),
-               per_position=terms.per_position.detach(), grad_terms=grad_terms)
+    (grad_terms,) = torch.autograd.grad(terms.total / terms.num_valid, s2)
+    out.update(
+        terms_total=terms.total.detach(),
+        terms_n=int(terms.num_valid),
+        per_position=terms.per_position.detach(),
+        grad_terms=grad_terms,
+    )
 
     if case["precision"] == "native":
         s3 = student[..., shard].contiguous().requires_grad_(True)
         up_total, up_n = upstream_gkd_loss(s3, t_out, labels, *args, **kwargs)
-        (up_grad, ) = torch.autograd.grad(up_total / up_n, s3)
+        (up_grad,) = torch.autograd.grad(up_total / up_n, s3)
         out.update(upstream_total=up_total.detach(), upstream_grad=up_grad)
     return out
 
@@ -131,9 +149,9 @@ def run_cp_case(case: dict, inp: dict, fns) -> dict:
     ``grad`` (d cp_loss / d local student slice, ``[B, S/2, V]``), ``per_position``, top-k values/ids.
     """
     from megatron.core import parallel_state as ps
+    from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
     from gkd_harness.harness.losses import make_gkd_loss, make_gkd_loss_terms
-    from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
     size = ps.get_context_parallel_world_size()
     student, teacher, labels = inp["student"], inp["teacher"], inp["labels"]
@@ -156,7 +174,7 @@ def run_cp_case(case: dict, inp: dict, fns) -> dict:
     total, n = make_gkd_loss(case["precision"], case["beta_form"])(s, t_out, labels_loc, *args, **kwargs)
     out.update(positions=positions, total=total.detach().clone(), n=int(n), loss_dtype=str(total.dtype))
     cp_loss = fns.cp_reduce(total, n, cp_size=size)
-    (grad, ) = torch.autograd.grad(cp_loss, s)
+    (grad,) = torch.autograd.grad(cp_loss, s)
     out.update(cp_loss=cp_loss.detach(), grad=grad)
 
     s2 = split(student).contiguous().requires_grad_(True)
@@ -169,18 +187,21 @@ def run_cp_instrument_case(case: dict, inp: dict, fns) -> dict:
     """One training step's loss call at CP=2 through the instrument; returns (per rank) the logged metrics
     (``logs``), the local ``total`` / ``n`` of this shard and ``cp_loss`` (``cp_reduce`` of the call's output)."""
     from megatron.core import parallel_state as ps
-
-    from gkd_harness.harness.rank.instrument import LossInstrument, build_metrics
-    from gkd_harness.harness.losses import make_gkd_loss_terms
     from swift.rlhf_trainers.gkd_loss import TeacherOutput
     from swift.trainers.mixin import SwiftMixin
+
+    from gkd_harness.harness.losses import make_gkd_loss_terms
+    from gkd_harness.harness.rank.instrument import LossInstrument, build_metrics
 
     size = ps.get_context_parallel_world_size()
     student, teacher, labels = inp["student"], inp["teacher"], inp["labels"]
     t_out = fns.cp_slice_teacher_output(TeacherOutput(full_logits=teacher, labels=labels.clone()), None, "zigzag")
     split = lambda x: fns.split_cp_inputs(x, None, 1)  # noqa: E731
-    inst = LossInstrument(make_gkd_loss_terms(case["precision"], case["beta_form"]),
-                          make_gkd_loss_terms("fp64", case["beta_form"]), build_metrics())
+    inst = LossInstrument(
+        make_gkd_loss_terms(case["precision"], case["beta_form"]),
+        make_gkd_loss_terms("fp64", case["beta_form"]),
+        build_metrics(),
+    )
     s = split(student).contiguous().requires_grad_(True)
     total, n = inst(s, t_out, split(labels), case["beta"], case["temperature"], **_loss_kwargs(fns, case))
     local_total, local_n = total.detach().clone(), int(n)
@@ -221,10 +242,16 @@ def main(in_path: str, out_dir: str) -> None:
     def on_inputs(runner):
         return lambda case, spec, fns: runner(case, spec["inputs"][case["inputs"]], fns)
 
-    serve(in_path, out_dir, (("tp1", dict(tensor_model_parallel_size=1), on_inputs(run_tp_case)),
-                             ("tp", dict(tensor_model_parallel_size=2), on_inputs(run_tp_case)),
-                             ("cp", dict(context_parallel_size=2), on_inputs(run_cp_case)),
-                             ("cpi", dict(context_parallel_size=2), on_inputs(run_cp_instrument_case))))
+    serve(
+        in_path,
+        out_dir,
+        (
+            ("tp1", dict(tensor_model_parallel_size=1), on_inputs(run_tp_case)),
+            ("tp", dict(tensor_model_parallel_size=2), on_inputs(run_tp_case)),
+            ("cp", dict(context_parallel_size=2), on_inputs(run_cp_case)),
+            ("cpi", dict(context_parallel_size=2), on_inputs(run_cp_instrument_case)),
+        ),
+    )
 
 
 if __name__ == "__main__":

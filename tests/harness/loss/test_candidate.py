@@ -1,5 +1,6 @@
 """gkd_harness.harness.loss.candidate: loading a candidate fix from a file or a module, its refusals, its hash and its per-position
 terms; and the config side (loss=candidate refused before any model loads)."""
+
 import hashlib
 import subprocess
 import sys
@@ -7,10 +8,17 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from gkd_harness.harness.loss.candidate import (CandidateError, candidate_terms, copy_into_run_folder, load_candidate,
-                                    loss_provenance, loss_source_path, loss_source_sha256)
 from swift.rlhf_trainers import gkd_loss as upstream
+
+from gkd_harness.harness.loss.candidate import (
+    CandidateError,
+    candidate_terms,
+    copy_into_run_folder,
+    load_candidate,
+    loss_provenance,
+    loss_source_path,
+    loss_source_sha256,
+)
 from tests.loss_cases import make_case
 
 REPO = Path(__file__).resolve().parents[3]
@@ -37,21 +45,36 @@ def test_missing_file_is_refused_naming_it(tmp_path):
 
 
 def test_file_without_gkd_loss_is_refused(tmp_path):
-    p = _write(tmp_path, "nothing.py", "def jsd_loss(s_logits, t_logits, beta, log_softmax_fn=None, kl_div_fn=None, "
-               "chunk_size=512):\n    return 0\n")
+    p = _write(
+        tmp_path,
+        "nothing.py",
+        "def jsd_loss(s_logits, t_logits, beta, log_softmax_fn=None, kl_div_fn=None, chunk_size=512):\n    return 0\n",
+    )
     msg = _refusal(p)
     assert str(p) in msg and "no gkd_loss" in msg
 
 
-@pytest.mark.parametrize("params,what", [
-    ("student_logits, teacher_output, labels, beta", "missing parameter 'temperature'"),
-    ("student_logits, teacher_output, labels, temperature, beta, gather_fn=None, log_softmax_fn=None, "
-     "kl_div_fn=None, chunk_size=512", "parameter 4 is 'temperature', expected 'beta'"),
-    ("student_logits, teacher_output, labels, beta, temperature, gather_fn, log_softmax_fn=None, kl_div_fn=None, "
-     "chunk_size=512", "parameter 'gather_fn' has no default"),
-    ("student_logits, teacher_output, labels, beta, temperature, gather_fn=None, log_softmax_fn=None, "
-     "kl_div_fn=None, chunk_size=512, *, extra", "required keyword-only parameter(s) extra"),
-])
+@pytest.mark.parametrize(
+    "params,what",
+    [
+        ("student_logits, teacher_output, labels, beta", "missing parameter 'temperature'"),
+        (
+            "student_logits, teacher_output, labels, temperature, beta, gather_fn=None, log_softmax_fn=None, "
+            "kl_div_fn=None, chunk_size=512",
+            "parameter 4 is 'temperature', expected 'beta'",
+        ),
+        (
+            "student_logits, teacher_output, labels, beta, temperature, gather_fn, log_softmax_fn=None, kl_div_fn=None, "
+            "chunk_size=512",
+            "parameter 'gather_fn' has no default",
+        ),
+        (
+            "student_logits, teacher_output, labels, beta, temperature, gather_fn=None, log_softmax_fn=None, "
+            "kl_div_fn=None, chunk_size=512, *, extra",
+            "required keyword-only parameter(s) extra",
+        ),
+    ],
+)
 def test_wrong_signature_is_refused_saying_what_differs(tmp_path, params, what):
     p = _write(tmp_path, "cand.py", f"def gkd_loss({params}):\n    return 0, 0\n")
     msg = _refusal(p)
@@ -59,8 +82,11 @@ def test_wrong_signature_is_refused_saying_what_differs(tmp_path, params, what):
 
 
 def test_wrong_jsd_loss_signature_is_refused_too(tmp_path):
-    p = _write(tmp_path, "cand.py", "from swift.rlhf_trainers.gkd_loss import gkd_loss\n"
-               "def jsd_loss(s_logits, t_logits):\n    return 0\n")
+    p = _write(
+        tmp_path,
+        "cand.py",
+        "from swift.rlhf_trainers.gkd_loss import gkd_loss\ndef jsd_loss(s_logits, t_logits):\n    return 0\n",
+    )
     assert "jsd_loss signature differs" in _refusal(p)
 
 
@@ -81,7 +107,7 @@ def test_good_example_loads_with_its_hash_and_declarations():
     assert cand.name == "good_promote_first"
     assert cand.sha256 == hashlib.sha256(GOOD.read_bytes()).hexdigest()
     assert cand.path == str(GOOD) and cand.jsd_loss is not None
-    assert cand.unchanged == ("float32/float32", )
+    assert cand.unchanged == ("float32/float32",)
     assert load_candidate(str(GOOD), "pr-1234").name == "pr-1234"
 
 
@@ -98,8 +124,11 @@ def test_native_provenance_is_the_installed_upstream_file():
     assert loss_source_path("native") == str(path)
     assert loss_source_sha256("native") == hashlib.sha256(path.read_bytes()).hexdigest()
     prov = loss_provenance("candidate", str(GOOD))
-    assert prov == {"name": "good_promote_first", "path": str(GOOD),
-                    "sha256": hashlib.sha256(GOOD.read_bytes()).hexdigest()}
+    assert prov == {
+        "name": "good_promote_first",
+        "path": str(GOOD),
+        "sha256": hashlib.sha256(GOOD.read_bytes()).hexdigest(),
+    }
     assert loss_source_sha256("fp32") == loss_source_sha256("fp64") is not None  # the harness's own loss code
 
 
@@ -114,8 +143,13 @@ def test_keep_in_run_folder_records_name_hash_and_copy(tmp_path):
 
     rec = keep_in_run_folder(str(GOOD), "pr-7", str(tmp_path))
     sha = hashlib.sha256(GOOD.read_bytes()).hexdigest()
-    assert rec == {"name": "pr-7", "source": str(GOOD), "path": str(GOOD), "sha256": sha,
-                   "copy": "candidate/good_promote_first.py"}
+    assert rec == {
+        "name": "pr-7",
+        "source": str(GOOD),
+        "path": str(GOOD),
+        "sha256": sha,
+        "copy": "candidate/good_promote_first.py",
+    }
     assert hashlib.sha256((tmp_path / rec["copy"]).read_bytes()).hexdigest() == sha
     mod = keep_in_run_folder("swift.rlhf_trainers.gkd_loss", None, str(tmp_path / "m"))
     assert mod["copy"] == "candidate/gkd_loss.py" and mod["sha256"] == loss_source_sha256("native")
@@ -130,7 +164,7 @@ def test_candidate_terms_are_the_candidates_own_values(mode):
     terms = candidate_terms(fn, max_positions=5)(s, case.teacher, case.labels, 0.5, 0.9)
     total, n = fn(case.student, case.teacher, case.labels, 0.5, 0.9)
     assert torch.equal(terms.total.detach(), total) and int(terms.num_valid) == int(n) == 14
-    assert terms.per_position.shape == (5, ) and not terms.per_position.requires_grad
+    assert terms.per_position.shape == (5,) and not terms.per_position.requires_grad
     assert float(terms.per_position.sum()) == pytest.approx(float(total) * 5 / 14, rel=0.5)
     assert terms.total.requires_grad
 
@@ -145,12 +179,15 @@ def _validate(overrides):
     return cfg
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["loss=candidate"], "loss.source"),
-    (["loss=candidate", "loss.source=/no/such/gkd_loss.py"], "loss.source: /no/such/gkd_loss.py: no such file"),
-    (["loss=candidate", "loss.source=gkd_harness.harness.contract"], "no gkd_loss"),
-    (["loss=candidate", "loss.source=no_such_pkg_gkd.mod:fn"], "no module named 'no_such_pkg_gkd'"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["loss=candidate"], "loss.source"),
+        (["loss=candidate", "loss.source=/no/such/gkd_loss.py"], "loss.source: /no/such/gkd_loss.py: no such file"),
+        (["loss=candidate", "loss.source=gkd_harness.harness.contract"], "no gkd_loss"),
+        (["loss=candidate", "loss.source=no_such_pkg_gkd.mod:fn"], "no module named 'no_such_pkg_gkd'"),
+    ],
+)
 def test_config_refusals_before_any_model_loads(overrides, message):
     from gkd_harness.harness.config.schema import ConfigError
 
@@ -178,9 +215,13 @@ def test_config_import_check_runs_in_a_fresh_process(tmp_path):
     imports the candidate's dependencies for validation."""
     from gkd_harness.harness.config.schema import ConfigError
 
-    p = _write(tmp_path, "cand.py", "import no_such_module_for_gkd\ndef gkd_loss(student_logits, teacher_output, "
-               "labels, beta, temperature, gather_fn=None, log_softmax_fn=None, kl_div_fn=None, chunk_size=512):\n"
-               "    pass\n")
+    p = _write(
+        tmp_path,
+        "cand.py",
+        "import no_such_module_for_gkd\ndef gkd_loss(student_logits, teacher_output, "
+        "labels, beta, temperature, gather_fn=None, log_softmax_fn=None, kl_div_fn=None, chunk_size=512):\n"
+        "    pass\n",
+    )
     with pytest.raises(ConfigError) as e:
         _validate(["loss=candidate", f"loss.source={p}"])
     assert f"loss.source: {p}: import failed: ModuleNotFoundError" in str(e.value)
@@ -195,11 +236,21 @@ def test_role_of_a_candidate_is_patched():
 
 
 def test_check_command_exit_codes(tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "gkd_harness.harness.loss.candidate", str(GOOD)], capture_output=True, text=True,
-                        cwd=REPO, timeout=300)
+    ok = subprocess.run(
+        [sys.executable, "-m", "gkd_harness.harness.loss.candidate", str(GOOD)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert ok.returncode == 0 and ok.stdout.startswith("ok good_promote_first ")
-    bad = subprocess.run([sys.executable, "-m", "gkd_harness.harness.loss.candidate", str(tmp_path / "x.py")],
-                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    bad = subprocess.run(
+        [sys.executable, "-m", "gkd_harness.harness.loss.candidate", str(tmp_path / "x.py")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert bad.returncode == 2 and "no such file" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -222,8 +273,15 @@ def test_wandb_tags_name_the_candidate_and_its_hash():
     sha = loss_source_sha256("candidate", str(GOOD))
     assert tags == ("candidate:good_promote_first", f"sha256:{sha[:12]}")
     assert candidate_tags("fp32", None, None) == ()
-    env = wandb_env({"group": "g", "tags": ["mine"]}, "offline", Path("/tmp/r"), "r", precision="candidate",
-                    beta_form="paper", loss_tags=tags)
+    env = wandb_env(
+        {"group": "g", "tags": ["mine"]},
+        "offline",
+        Path("/tmp/r"),
+        "r",
+        precision="candidate",
+        beta_form="paper",
+        loss_tags=tags,
+    )
     assert env["WANDB_TAGS"].split(",") == ["patched", "candidate", "paper", "g", *tags, "mine"]
 
 
@@ -249,8 +307,9 @@ def test_plugin_installs_the_candidate_behind_the_boundary_and_the_instrument(tm
     from gkd_harness.harness.losses import DTYPES_BY_NAME
     from gkd_harness.harness.rank.plugin import build_loss, rebind_gkd_loss
 
-    cfg, run_dir = point_config(["loss=candidate", f"loss.source={GOOD}", "monitor.spot_check.every_n_steps=1"],
-                                run_dir=tmp_path)
+    cfg, run_dir = point_config(
+        ["loss=candidate", f"loss.source={GOOD}", "monitor.spot_check.every_n_steps=1"], run_dir=tmp_path
+    )
     keep_in_run_folder(str(GOOD), None, str(run_dir))
     boundary, inst = build_loss(plugin_settings(cfg, run_dir), cfg)
     case = make_case("fp32", "fp32", "full", True, 5, seq=8)
@@ -266,7 +325,7 @@ def test_plugin_installs_the_candidate_behind_the_boundary_and_the_instrument(tm
 
     before = hf.gkd_loss
     try:
-        assert rebind_gkd_loss(boundary, modules=(hf.__name__, )) == {hf.__name__: "rebound"}
+        assert rebind_gkd_loss(boundary, modules=(hf.__name__,)) == {hf.__name__: "rebound"}
         assert hf.gkd_loss is boundary
     finally:
         hf.gkd_loss = before

@@ -2,6 +2,7 @@
 fp64 variants in both β forms, every hard regime held to the suite's own tolerance (--strict-bar tolerance, the
 harness's bar; an outside fix is held to upstream's formula in FP32). The unit checks the certificate cannot
 express stay in test_losses*.py (native bit-identical to upstream, no clamp, memory, the custom autograd)."""
+
 import pytest
 
 from gkd_harness.analysis.certify.certificate import certify, load
@@ -19,8 +20,11 @@ def test_the_certificate_passes_strict(variant, beta_form):
 #: (defect of tests/harness/loss/reinject_defects.py, the family that must fail on it, gkd-certify's options): the
 #: three past defects only unit tests caught before the certificate had these cases (docs/loss_accuracy.md). The
 #: argmax one is a hard regime held to the harness's bar: textbook FP32 (upstream's formula) is as wrong there.
-CERTIFICATE_GAPS = [("shifted-rows", "shifted logits", []), ("fp16-row-scale", "dtype pairs", []),
-                    ("argmax-zero-sum", "nearly one-hot rows", ["--strict", "--strict-bar", "tolerance"])]
+CERTIFICATE_GAPS = [
+    ("shifted-rows", "shifted logits", []),
+    ("fp16-row-scale", "dtype pairs", []),
+    ("argmax-zero-sum", "nearly one-hot rows", ["--strict", "--strict-bar", "tolerance"]),
+]
 
 
 @pytest.mark.parametrize("defect,family,options", CERTIFICATE_GAPS)
@@ -41,12 +45,27 @@ def test_the_certificate_fails_a_reinjected_defect_naming_the_family(defect, fam
     shutil.copy2(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     inject(tmp_path, defect)
     env = dict(os.environ, PYTHONPATH=str(tmp_path), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", WANDB_MODE="offline")
-    probe = subprocess.run([sys.executable, "-c", "import gkd_harness.harness, gkd_harness.analysis; "
-                            "print(gkd_harness.harness.__file__); print(gkd_harness.analysis.__file__)"],
-                           cwd=tmp_path, env=env, capture_output=True, text=True)
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import gkd_harness.harness, gkd_harness.analysis; "
+            "print(gkd_harness.harness.__file__); print(gkd_harness.analysis.__file__)",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     where = probe.stdout.split()
     assert len(where) == 2 and all(Path(w).is_relative_to(tmp_path) for w in where), probe.stdout + probe.stderr
-    proc = subprocess.run([sys.executable, "-m", "gkd_harness.analysis.certify.cli", "fp32", *options, "--family", family],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gkd_harness.analysis.certify.cli", "fp32", *options, "--family", family],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert f"verdict: FAIL (failed: {family}" in proc.stdout, proc.stdout[-2000:]

@@ -9,19 +9,20 @@ What stays here is what a certificate case cannot say: ``native`` is upstream bi
 where they must, the empty batch stays on the graph, the per-position values and the recompute switch, the memory
 contract, no clamp, and the argument checks.
 """
+
 import inspect
 import re
 
 import pytest
 import torch
-
-import gkd_harness.harness.losses as losses
-from gkd_harness.harness.losses import make_gkd_loss, make_gkd_loss_terms, make_jsd_loss
 from swift.rlhf_trainers import gkd_loss as upstream
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
-from tests.loss_cases import DTYPES, make_case, seed_of
+
+import gkd_harness.harness.losses as losses
 from gkd_harness.harness.loss.reference import reference_gkd, reference_jsd
 from gkd_harness.harness.loss.tolerances import FP64_GRAD_REL_L2, FP64_RTOL, grad_tol, loss_tol
+from gkd_harness.harness.losses import make_gkd_loss, make_gkd_loss_terms, make_jsd_loss
+from tests.loss_cases import DTYPES, make_case, seed_of
 
 
 def _run(fn, case, beta, temp, **kw):
@@ -53,7 +54,7 @@ def test_fp64_variant_is_the_reference(beta, mode, form):
     # FP64 gradient itself by differentiating w.r.t. an FP64 copy.
     s64 = case.student.double().requires_grad_(True)
     t = make_gkd_loss_terms("fp64", form)(s64, case.teacher, case.labels, beta, 0.9)
-    (g, ) = torch.autograd.grad(t.total / t.num_valid, s64)
+    (g,) = torch.autograd.grad(t.total / t.num_valid, s64)
     ref64 = reference_gkd(case.student.double(), case.labels, beta, 0.9, form, **case.ref_kwargs)[2]
     assert _grad_rel(g, ref64) <= FP64_GRAD_REL_L2
 
@@ -105,7 +106,7 @@ def _seed_eval(jsd, student, teacher, dtype=None):
     s = (student if dtype is None else student.to(dtype)).detach().requires_grad_(True)
     t = teacher if dtype is None else teacher.to(dtype)
     loss = jsd(s / 0.9, t / 0.9, beta=0.5) / s.shape[0]
-    (grad, ) = torch.autograd.grad(loss, s)
+    (grad,) = torch.autograd.grad(loss, s)
     return float(loss), grad.double()
 
 
@@ -126,10 +127,10 @@ class TestNativeReproducesTheBug:
         student, teacher = _seed_inputs()
         s = student.detach().requires_grad_(True)
         fixed = make_jsd_loss("fp32", "paper")(s / 0.9, teacher / 0.9, 0.5)
-        (g, ) = torch.autograd.grad(fixed / 3, s)
+        (g,) = torch.autograd.grad(fixed / 3, s)
         s64 = student.double().requires_grad_(True)
         ref = reference_jsd(s64 / 0.9, (teacher / 0.9).double(), 0.5).sum()
-        (g_ref, ) = torch.autograd.grad(ref / 3, s64)
+        (g_ref,) = torch.autograd.grad(ref / 3, s64)
         assert float(fixed) > 0
         assert abs(float(fixed) - float(ref)) <= loss_tol(float(ref), 3)
         assert _grad_rel(g, g_ref) <= 5e-4
@@ -139,8 +140,9 @@ class TestNativeReproducesTheBug:
         student, teacher = _seed_inputs()
         labels = torch.zeros(1, 3, dtype=torch.long)
         s = student[None].clone().requires_grad_(True)
-        total, n = make_gkd_loss("fp32", "paper")(s, TeacherOutput(full_logits=teacher[None], labels=labels), labels,
-                                                  0.5, 0.9)
+        total, n = make_gkd_loss("fp32", "paper")(
+            s, TeacherOutput(full_logits=teacher[None], labels=labels), labels, 0.5, 0.9
+        )
         fp64_report = 7.975079402659209e-05
         assert abs(float(total) / 3 - fp64_report) * 3 <= loss_tol(fp64_report * 3, 3)
         (total / n).backward()
@@ -167,8 +169,11 @@ def test_forms_agree_at_endpoints_and_half_and_continuous_form_is_continuous():
         a = f["paper"](case.student, case.teacher, case.labels, beta, 1.0)[0]
         b = f["continuous"](case.student, case.teacher, case.labels, beta, 1.0)[0]
         assert torch.equal(a, b)
-    val = {(form, b): float(f[form](case.student, case.teacher, case.labels, b, 1.0)[0])
-           for form in f for b in (0.0, 1e-6, 1 - 1e-6, 1.0)}
+    val = {
+        (form, b): float(f[form](case.student, case.teacher, case.labels, b, 1.0)[0])
+        for form in f
+        for b in (0.0, 1e-6, 1 - 1e-6, 1.0)
+    }
     # continuous: limits equal the endpoint KLs; paper: collapses to ~β·KL, a jump at the endpoints.
     assert val["continuous", 1e-6] == pytest.approx(val["continuous", 0.0], rel=1e-3)
     assert val["continuous", 1 - 1e-6] == pytest.approx(val["continuous", 1.0], rel=1e-3)
@@ -201,16 +206,22 @@ def test_positions_crossing_chunk_boundaries(pair, recompute):
     ref_total, n, ref_grad = reference_gkd(case.student, case.labels, 0.9, 0.9, "paper", **case.ref_kwargs)
     s = case.student.clone().requires_grad_(True)
     terms = losses.gkd_per_position(s, case.teacher, case.labels, 0.9, 0.9, chunk_size=512, precision="fp32")
-    per_ref = reference_jsd(s.detach()[case.labels != -100], case.teacher.full_logits[case.labels != -100], 0.9,
-                            "paper", 0.9)
-    assert terms.per_position.shape == (n, )
+    per_ref = reference_jsd(
+        s.detach()[case.labels != -100], case.teacher.full_logits[case.labels != -100], 0.9, "paper", 0.9
+    )
+    assert terms.per_position.shape == (n,)
     assert torch.allclose(terms.per_position.double(), per_ref, rtol=1e-3, atol=1e-6)
     total, _, grad = _run(lambda *a: losses.gkd_per_position(*a, precision="fp32")[:2], case, 0.9, 0.9)
     assert abs(total - ref_total) <= loss_tol(ref_total, n)
     assert _grad_rel(grad, ref_grad) <= grad_tol(ref_grad, case.student.dtype)
     # the explicit recompute switch gives the same numbers
-    per, tot = losses.jsd_per_position(case.student[case.labels != -100], case.teacher.full_logits[case.labels != -100],
-                                       0.9, temperature=0.9, recompute=recompute)
+    per, tot = losses.jsd_per_position(
+        case.student[case.labels != -100],
+        case.teacher.full_logits[case.labels != -100],
+        0.9,
+        temperature=0.9,
+        recompute=recompute,
+    )
     assert torch.allclose(per, terms.per_position.detach(), rtol=1e-6, atol=1e-9)
 
 
@@ -248,10 +259,13 @@ def test_no_clamping_in_the_loss_module():
     assert not re.search(r"(clamp\w*|clip|relu|maximum)\(", src)
 
 
-@pytest.mark.parametrize("bad,match", [
-    (dict(precision="bf16"), "loss.precision"),
-    (dict(beta_form="swapped"), "loss.beta_form"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        (dict(precision="bf16"), "loss.precision"),
+        (dict(beta_form="swapped"), "loss.beta_form"),
+    ],
+)
 def test_unknown_variant_names_the_key(bad, match):
     with pytest.raises(ValueError, match=match):
         make_gkd_loss(**bad)

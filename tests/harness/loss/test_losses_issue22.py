@@ -10,6 +10,7 @@
 
 The 2-rank run with ms-swift's real vocab-parallel functions at V = 151,936 is in test_losses_parallel.py.
 """
+
 from __future__ import annotations
 
 import functools
@@ -17,6 +18,7 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
+from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
 from gkd_harness.analysis.replay.variants import evaluate_variants
 from gkd_harness.harness.contract import SPOT_GRAD_REL_L2
@@ -24,8 +26,6 @@ from gkd_harness.harness.loss.reference import reference_gkd
 from gkd_harness.harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT, loss_tol
 from gkd_harness.harness.losses import make_gkd_loss_terms
 from gkd_harness.harness.rank.instrument import spot_check
-from swift.rlhf_trainers.gkd_loss import TeacherOutput
-
 from tests.harness.loss.mp_reference import mp_jsd_row
 
 TEMPS = {"disjoint": 0.7, "confident": 0.3}
@@ -60,7 +60,7 @@ def _run(precision, form, s, teacher, beta, temp, **kw):
     x = s.detach().clone().requires_grad_(True)
     n = s.shape[1]
     out = make_gkd_loss_terms(precision, form)(x, teacher, _labels(n), beta, temp, **kw)
-    (g, ) = torch.autograd.grad(out.total / n, x)
+    (g,) = torch.autograd.grad(out.total / n, x)
     return out.per_position.detach(), float(out.total.detach()), g
 
 
@@ -113,8 +113,9 @@ def test_tp1_primitives_self_distillation_is_exactly_zero(beta, form, temp):
     assert total == 0.0 and not per.any() and not grad.any()
 
 
-@pytest.mark.parametrize("beta, form, temp", [(0.05, "continuous", 1.0), (0.95, "paper", 0.3), (0.0, "paper", 0.3),
-                                              (1.0, "paper", 2.0)])
+@pytest.mark.parametrize(
+    "beta, form, temp", [(0.05, "continuous", 1.0), (0.95, "paper", 0.3), (0.0, "paper", 0.3), (1.0, "paper", 2.0)]
+)
 def test_tp1_primitives_near_identical_match_fp64(beta, form, temp):
     g = torch.Generator().manual_seed(2)
     s = (torch.randn(1, 2, 151_936, generator=g) * 2).bfloat16().float()
@@ -183,8 +184,16 @@ def test_spot_check_and_replay_pass_a_correct_fp32_on_super_confident_rows(mode,
     _, _, grad = _run("fp32", form, s, teacher, beta, 0.3)
     true_err = _rel(grad, mp)
     assert true_err <= GRAD_REL_L2_FP32_STUDENT
-    spot = spot_check(make_gkd_loss_terms("fp32", form), make_gkd_loss_terms("fp64", form), s, teacher,
-                      _labels(s.shape[1]), beta, 0.3, 256)
+    spot = spot_check(
+        make_gkd_loss_terms("fp32", form),
+        make_gkd_loss_terms("fp64", form),
+        s,
+        teacher,
+        _labels(s.shape[1]),
+        beta,
+        0.3,
+        256,
+    )
     assert spot[SPOT_GRAD_REL_L2] <= GRAD_REL_L2_FP32_STUDENT
     assert abs(spot[SPOT_GRAD_REL_L2] - true_err) <= 1e-6  # the FP64 side is exact up to FP32 storage
     replay = evaluate_variants(s, teacher, _labels(s.shape[1]), beta, 0.3, form)

@@ -12,6 +12,7 @@ same full (unsharded) tensors:
   a CP rank without valid tokens, and ``native`` under TP=2 (bit-identical to upstream, and still negative on the
   seed case).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -92,16 +93,29 @@ INPUT_SETTINGS = {  # temperature, top-k size, row chunk size passed to the loss
 
 def _case(layout, inputs, teacher, precision, beta_form, beta) -> dict:
     name = f"{layout}-{inputs}-{teacher}-{precision}-{beta_form}-b{beta}"
-    return dict(name=name, layout=layout, inputs=inputs, teacher=teacher, precision=precision, beta_form=beta_form,
-                beta=beta, **INPUT_SETTINGS[inputs])
+    return dict(
+        name=name,
+        layout=layout,
+        inputs=inputs,
+        teacher=teacher,
+        precision=precision,
+        beta_form=beta_form,
+        beta=beta,
+        **INPUT_SETTINGS[inputs],
+    )
 
 
 PATCHED_CASES = [
-    _case(layout, inputs, teacher, "fp32", form, beta) for layout in ("tp", "cp") for inputs in ("near", "far")
-    for teacher in ("full", "topk") for form in FORMS for beta in BETAS
+    _case(layout, inputs, teacher, "fp32", form, beta)
+    for layout in ("tp", "cp")
+    for inputs in ("near", "far")
+    for teacher in ("full", "topk")
+    for form in FORMS
+    for beta in BETAS
 ]
 CP_EMPTY_CASES = [
-    _case("cp", "cp_empty", teacher, "fp32", form, beta) for teacher in ("full", "topk")
+    _case("cp", "cp_empty", teacher, "fp32", form, beta)
+    for teacher in ("full", "topk")
     for form, beta in (("paper", 0.0), ("paper", 0.9), ("continuous", 0.9))
 ]
 NATIVE_CASES = [
@@ -111,9 +125,10 @@ NATIVE_CASES = [
     _case("tp", "near", "topk", "native", "paper", 0.5),
 ]
 SEED_FP32 = _case("tp", "seed", "full", "fp32", "paper", 0.5)
-CP_INSTRUMENT_CASES = [_case("cpi", inputs, "full", precision, "paper", 0.5)
-                       for inputs, precision in (("cp_mixed", "native"), ("cp_near", "native"), ("cp_mixed", "fp32"),
-                                                 ("cp_empty", "fp32"))]
+CP_INSTRUMENT_CASES = [
+    _case("cpi", inputs, "full", precision, "paper", 0.5)
+    for inputs, precision in (("cp_mixed", "native"), ("cp_near", "native"), ("cp_mixed", "fp32"), ("cp_empty", "fp32"))
+]
 
 
 # ---------------------------------------------------------------------------
@@ -151,8 +166,18 @@ def _make_wide_inputs() -> dict:
 
 def _wide_case(layout, inputs, temperature, beta_form, beta, teacher="full") -> dict:
     name = f"{layout}-{inputs}-{teacher}-T{temperature}-{beta_form}-b{beta}"
-    return dict(name=name, layout=layout, inputs=inputs, teacher=teacher, precision="fp32", beta_form=beta_form,
-                beta=beta, temperature=temperature, topk=64, chunk_size=2)
+    return dict(
+        name=name,
+        layout=layout,
+        inputs=inputs,
+        teacher=teacher,
+        precision="fp32",
+        beta_form=beta_form,
+        beta=beta,
+        temperature=temperature,
+        topk=64,
+        chunk_size=2,
+    )
 
 
 WIDE_SETTINGS = [  # inputs, temperature, beta_form, beta, teacher
@@ -187,7 +212,9 @@ ALL_CASES = PATCHED_CASES + CP_EMPTY_CASES + NATIVE_CASES + [SEED_FP32] + CP_INS
 def parallel_results(tmp_path_factory):
     """Run every case on 2 gloo ranks; returns ``(inputs, [results of rank 0, results of rank 1])``."""
     inputs = {**_make_inputs(), **_make_wide_inputs()}
-    return inputs, run_two_ranks(WORKER, {"inputs": inputs, "cases": ALL_CASES}, tmp_path_factory.mktemp("gkd_parallel"))
+    return inputs, run_two_ranks(
+        WORKER, {"inputs": inputs, "cases": ALL_CASES}, tmp_path_factory.mktemp("gkd_parallel")
+    )
 
 
 def _grad_rel_l2(grad: torch.Tensor, ref: torch.Tensor) -> float:
@@ -200,12 +227,18 @@ def _reference(inp: dict, case: dict, topk=None):
     if case["teacher"] == "topk":
         total, n, grad = reference_gkd(inp["student"], inp["labels"], *args, teacher_topk=topk)
         s_k = torch.gather(inp["student"], -1, topk[1])
-        per = reference_jsd(s_k.flatten(0, 1), topk[0].flatten(0, 1), case["beta"], case["beta_form"],
-                            case["temperature"])
+        per = reference_jsd(
+            s_k.flatten(0, 1), topk[0].flatten(0, 1), case["beta"], case["beta_form"], case["temperature"]
+        )
     else:
         total, n, grad = reference_gkd(inp["student"], inp["labels"], *args, teacher_full=inp["teacher"])
-        per = reference_jsd(inp["student"].flatten(0, 1), inp["teacher"].flatten(0, 1), case["beta"],
-                            case["beta_form"], case["temperature"])
+        per = reference_jsd(
+            inp["student"].flatten(0, 1),
+            inp["teacher"].flatten(0, 1),
+            case["beta"],
+            case["beta_form"],
+            case["temperature"],
+        )
     return total, n, grad, per.view(inp["labels"].shape)
 
 

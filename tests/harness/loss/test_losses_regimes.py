@@ -15,17 +15,23 @@ relative L2 ``1e-4`` for FP32 students, ``1e-4 + 2×`` the dtype's own rounding 
    "no representable entry comes back 0";
 4. partially −inf rows: reverse KL is +inf like the reference; ``native`` keeps upstream's NaN.
 """
+
 import math
 
 import pytest
 import torch
-
-from gkd_harness.harness.losses import jsd_per_position, make_gkd_loss, make_gkd_loss_terms, make_jsd_loss
 from swift.rlhf_trainers import gkd_loss as upstream
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
-from tests.loss_cases import make_case, seed_of
+
 from gkd_harness.harness.loss.reference import reference_gkd, reference_jsd
-from gkd_harness.harness.loss.tolerances import GRAD_REL_L2_AFTER_FP32_DIVISION, GRAD_REL_L2_FP32_STUDENT, grad_tol, loss_tol
+from gkd_harness.harness.loss.tolerances import (
+    GRAD_REL_L2_AFTER_FP32_DIVISION,
+    GRAD_REL_L2_FP32_STUDENT,
+    grad_tol,
+    loss_tol,
+)
+from gkd_harness.harness.losses import jsd_per_position, make_gkd_loss, make_jsd_loss
+from tests.loss_cases import make_case, seed_of
 
 LOSS_SCALE = 2.0**16
 
@@ -38,14 +44,14 @@ def _jsd_and_grad(fn, s, t, beta):
     """(value, grad) of ``fn(s, t, beta)`` (a ``jsd_loss``) w.r.t. ``s``."""
     sg = s.clone().requires_grad_(True)
     val = fn(sg, t, beta)
-    (g, ) = torch.autograd.grad(val, sg)
+    (g,) = torch.autograd.grad(val, sg)
     return float(val.detach()), g
 
 
 def _ref_jsd_and_grad(s, t, beta, form):
     s64 = s.double().requires_grad_(True)
     val = reference_jsd(s64, t.double(), beta, form).sum()
-    (g, ) = torch.autograd.grad(val, s64)
+    (g,) = torch.autograd.grad(val, s64)
     return float(val.detach()), g
 
 
@@ -61,8 +67,15 @@ def _shifted(scale: float, seed: int, rows: int = 16, vocab: int = 64):
 
 
 #: β and form: the forms are identical at β ∈ {0, 0.5, 1}.
-BETA_FORMS = [(0.0, "paper"), (1e-3, "paper"), (1e-3, "continuous"), (0.5, "paper"), (0.9, "paper"),
-              (0.9, "continuous"), (1.0, "paper")]
+BETA_FORMS = [
+    (0.0, "paper"),
+    (1e-3, "paper"),
+    (1e-3, "continuous"),
+    (0.5, "paper"),
+    (0.9, "paper"),
+    (0.9, "continuous"),
+    (1.0, "paper"),
+]
 
 
 @pytest.mark.parametrize("beta,form", BETA_FORMS)
@@ -83,8 +96,18 @@ def test_shifted_logits(scale, beta, form):
 
 
 @pytest.mark.parametrize("near", [True, False])
-@pytest.mark.parametrize("beta,form", [(0.0, "paper"), (1e-6, "paper"), (1e-6, "continuous"), (0.5, "paper"),
-                                       (1 - 1e-6, "paper"), (1 - 1e-6, "continuous"), (1.0, "paper")])
+@pytest.mark.parametrize(
+    "beta,form",
+    [
+        (0.0, "paper"),
+        (1e-6, "paper"),
+        (1e-6, "continuous"),
+        (0.5, "paper"),
+        (1 - 1e-6, "paper"),
+        (1 - 1e-6, "continuous"),
+        (1.0, "paper"),
+    ],
+)
 @pytest.mark.parametrize("temp", [1e-3, 100.0])
 def test_extreme_temperatures(temp, beta, form, near):
     """Ordinary logits at T = 1e-3 (scaled logits of thousands, nearly one-hot rows) and T = 100.
@@ -105,8 +128,9 @@ def test_extreme_temperatures(temp, beta, form, near):
     scaled = (case.student.float() / temp, case.teacher.full_logits.float() / temp)
     ref_total, n, ref_grad = reference_gkd(scaled[0], case.labels, beta, 1.0, form, teacher_full=scaled[1])
     s = scaled[0].clone().requires_grad_(True)
-    total, num = make_gkd_loss("fp32", form)(s, TeacherOutput(full_logits=scaled[1], labels=case.labels),
-                                             case.labels, beta, 1.0)
+    total, num = make_gkd_loss("fp32", form)(
+        s, TeacherOutput(full_logits=scaled[1], labels=case.labels), case.labels, beta, 1.0
+    )
     (total / num).backward()
     assert abs(float(total) - ref_total) <= loss_tol(ref_total, n), (float(total), ref_total)
     assert float(total) >= 0
@@ -131,8 +155,9 @@ def test_extreme_temperatures(temp, beta, form, near):
 # -------------------------------------------------------------------------------- 2. β near an endpoint
 
 
-@pytest.mark.parametrize("beta,form", [(1e-6, "continuous"), (1 - 1e-6, "paper"), (1e-6, "paper"),
-                                       (1 - 1e-6, "continuous")])
+@pytest.mark.parametrize(
+    "beta,form", [(1e-6, "continuous"), (1 - 1e-6, "paper"), (1e-6, "paper"), (1 - 1e-6, "continuous")]
+)
 def test_issue_repro_beta_endpoints_vs_textbook(beta, form):
     """Issue figures: continuous at β=1e-6 was 5.6e-4 relative off FP64; paper at β=1−1e-6 had a 2.1e-3
     logit-gradient error. On independent logits of std 8 the code before the fix measured 2.1e-4 and 4.0e-3.
@@ -162,8 +187,9 @@ def test_fp16_student_under_loss_scale_recompute(beta):
     ref_grad = ref_grad * LOSS_SCALE
     s = case.student.clone().requires_grad_(True)
     rows = case.labels != -100
-    _, total = jsd_per_position(s[rows], case.teacher.full_logits[rows], beta, precision="fp32", temperature=0.9,
-                                recompute=True)
+    _, total = jsd_per_position(
+        s[rows], case.teacher.full_logits[rows], beta, precision="fp32", temperature=0.9, recompute=True
+    )
     (total / n * LOSS_SCALE).backward()
     assert s.grad.dtype == torch.float16
     representable = ref_grad.half() != 0

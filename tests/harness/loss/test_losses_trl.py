@@ -20,6 +20,7 @@ Convention mapping (TRL → this harness):
   ``sum / (B·S·V)``. TRL's ``"none"`` returns per-entry terms ``[B, S, V]``; the harness exposes per-position
   values (``jsd_per_position``, ``[N]``), which the port checks instead.
 """
+
 import pytest
 import torch
 
@@ -63,7 +64,7 @@ def test_reduction_methods(precision, logits):
     assert loss_batchmean.shape == torch.Size([])
     assert loss_sum.shape == torch.Size([])
     assert loss_mean.shape == torch.Size([])
-    assert loss_none.shape == (BATCH * SEQ, )  # per position (TRL: per entry, [B, S, V])
+    assert loss_none.shape == (BATCH * SEQ,)  # per position (TRL: per entry, [B, S, V])
     assert float(loss_sum) == pytest.approx(float(loss_batchmean) * BATCH, rel=1e-6)
     assert float(loss_none.sum()) == pytest.approx(float(loss_sum), rel=1e-6)
 

@@ -1,5 +1,6 @@
 """The fused fp32 path works in row blocks sized from the vocabulary width (issue 25), never holding more than one
 small block of FP32 work beside the gradient it returns; the block does not change a single bit of the result."""
+
 from __future__ import annotations
 
 import pytest
@@ -56,8 +57,7 @@ def test_result_does_not_depend_on_chunk_size(form):
     out = []
     for chunk in (1, 7, 512):
         x = s.detach().requires_grad_(True)
-        per, total = jsd_per_position(x, t, 0.3, precision="fp32", beta_form=form, temperature=0.9,
-                                      chunk_size=chunk)
+        per, total = jsd_per_position(x, t, 0.3, precision="fp32", beta_form=form, temperature=0.9, chunk_size=chunk)
         total.backward()
         out.append((per.detach(), x.grad))
     for per, grad in out[1:]:

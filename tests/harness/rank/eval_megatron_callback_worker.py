@@ -12,6 +12,7 @@ logits sharded along the vocabulary, ms-swift's vocab-parallel functions as ``Me
 them), then ``call_event('on_eval_end')``; ``on_log`` pops ``n_steps`` and calls every callback's ``on_log`` as
 ``BaseMegatronTrainer.on_log`` does. The last rank writes the run folder's ``metrics.jsonl``; the test reads it.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -36,19 +37,21 @@ def main(in_path: str) -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
     torch.set_num_threads(1)
     from megatron.core import parallel_state as ps
-
-    from gkd_harness.harness.rank import plugin
     from swift.megatron.trainers.gkd_utils import tp_gather_topk
     from swift.megatron.trainers.vocab_parallel_utils import vocab_parallel_kl_div, vocab_parallel_log_softmax
     from swift.rlhf_trainers.gkd_loss import TeacherOutput
+
+    from gkd_harness.harness.rank import plugin
 
     ps.initialize_model_parallel(tensor_model_parallel_size=2)
     state = plugin.install(plugin.load_settings())
     from swift.megatron.callbacks import megatron_callbacks_map
 
     inp = torch.load(in_path, weights_only=True)
-    trainer = SimpleNamespace(args=SimpleNamespace(output_dir=state.settings.run_dir, recompute_granularity=None),
-                              state=SimpleNamespace(iteration=0))
+    trainer = SimpleNamespace(
+        args=SimpleNamespace(output_dir=state.settings.run_dir, recompute_granularity=None),
+        state=SimpleNamespace(iteration=0),
+    )
     callbacks = [megatron_callbacks_map["gkd_harness"](trainer)]
 
     def on_log(logs, prefix=""):
@@ -68,10 +71,16 @@ def main(in_path: str) -> None:
         cb.on_eval_begin()
     with torch.no_grad():
         for b in range(student.shape[0]):  # one micro-batch per row
-            state.boundary(student[b:b + 1].contiguous(), TeacherOutput(full_logits=teacher[b:b + 1].contiguous(),
-                                                                        labels=labels[b:b + 1].clone()),
-                           labels[b:b + 1], inp["beta"], inp["temperature"], gather_fn=tp_gather_topk,
-                           log_softmax_fn=vocab_parallel_log_softmax, kl_div_fn=vocab_parallel_kl_div)
+            state.boundary(
+                student[b : b + 1].contiguous(),
+                TeacherOutput(full_logits=teacher[b : b + 1].contiguous(), labels=labels[b : b + 1].clone()),
+                labels[b : b + 1],
+                inp["beta"],
+                inp["temperature"],
+                gather_fn=tp_gather_topk,
+                log_softmax_fn=vocab_parallel_log_softmax,
+                kl_div_fn=vocab_parallel_kl_div,
+            )
     for cb in callbacks:
         cb.on_eval_end()
     for cb in callbacks:

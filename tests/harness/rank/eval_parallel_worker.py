@@ -18,6 +18,7 @@ every rank (``on_eval_end``):
   teacher shard (the trainer's local-teacher path). Both ranks see every row.
 * ``dp`` (TP=1, 2 data-parallel ranks): rank r evaluates rows ``r::2`` of the batch, full vocabulary.
 """
+
 from __future__ import annotations
 
 import os
@@ -51,14 +52,15 @@ def run_case(case: dict, inp: dict, fns, layout: str) -> dict:
         student, teacher = student[..., shard].contiguous(), teacher[..., shard].contiguous()
     else:
         rows = range(dist.get_rank(), student.shape[0], dist.get_world_size())
-    kwargs = dict(gather_fn=fns.tp_gather_topk, log_softmax_fn=fns.vocab_parallel_log_softmax,
-                  kl_div_fn=fns.vocab_parallel_kl_div)
+    kwargs = dict(
+        gather_fn=fns.tp_gather_topk, log_softmax_fn=fns.vocab_parallel_log_softmax, kl_div_fn=fns.vocab_parallel_kl_div
+    )
     tap = EvalTap(None, make_gkd_loss(case["precision"], case["beta_form"]), case["beta_form"])
     topk = []
     with torch.no_grad():
         for b in rows:
-            t_out = _teacher_output(case, teacher[b:b + 1], labels[b:b + 1], fns)
-            tap(student[b:b + 1], t_out, labels[b:b + 1], case["beta"], case["temperature"], **kwargs)
+            t_out = _teacher_output(case, teacher[b : b + 1], labels[b : b + 1], fns)
+            tap(student[b : b + 1], t_out, labels[b : b + 1], case["beta"], case["temperature"], **kwargs)
             if t_out.is_topk_mode:
                 topk.append((t_out.topk_logprobs, t_out.topk_indices))
     out = {"metrics": tap.finish()}
@@ -70,9 +72,18 @@ def run_case(case: dict, inp: dict, fns, layout: str) -> dict:
 def main(in_path: str, out_dir: str) -> None:
     from tests.harness.loss.parallel_gkd_worker import serve
 
-    serve(in_path, out_dir, [(layout, dict(tensor_model_parallel_size=tp),
-                              lambda case, spec, fns, layout=layout: run_case(case, spec["inputs"], fns, layout))
-                             for layout, tp in (("tp", 2), ("dp", 1))])
+    serve(
+        in_path,
+        out_dir,
+        [
+            (
+                layout,
+                dict(tensor_model_parallel_size=tp),
+                lambda case, spec, fns, layout=layout: run_case(case, spec["inputs"], fns, layout),
+            )
+            for layout, tp in (("tp", 2), ("dp", 1))
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -2,11 +2,12 @@
 "completed" run on upstream's loss (issue 31). The failure is injected by a ``sitecustomize`` on the ms-swift
 process's path: the plugin's import of ``swift.rlhf_trainers.gkd_trainer`` raises once; ms-swift's own import of
 it later succeeds, with upstream's ``gkd_loss`` bound."""
+
 import pytest
 
 from tests.launch.helpers import harness_env, read_summary, run_gkd_train, tail
 
-SITECUSTOMIZE = '''
+SITECUSTOMIZE = """
 import importlib.abc, sys, traceback
 
 class _FailForThePlugin(importlib.abc.MetaPathFinder):
@@ -17,7 +18,7 @@ class _FailForThePlugin(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, _FailForThePlugin())
-'''
+"""
 
 
 @pytest.mark.slow

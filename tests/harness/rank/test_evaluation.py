@@ -2,13 +2,20 @@
 vocabulary and top-k teacher), the tap's routing and the held-out split's disjointness. The real runs, recomputed
 from their saved final students, are the shared short outcome sweep's (tests/analysis/test_outcome_sweep.py); the
 TP=2 computation on 2 gloo ranks is tests/harness/rank/test_evaluation_parallel.py."""
+
 import json
 
 import pytest
 import torch
 
-from gkd_harness.harness.contract import (EVAL_FORWARD_KL, EVAL_JSD, EVAL_REVERSE_KL, EVAL_TOKENS, EVAL_TOP1_AGREEMENT,
-                              VALIDATION_FILE)
+from gkd_harness.harness.contract import (
+    EVAL_FORWARD_KL,
+    EVAL_JSD,
+    EVAL_REVERSE_KL,
+    EVAL_TOKENS,
+    EVAL_TOP1_AGREEMENT,
+    VALIDATION_FILE,
+)
 from gkd_harness.harness.fixtures.embedded import generate_messages, held_out_rows, prepare_validation
 from gkd_harness.harness.loss.reference import reference_jsd
 from gkd_harness.harness.rank.evaluation import EvalTap, eval_sums, metrics_from_sums
@@ -34,16 +41,21 @@ def _reference(student, teacher, labels, beta, temperature, form):
     """Token-weighted means from gkd_harness.harness.loss.reference (FP64, written from the formulas)."""
     s, t = student[labels != -100], teacher[labels != -100]
     n = s.shape[0]
-    return {EVAL_JSD: float(reference_jsd(s, t, beta, form, temperature).sum()) / n,
-            EVAL_FORWARD_KL: float(reference_jsd(s, t, 0.0, form, temperature).sum()) / n,   # KL(T||S)
-            EVAL_REVERSE_KL: float(reference_jsd(s, t, 1.0, form, temperature).sum()) / n,   # KL(S||T)
-            EVAL_TOP1_AGREEMENT: sum(int(a == b) for a, b in zip(s.double().argmax(-1).tolist(),
-                                                                   t.double().argmax(-1).tolist())) / n,
-            EVAL_TOKENS: float(n)}
+    return {
+        EVAL_JSD: float(reference_jsd(s, t, beta, form, temperature).sum()) / n,
+        EVAL_FORWARD_KL: float(reference_jsd(s, t, 0.0, form, temperature).sum()) / n,  # KL(T||S)
+        EVAL_REVERSE_KL: float(reference_jsd(s, t, 1.0, form, temperature).sum()) / n,  # KL(S||T)
+        EVAL_TOP1_AGREEMENT: sum(
+            int(a == b) for a, b in zip(s.double().argmax(-1).tolist(), t.double().argmax(-1).tolist())
+        )
+        / n,
+        EVAL_TOKENS: float(n),
+    }
 
 
-@pytest.mark.parametrize("beta,form", [(0.5, "paper"), (0.2, "paper"), (0.2, "continuous"), (0.0, "paper"),
-                                       (1.0, "paper")])
+@pytest.mark.parametrize(
+    "beta,form", [(0.5, "paper"), (0.2, "paper"), (0.2, "continuous"), (0.0, "paper"), (1.0, "paper")]
+)
 def test_eval_metrics_against_independent_fp64_reference(beta, form):
     student, teacher, labels = _case()
     got = metrics_from_sums(eval_sums(student, _teacher(teacher, labels), labels, beta, 0.9, form))
@@ -60,8 +72,9 @@ def test_sums_accumulate_as_a_token_weighted_mean():
     got = metrics_from_sums(sums)
     ra, rb = _reference(*a, 0.5, 1.0, "paper"), _reference(*b, 0.5, 1.0, "paper")
     n = ra[EVAL_TOKENS] + rb[EVAL_TOKENS]
-    assert got[EVAL_JSD] == pytest.approx((ra[EVAL_JSD] * ra[EVAL_TOKENS] + rb[EVAL_JSD] * rb[EVAL_TOKENS]) / n,
-                                          rel=1e-12)
+    assert got[EVAL_JSD] == pytest.approx(
+        (ra[EVAL_JSD] * ra[EVAL_TOKENS] + rb[EVAL_JSD] * rb[EVAL_TOKENS]) / n, rel=1e-12
+    )
 
 
 def test_tap_evaluates_only_calls_without_a_graph():
@@ -83,8 +96,9 @@ def test_tap_evaluates_only_calls_without_a_graph():
         out = tap(student.detach(), _teacher(teacher, labels), labels, 0.5, 0.9)
     assert calls == ["inner", "bare"] and float(out[0]) == 2.0
     got = tap.finish()
-    assert got[EVAL_JSD] == pytest.approx(_reference(student.detach(), teacher, labels, 0.5, 0.9, "paper")[EVAL_JSD],
-                                          rel=1e-12)
+    assert got[EVAL_JSD] == pytest.approx(
+        _reference(student.detach(), teacher, labels, 0.5, 0.9, "paper")[EVAL_JSD], rel=1e-12
+    )
     assert tap.sums is None and tap.finish() == {}  # reset after each evaluation
 
 
@@ -101,14 +115,18 @@ def _topk_reference(student, teacher, labels, k, beta, temperature, form):
     vals, ids = torch.topk(t, k, -1)
     s_k = torch.gather(s, -1, ids)
     n = s.shape[0]
-    return {EVAL_JSD: float(reference_jsd(s_k, vals, beta, form, temperature).sum()) / n,
-            EVAL_FORWARD_KL: float(reference_jsd(s_k, vals, 0.0, form, temperature).sum()) / n,
-            EVAL_REVERSE_KL: float(reference_jsd(s_k, vals, 1.0, form, temperature).sum()) / n,
-            EVAL_TOP1_AGREEMENT: float((s.argmax(-1) == t.argmax(-1)).double().mean()), EVAL_TOKENS: float(n)}
+    return {
+        EVAL_JSD: float(reference_jsd(s_k, vals, beta, form, temperature).sum()) / n,
+        EVAL_FORWARD_KL: float(reference_jsd(s_k, vals, 0.0, form, temperature).sum()) / n,
+        EVAL_REVERSE_KL: float(reference_jsd(s_k, vals, 1.0, form, temperature).sum()) / n,
+        EVAL_TOP1_AGREEMENT: float((s.argmax(-1) == t.argmax(-1)).double().mean()),
+        EVAL_TOKENS: float(n),
+    }
 
 
-@pytest.mark.parametrize("beta,form,k", [(0.5, "paper", 4), (0.2, "continuous", 8), (0.0, "paper", 4),
-                                         (1.0, "paper", 33)])
+@pytest.mark.parametrize(
+    "beta,form,k", [(0.5, "paper", 4), (0.2, "continuous", 8), (0.0, "paper", 4), (1.0, "paper", 33)]
+)
 def test_topk_teacher_eval_on_the_renormalised_support_against_fp64(beta, form, k):
     """A top-k teacher (gkd.topk): the divergences on the teacher's k ids, both sides renormalised as the loss sees
     them, and top-1 over the full vocabulary. Before: the tap logged a warning and recorded nothing."""
@@ -136,8 +154,7 @@ def test_topk_positions_without_a_covered_id_are_dropped_as_upstream_does():
     keep = labels != -100
     keep[0, 4] = False
     assert got[EVAL_TOKENS] == 8
-    ref = _topk_reference(student[None][:, keep], teacher[None][:, keep], labels[None][:, keep], 4, 0.5, 1.0,
-                          "paper")
+    ref = _topk_reference(student[None][:, keep], teacher[None][:, keep], labels[None][:, keep], 4, 0.5, 1.0, "paper")
     assert got[EVAL_JSD] == pytest.approx(ref[EVAL_JSD], rel=1e-12)
 
 

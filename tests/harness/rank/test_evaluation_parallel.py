@@ -14,6 +14,7 @@ The argv half: experiment=precision_ab turns the evaluation on and needs its hel
 ``megatron rlhf`` argv with ``--val_dataset`` / ``--eval_steps`` is parsed by ms-swift's ``MegatronRLHFArguments``
 in tests/harness/launcher/test_argv_contract.py (every preset point, 1 and 2 nodes).
 """
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,7 @@ B, S, V = 4, 9, 64
 
 CASES = [
     dict(name="tp_full_paper", layout="tp", beta=0.5, beta_form="paper", temperature=0.9, precision="fp32"),
-    dict(name="tp_full_continuous", layout="tp", beta=0.2, beta_form="continuous", temperature=1.0,
-         precision="native"),
+    dict(name="tp_full_continuous", layout="tp", beta=0.2, beta_form="continuous", temperature=1.0, precision="native"),
     dict(name="tp_full_forward_kl", layout="tp", beta=0.0, beta_form="paper", temperature=0.9, precision="fp32"),
     dict(name="tp_topk", layout="tp", beta=0.5, beta_form="paper", temperature=0.9, precision="fp32", topk=8),
     dict(name="dp_full", layout="dp", beta=0.5, beta_form="paper", temperature=0.9, precision="fp32"),
@@ -54,8 +54,8 @@ def _inputs() -> dict:
     for b, s in ((0, 5), (1, 2), (3, 7)):
         top = float(student[b, s].max()) + 1.0
         student[b, s, 3] = student[b, s, 40] = top
-    teacher[0, 5, 3] = float(teacher[0, 5].max()) + 2.0     # teacher agrees with the first maximum
-    teacher[1, 2, 40] = float(teacher[1, 2].max()) + 2.0    # teacher on the tied id of the other shard
+    teacher[0, 5, 3] = float(teacher[0, 5].max()) + 2.0  # teacher agrees with the first maximum
+    teacher[1, 2, 40] = float(teacher[1, 2].max()) + 2.0  # teacher on the tied id of the other shard
     return {"student": student, "teacher": teacher, "labels": labels}
 
 
@@ -79,10 +79,13 @@ def _reference(inp: dict, case: dict, topk=None) -> dict:
     else:
         s_d, t_d = s, t
     n = s.shape[0]
-    return {EVAL_JSD: float(reference_jsd(s_d, t_d, beta, form, temp).sum()) / n,
-            EVAL_FORWARD_KL: float(reference_jsd(s_d, t_d, 0.0, form, temp).sum()) / n,
-            EVAL_REVERSE_KL: float(reference_jsd(s_d, t_d, 1.0, form, temp).sum()) / n,
-            EVAL_TOP1_AGREEMENT: float((s.argmax(-1) == t.argmax(-1)).double().mean()), EVAL_TOKENS: float(n)}
+    return {
+        EVAL_JSD: float(reference_jsd(s_d, t_d, beta, form, temp).sum()) / n,
+        EVAL_FORWARD_KL: float(reference_jsd(s_d, t_d, 0.0, form, temp).sum()) / n,
+        EVAL_REVERSE_KL: float(reference_jsd(s_d, t_d, 1.0, form, temp).sum()) / n,
+        EVAL_TOP1_AGREEMENT: float((s.argmax(-1) == t.argmax(-1)).double().mean()),
+        EVAL_TOKENS: float(n),
+    }
 
 
 def _check_topk(inp: dict, vals: torch.Tensor, ids: torch.Tensor, k: int) -> None:
@@ -136,17 +139,36 @@ def test_megatron_callback_records_the_tp_reduced_evaluation(tmp_path):
 
     inputs = _inputs()
     case = dict(beta=0.5, beta_form="paper", temperature=0.9)
-    torch.save({**inputs, "beta": case["beta"], "temperature": case["temperature"], "iteration": 4},
-               tmp_path / "in.pt")
+    torch.save({**inputs, "beta": case["beta"], "temperature": case["temperature"], "iteration": 4}, tmp_path / "in.pt")
     path = tmp_path / "settings.json"
     (tmp_path / "run").mkdir()  # gkd-train makes the run folder before ms-swift starts
-    settings(tmp_path / "run", overrides=["monitor.eval.every_n_steps=2", "gkd.beta=0.5", "gkd.temperature=0.9"]
-             ).write(path)
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", WANDB_MODE="disabled",
-               PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
-               **{SETTINGS_ENV: str(path)})
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(CALLBACK_WORKER), str(tmp_path / "in.pt")]
+    settings(tmp_path / "run", overrides=["monitor.eval.every_n_steps=2", "gkd.beta=0.5", "gkd.temperature=0.9"]).write(
+        path
+    )
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+        WANDB_MODE="disabled",
+        PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+        **{SETTINGS_ENV: str(path)},
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "127.0.0.1:0",
+        str(CALLBACK_WORKER),
+        str(tmp_path / "in.pt"),
+    ]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
     rows = [json.loads(x) for x in (tmp_path / "run" / METRICS_FILE).read_text().splitlines() if x.strip()]
@@ -177,8 +199,9 @@ def test_precision_ab_eval_flags_reach_megatron_rlhf(tmp_path):
     from gkd_harness.harness.launcher.compose import point_config
     from gkd_harness.launch.slurm import node_plan
 
-    cfg, run_dir = point_config(["experiment=precision_ab", "run.dataset=x/y", "monitor.eval.dataset=x/z"],
-                                run_dir=tmp_path / "run")
+    cfg, run_dir = point_config(
+        ["experiment=precision_ab", "run.dataset=x/y", "monitor.eval.dataset=x/z"], run_dir=tmp_path / "run"
+    )
     for node, nodes in ((0, 1), (0, 2), (1, 2)):
         argv = node_plan(cfg, run_dir, node, nodes, 8).argv
         assert argv[:2] == ["megatron", "rlhf"]

@@ -1,5 +1,6 @@
 """LossInstrument: counts, FP64 spot checks (against the independent reference), param-grad check, capture,
 metric reductions, and "instrumentation does not change the training result"."""
+
 import math
 
 import pytest
@@ -7,10 +8,19 @@ import torch
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
 from gkd_harness.bench.host_syncs import count_host_syncs
-from gkd_harness.harness.rank.instrument import (CumulativeSumMetric, LossInstrument, MaxMetric, MinMetric, NonFiniteError,
-                                RatioMetric, SumMetric, build_metrics, spot_check)
-from gkd_harness.harness.losses import make_gkd_loss, make_gkd_loss_terms
 from gkd_harness.harness.loss.reference import reference_gkd, reference_jsd
+from gkd_harness.harness.losses import make_gkd_loss, make_gkd_loss_terms
+from gkd_harness.harness.rank.instrument import (
+    CumulativeSumMetric,
+    LossInstrument,
+    MaxMetric,
+    MinMetric,
+    NonFiniteError,
+    RatioMetric,
+    SumMetric,
+    build_metrics,
+    spot_check,
+)
 
 BETA, T = 0.5, 0.9
 
@@ -35,8 +45,12 @@ def computed(metrics):
 
 
 def make_instrument(precision, **kw):
-    return LossInstrument(make_gkd_loss_terms(precision, "paper"), make_gkd_loss_terms("fp64", "paper"),
-                          build_metrics(param_grad=kw.get("param_grad", False)), **kw)
+    return LossInstrument(
+        make_gkd_loss_terms(precision, "paper"),
+        make_gkd_loss_terms("fp64", "paper"),
+        build_metrics(param_grad=kw.get("param_grad", False)),
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("precision", ["native", "fp32"])
@@ -53,8 +67,9 @@ def test_counts_match_an_independent_fp64_reference(precision):
     assert m["gkd/neg_loss_calls_total"] == sum(r < 0 for r in rows) == m["gkd/neg_loss_calls"]
     assert m["gkd/jsd_loss"] == pytest.approx(sum(rows) / 3, rel=1e-12)  # mean of the per-call losses
     assert m["gkd/nonfinite_calls_total"] == 0
-    ref_rows = [reference_gkd(*mixed_inputs(seed)[::2], BETA, T, teacher_full=mixed_inputs(seed)[1])[0] for seed in
-                range(3)]
+    ref_rows = [
+        reference_gkd(*mixed_inputs(seed)[::2], BETA, T, teacher_full=mixed_inputs(seed)[1])[0] for seed in range(3)
+    ]
     assert all(r > 0 for r in ref_rows)  # JSD of normalized distributions is >= 0
     if precision == "native":
         assert m["gkd/neg_loss_calls_total"] == 3  # upstream arithmetic is negative on all three
@@ -69,9 +84,17 @@ def test_spot_check_values_against_reference():
     teacher = TeacherOutput(full_logits=t, labels=labels)
     ref_total, ref_n, ref_grad = reference_gkd(s, labels, BETA, T, teacher_full=t)
     ref_loss = ref_total / ref_n
-    for precision, tol_loss, tol_grad in (("fp32", None, 1e-3), ("native", None, None)):
-        vals = spot_check(make_gkd_loss_terms(precision, "paper"), make_gkd_loss_terms("fp64", "paper"), s, teacher,
-                          labels, BETA, T, max_tokens=10_000)
+    for precision, _tol_loss, tol_grad in (("fp32", None, 1e-3), ("native", None, None)):
+        vals = spot_check(
+            make_gkd_loss_terms(precision, "paper"),
+            make_gkd_loss_terms("fp64", "paper"),
+            s,
+            teacher,
+            labels,
+            BETA,
+            T,
+            max_tokens=10_000,
+        )
         # the harness's FP64 side equals the independent reference
         assert vals["spot/loss_fp64"] == pytest.approx(ref_loss, rel=1e-10, abs=1e-15)
         abs_err = abs(vals["spot/loss"] - ref_loss)
@@ -88,8 +111,16 @@ def test_spot_check_values_against_reference():
 def test_spot_check_caps_positions():
     s, t, labels = mixed_inputs(1, b=2, s=9)
     teacher = TeacherOutput(full_logits=t, labels=labels)
-    vals = spot_check(make_gkd_loss_terms("fp32", "paper"), make_gkd_loss_terms("fp64", "paper"), s, teacher, labels,
-                      BETA, T, max_tokens=3)
+    vals = spot_check(
+        make_gkd_loss_terms("fp32", "paper"),
+        make_gkd_loss_terms("fp64", "paper"),
+        s,
+        teacher,
+        labels,
+        BETA,
+        T,
+        max_tokens=3,
+    )
     active = s[labels != -100][:3]
     expect = reference_jsd(active, t[labels != -100][:3], BETA, "paper", T).mean()
     assert vals["spot/loss_fp64"] == pytest.approx(float(expect), rel=1e-10)
@@ -98,8 +129,16 @@ def test_spot_check_caps_positions():
 def test_topk_spot_check_against_reference():
     s, t, labels = mixed_inputs(2)
     topk = TeacherOutput(full_logits=t, labels=labels).to_topk(8)
-    vals = spot_check(make_gkd_loss_terms("fp32", "paper"), make_gkd_loss_terms("fp64", "paper"), s, topk, labels,
-                      0.0, T, max_tokens=10_000)
+    vals = spot_check(
+        make_gkd_loss_terms("fp32", "paper"),
+        make_gkd_loss_terms("fp64", "paper"),
+        s,
+        topk,
+        labels,
+        0.0,
+        T,
+        max_tokens=10_000,
+    )
     total, n, _ = reference_gkd(s, labels, 0.0, T, teacher_topk=(topk.topk_logprobs, topk.topk_indices))
     assert vals["spot/loss_fp64"] == pytest.approx(total / n, rel=1e-10)
     assert vals["spot/grad_rel_l2"] <= 1e-3
@@ -153,8 +192,16 @@ def test_spot_check_evaluates_each_variant_once_the_fp64_one_on_an_fp64_leaf(dty
 
         return terms
 
-    vals = spot_check(counted("run", make_gkd_loss_terms("fp32", "paper")),
-                      counted("ref", make_gkd_loss_terms("fp64", "paper")), s, teacher, labels, BETA, T, max_tokens=10)
+    vals = spot_check(
+        counted("run", make_gkd_loss_terms("fp32", "paper")),
+        counted("ref", make_gkd_loss_terms("fp64", "paper")),
+        s,
+        teacher,
+        labels,
+        BETA,
+        T,
+        max_tokens=10,
+    )
     assert seen == {"run": [dtype], "ref": [torch.float64]}  # one row chunk at V = 64
 
     rows = labels != -100
@@ -162,7 +209,7 @@ def test_spot_check_evaluates_each_variant_once_the_fp64_one_on_an_fp64_leaf(dty
     lab = torch.zeros(1, 10, dtype=torch.long)
     x = s_c.clone().requires_grad_(True)
     total, _ = make_gkd_loss("fp32", "paper")(x, TeacherOutput(full_logits=t_c, labels=lab), lab, BETA, T)
-    (g_run, ) = torch.autograd.grad(total, x)
+    (g_run,) = torch.autograd.grad(total, x)
     ref_total, n, g_ref = reference_gkd(s_c, lab, BETA, T, teacher_full=t_c)
     g64 = (g_ref * n).to(dtype).double()  # d total / d logits, as the student's dtype holds it
     expect = float((g_run.double() - g64).norm() / g64.norm())
@@ -228,12 +275,12 @@ def test_instrumentation_does_not_change_loss_or_gradient(precision, tmp_path):
     bare = make_gkd_loss(precision, "paper")
     x0 = s.clone().requires_grad_(True)
     total0, n0 = bare(x0, teacher, labels, BETA, T)
-    (g0, ) = torch.autograd.grad(total0 / n0, x0)
+    (g0,) = torch.autograd.grad(total0 / n0, x0)
 
     inst = make_instrument(precision, spot_every=1, capture_dir=str(tmp_path))
     x1 = s.clone().requires_grad_(True)
     total1, n1 = inst(x1, teacher, labels, BETA, T)
-    (g1, ) = torch.autograd.grad(total1 / n1, x1)
+    (g1,) = torch.autograd.grad(total1 / n1, x1)
     assert torch.equal(total0, total1) and int(n0) == int(n1)
     assert torch.equal(g0, g1)
     assert inst.close() == []  # the capture, queued on that call, is written
@@ -263,7 +310,8 @@ def test_param_grad_check_through_a_model():
     total, n = make_gkd_loss("fp32", "paper")(model(h), teacher, labels, BETA, T)
     g32 = torch.autograd.grad(total / n, (model.weight, model.bias))
     rel = math.sqrt(sum(float((a.double() - r.double()).pow(2).sum()) for a, r in zip(g32, g_ref))) / math.sqrt(
-        sum(float(r.double().pow(2).sum()) for r in g_ref))
+        sum(float(r.double().pow(2).sum()) for r in g_ref)
+    )
     assert results["fp32"] == pytest.approx(rel, rel=0.05, abs=1e-7)
     assert results["fp32"] < 1e-3 < results["native"]
 
@@ -381,9 +429,15 @@ def test_metric_device_is_bound_by_the_loss_inputs():
 # ----------------------------------------------------------------------------------------------------------
 def test_sync_counter_sees_each_kind_of_host_read():
     x = torch.randn(4)
-    for fn, expect in ((lambda: x.sum().item(), 1), (lambda: float(x[0]), 1), (lambda: bool(x[0] > 0), 1),
-                       (lambda: x.tolist(), 1), (lambda: x[x > 0], 1), (lambda: x.nonzero(), 1),
-                       (lambda: (x * 2).exp(), 0)):
+    for fn, expect in (
+        (lambda: x.sum().item(), 1),
+        (lambda: float(x[0]), 1),
+        (lambda: bool(x[0] > 0), 1),
+        (lambda: x.tolist(), 1),
+        (lambda: x[x > 0], 1),
+        (lambda: x.nonzero(), 1),
+        (lambda: (x * 2).exp(), 0),
+    ):
         assert len(count_host_syncs(fn)) == expect
 
 
@@ -440,15 +494,19 @@ def test_a_loss_that_writes_into_its_teacher_does_not_fool_the_spot_check(mode):
     if mode == "topk":
         teacher = teacher.to_topk(8)
     original = teacher.full_logits.clone() if mode == "full" else teacher.topk_logprobs.clone()
-    inst = LossInstrument(candidate_terms(writes_into_teacher), make_gkd_loss_terms("fp64"),
-                          build_metrics(), spot_every=1, spot_max_tokens=64)
+    inst = LossInstrument(
+        candidate_terms(writes_into_teacher),
+        make_gkd_loss_terms("fp64"),
+        build_metrics(),
+        spot_every=1,
+        spot_max_tokens=64,
+    )
     inst(s.clone().requires_grad_(True), teacher, labels, 0.5, 0.9)
     after = teacher.full_logits if mode == "full" else teacher.topk_logprobs
     assert torch.equal(after, original * 0.5)  # the loss did write into the caller's tensor
     vals = computed(inst.metrics)
     # the independent reference on the caller's inputs, against what the loss computed on the halved tensor
-    kw = ({"teacher_full": original} if mode == "full" else
-          {"teacher_topk": (original, teacher.topk_indices)})
+    kw = {"teacher_full": original} if mode == "full" else {"teacher_topk": (original, teacher.topk_indices)}
     ref_total, n, _ = reference_gkd(s, labels, 0.5, 0.9, **kw)
     assert vals["spot/loss_fp64"] == pytest.approx(ref_total / n, rel=1e-9)
     assert vals["spot/loss_rel_err"] > 0.1 and vals["spot/grad_rel_l2"] > 0.1, vals

@@ -7,6 +7,7 @@ ms-swift's Megatron trainer needs Transformer Engine (no CPU build), so its logg
 ``swift/megatron/trainers/base.py`` itself: the methods ``on_log``, ``_log_callback``, ``evaluate``,
 ``_aggregated_metrics`` and ``compute_eval_metrics`` are compiled from that file's source, unchanged, onto a stand-in
 trainer with what they read (one evaluation step whose forward returns a loss, as ``forward_step`` does)."""
+
 import json
 import os
 import subprocess
@@ -83,9 +84,17 @@ def test_megatron_eval_logs_write_no_extra_record(tmp_path):
     run_dir.mkdir()
     path = tmp_path / "settings.json"
     settings(run_dir, precision="fp32").write(path)
-    env = dict(os.environ, RANK="0", WORLD_SIZE="1", WANDB_MODE="disabled", **{"GKD_HARNESS_PLUGIN_SETTINGS": str(path)})
-    proc = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=600,
-                          cwd=Path(__file__).resolve().parents[3])
+    env = dict(
+        os.environ, RANK="0", WORLD_SIZE="1", WANDB_MODE="disabled", **{"GKD_HARNESS_PLUGIN_SETTINGS": str(path)}
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=Path(__file__).resolve().parents[3],
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     seen = json.loads(proc.stdout.split("SEEN=")[-1].splitlines()[0])
     assert ["eval_loss"] in seen  # ms-swift's own prefix reached the harness callback

@@ -13,6 +13,7 @@
 The Megatron trainer itself needs Transformer Engine (no CPU build), so a namespace with the attributes the
 callbacks read stands in for it, as in ``test_plugin.MEGATRON_LOG_PROBE``.
 """
+
 import json
 import math
 import os
@@ -20,14 +21,13 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
-from types import SimpleNamespace
 
 from gkd_harness.harness.contract import SPOT_PARAM_GRAD_REL_L2, SWIFT_DIR
 from gkd_harness.harness.rank import plugin
-
 from tests.harness.rank.test_plugin import settings
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -108,10 +108,23 @@ def probe(tmp_path_factory):
     run_dir = tmp_path / "sweep" / "point"
     path = tmp_path / "settings.json"
     settings(run_dir, precision="original", overrides=["monitor.spot_check.param_grad=true"]).write(path)
-    env = dict(os.environ, RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", WANDB_MODE="offline",
-               WANDB_DIR=str(run_dir / "wandb"), **{plugin.SETTINGS_ENV: str(path)})
-    proc = subprocess.run([sys.executable, "-c", PARITY_PROBE, str(run_dir / SWIFT_DIR)], env=env,
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    env = dict(
+        os.environ,
+        RANK="1",
+        LOCAL_RANK="1",
+        WORLD_SIZE="2",
+        WANDB_MODE="offline",
+        WANDB_DIR=str(run_dir / "wandb"),
+        **{plugin.SETTINGS_ENV: str(path)},
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", PARITY_PROBE, str(run_dir / SWIFT_DIR)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return run_dir, json.loads(proc.stdout.split("OUT=")[-1].splitlines()[0])
 
@@ -179,8 +192,11 @@ def test_megatron_param_grad_turns_recompute_off_or_is_refused(tmp_path):
     assert re.search(r"--recompute_granularity\s+none\b", on), on
     assert "--recompute_granularity" not in argv("monitor.spot_check.param_grad=false")
     with pytest.raises(ConfigError, match=r"backend\.recompute_granularity.*monitor\.spot_check\.param_grad"):
-        argv("monitor.spot_check.every_n_steps=1", "monitor.spot_check.param_grad=true",
-             "backend.recompute_granularity=selective")
+        argv(
+            "monitor.spot_check.every_n_steps=1",
+            "monitor.spot_check.param_grad=true",
+            "backend.recompute_granularity=selective",
+        )
 
 
 def test_megatron_param_grad_turns_gradient_accumulation_fusion_off_or_is_refused(tmp_path):
@@ -199,8 +215,11 @@ def test_megatron_param_grad_turns_gradient_accumulation_fusion_off_or_is_refuse
     assert re.search(r"--gradient_accumulation_fusion\s+false\b", argv(*on))
     assert "--gradient_accumulation_fusion" not in argv("monitor.spot_check.param_grad=false")
     for extra in ("[--gradient_accumulation_fusion,true]", "['--gradient_accumulation_fusion=true']"):
-        with pytest.raises(ConfigError, match=r"^monitor\.spot_check\.param_grad: .*--gradient_accumulation_fusion "
-                                              r"true .*main_grad"):
+        with pytest.raises(
+            ConfigError,
+            match=r"^monitor\.spot_check\.param_grad: .*--gradient_accumulation_fusion "
+            r"true .*main_grad",
+        ):
             argv(*on, f"run.extra_args={extra}")
     argv(*on, "run.extra_args=[--gradient_accumulation_fusion,false]")  # explicitly off: accepted
 
@@ -213,9 +232,10 @@ def test_megatron_param_grad_is_refused_at_train_begin_where_the_backward_writes
 
     model = torch.nn.Linear(4, 4)
     model.config = SimpleNamespace(gradient_accumulation_fusion=where == "model config")
-    trainer = SimpleNamespace(args=SimpleNamespace(recompute_granularity=None,
-                                                   gradient_accumulation_fusion=where == "args"),
-                              unwrapped_models=[model])
+    trainer = SimpleNamespace(
+        args=SimpleNamespace(recompute_granularity=None, gradient_accumulation_fusion=where == "args"),
+        unwrapped_models=[model],
+    )
     with pytest.raises(ParamGradRefusedError, match="pass --gradient_accumulation_fusion false"):
         _megatron_params(trainer)
     model.config.gradient_accumulation_fusion = trainer.args.gradient_accumulation_fusion = False

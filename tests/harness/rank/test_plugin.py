@@ -3,6 +3,7 @@
 The end-to-end proof that the real HF trainer calls the harness loss is in test_train_e2e (the harness's call
 counter equals the number of training steps); here the real ``GKDTrainer._compute_jsd_loss`` is called directly.
 """
+
 import dataclasses
 import json
 import logging
@@ -16,12 +17,12 @@ from swift.rlhf_trainers import gkd_trainer
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
 from gkd_harness.harness.contract import CALLBACK_NAME
+from gkd_harness.harness.loss.reference import reference_gkd
+from gkd_harness.harness.losses import make_gkd_loss
 from gkd_harness.harness.rank import plugin
 from gkd_harness.harness.rank import state as rank_state
 from gkd_harness.harness.rank.callbacks import _make_hf_callback
 from gkd_harness.harness.rank.wandb_run import keep_harness_names_in_wandb
-from gkd_harness.harness.losses import make_gkd_loss
-from gkd_harness.harness.loss.reference import reference_gkd
 
 
 @pytest.fixture
@@ -30,8 +31,13 @@ def restore_swift():
     from swift.callbacks import callbacks_map
     from transformers.integrations import integration_utils as iu
 
-    saved = (gkd_trainer.gkd_loss, gkd_trainer.GKDTrainer.compute_loss, iu.rewrite_logs, dict(callbacks_map),
-             rank_state.STATE)
+    saved = (
+        gkd_trainer.gkd_loss,
+        gkd_trainer.GKDTrainer.compute_loss,
+        iu.rewrite_logs,
+        dict(callbacks_map),
+        rank_state.STATE,
+    )
     yield
     gkd_trainer.gkd_loss, gkd_trainer.GKDTrainer.compute_loss, iu.rewrite_logs = saved[:3]
     callbacks_map.clear()
@@ -46,7 +52,7 @@ def settings(tmp_path, precision="fp32", monitor=True, overrides=(), **extra):
     from gkd_harness.harness.launcher.run import plugin_settings
 
     ov = ["loss=fp32" if precision == "fp32" else "loss=original"]
-    ov += (["monitor.spot_check.every_n_steps=1", "monitor.spot_check.max_tokens=64"] if monitor else ["monitor=off"])
+    ov += ["monitor.spot_check.every_n_steps=1", "monitor.spot_check.max_tokens=64"] if monitor else ["monitor=off"]
     cfg, run_dir = point_config([*ov, *overrides], run_dir=tmp_path)
     return dataclasses.replace(plugin_settings(cfg, run_dir), **extra)
 
@@ -80,8 +86,9 @@ def test_the_hf_trainer_calls_the_harness_loss(tmp_path, restore_swift):
     s, t, labels = inputs()
     stub = types.SimpleNamespace(gkd_logits_topk=None, beta=0.5, temperature=0.9)
     x = s.clone().requires_grad_(True)
-    loss = gkd_trainer.GKDTrainer._compute_jsd_loss(stub, x, TeacherOutput(full_logits=t, labels=labels.clone()),
-                                                    labels)
+    loss = gkd_trainer.GKDTrainer._compute_jsd_loss(
+        stub, x, TeacherOutput(full_logits=t, labels=labels.clone()), labels
+    )
     assert state.instrument.calls == 1
     assert state.boundary.arrived == {"student": "float32", "teacher": "float32"}
     assert state.boundary.seen == {"student": "float32", "teacher": "bfloat16"}
@@ -108,7 +115,7 @@ def test_topk_teacher_is_cast_too(tmp_path, restore_swift):
 
 
 def test_unimportable_module_is_skipped():
-    result = plugin.rebind_gkd_loss(lambda *a: None, modules=("no_such_pkg.trainer", ))
+    result = plugin.rebind_gkd_loss(lambda *a: None, modules=("no_such_pkg.trainer",))
     assert result["no_such_pkg.trainer"].startswith("skipped: ModuleNotFoundError")
 
 
@@ -131,8 +138,9 @@ def test_settings_from_env_file(tmp_path, monkeypatch, restore_swift):
 
 
 def test_resumed_run_continues_cumulative_counts(tmp_path, restore_swift):
-    state = plugin.install(settings(tmp_path, resume_totals={"gkd/loss_calls_total": 6.0,
-                                                             "gkd/neg_loss_calls_total": 4.0}))
+    state = plugin.install(
+        settings(tmp_path, resume_totals={"gkd/loss_calls_total": 6.0, "gkd/neg_loss_calls_total": 4.0})
+    )
     s, t, labels = inputs()
     state.boundary(s, TeacherOutput(full_logits=t, labels=labels), labels, 0.5, 0.9)
     assert state.instrument.metrics["gkd/loss_calls_total"].compute() == 7.0
@@ -190,8 +198,14 @@ def test_importing_and_installing_the_plugin_queries_no_device(tmp_path):
     path = tmp_path / "settings.json"
     settings(tmp_path).write(path)
     env = dict(os.environ, **{plugin.SETTINGS_ENV: str(path)})
-    proc = subprocess.run([sys.executable, "-c", DEVICE_QUERY_PROBE, str(Path(plugin.__file__).resolve())], env=env,
-                          capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[3])
+    proc = subprocess.run(
+        [sys.executable, "-c", DEVICE_QUERY_PROBE, str(Path(plugin.__file__).resolve())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=Path(__file__).resolve().parents[3],
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     counts = json.loads(proc.stdout.split("COUNTS=")[-1].splitlines()[0])
     assert counts == {}
@@ -280,10 +294,23 @@ def test_megatron_logs_harness_metrics_under_the_hf_names(tmp_path, rank):
 
     path = tmp_path / "settings.json"
     settings(tmp_path).write(path)
-    env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", WANDB_MODE="offline",
-               WANDB_DIR=str(tmp_path / "wandb"), **{plugin.SETTINGS_ENV: str(path)})
-    proc = subprocess.run([sys.executable, "-c", MEGATRON_LOG_PROBE], env=env, capture_output=True, text=True,
-                          timeout=600, cwd=Path(__file__).resolve().parents[3])
+    env = dict(
+        os.environ,
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE="2",
+        WANDB_MODE="offline",
+        WANDB_DIR=str(tmp_path / "wandb"),
+        **{plugin.SETTINGS_ENV: str(path)},
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", MEGATRON_LOG_PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=Path(__file__).resolve().parents[3],
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     logged = json.loads(proc.stdout.split("LOGS=")[-1].splitlines()[0])
     assert "gkd/loss_calls_total" in logged and "spot/loss" in logged  # the harness callback added its metrics
@@ -301,7 +328,8 @@ def test_megatron_logs_harness_metrics_under_the_hf_names(tmp_path, rank):
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(records) == 1 and records[0]["step"] == 1 and records[0]["gkd/loss_calls_total"] == 1.0
     assert set(records[0]) - {"step"} == {k for k in hf_names if not k.startswith("train/learning")} | {
-        "train/learning_rate"}
+        "train/learning_rate"
+    }
     assert summary["dtypes_seen"] == {"student": "float32", "teacher": "bfloat16"}
     assert "harness" in config  # the harness config is on this rank's wandb run (nested under "harness")
 
@@ -336,8 +364,12 @@ def test_fail_on_nonfinite_off_logs_nan_and_continues(tmp_path, restore_swift):
     s[0, 3, 0] = float("nan")
     state.boundary(s, TeacherOutput(full_logits=t, labels=labels), labels, 0.5, 0.9)  # no error
     cb = _hf_callback(types.SimpleNamespace())
-    cb.on_log(None, types.SimpleNamespace(global_step=1, is_world_process_zero=True), None,
-              logs={"loss": float("nan"), "grad_norm": float("inf")})
+    cb.on_log(
+        None,
+        types.SimpleNamespace(global_step=1, is_world_process_zero=True),
+        None,
+        logs={"loss": float("nan"), "grad_norm": float("inf")},
+    )
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert math.isnan(rows[-1]["train/loss"]) and rows[-1]["train/grad_norm"] == math.inf
 

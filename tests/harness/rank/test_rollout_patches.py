@@ -3,6 +3,7 @@
 Runs in the main venv (no vLLM); the effect of the prepack switch on a real vLLM engine is
 ``tests/vllm/test_weight_sync.py``.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -33,6 +34,8 @@ def test_gkd_train_never_imports_the_patches():
     import subprocess
     import sys
 
-    code = ("import sys, gkd_harness.harness.launcher.rollout_argv, gkd_harness.harness.launcher.plan, gkd_harness.harness.config.validate; "
-            "assert 'gkd_harness.harness.rank.rollout_patches' not in sys.modules")
+    code = (
+        "import sys, gkd_harness.harness.launcher.rollout_argv, gkd_harness.harness.launcher.plan, gkd_harness.harness.config.validate; "
+        "assert 'gkd_harness.harness.rank.rollout_patches' not in sys.modules"
+    )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0

@@ -1,6 +1,7 @@
 """Issue 19: the spot check logs the student dtype's own share of the gradient tolerance
 (``spot/grad_rel_l2_dtype_floor`` = 2x the rounding of the FP64 gradient to the student dtype, the rule of
 ``gkd_harness.harness.loss.tolerances.grad_tol``), so a BF16/BF16 fp32 run is judged against what BF16 can represent."""
+
 from __future__ import annotations
 
 import torch
@@ -24,8 +25,16 @@ def _inputs(dtype, n=64, v=300, seed=7):
 
 def test_bf16_bf16_floor_is_twice_the_bf16_rounding_of_the_independent_fp64_gradient():
     s, teacher, labels = _inputs(torch.bfloat16)
-    vals = spot_check(make_gkd_loss_terms("fp32", "paper"), make_gkd_loss_terms("fp64", "paper"), s, teacher, labels,
-                      BETA, T, max_tokens=10_000)
+    vals = spot_check(
+        make_gkd_loss_terms("fp32", "paper"),
+        make_gkd_loss_terms("fp64", "paper"),
+        s,
+        teacher,
+        labels,
+        BETA,
+        T,
+        max_tokens=10_000,
+    )
     total, n, ref_grad = reference_gkd(s, labels, BETA, T, teacher_full=teacher.full_logits)
     g64 = ref_grad.double()
     rounding = float((g64.to(torch.bfloat16).double() - g64).norm() / g64.norm())
@@ -36,7 +45,15 @@ def test_bf16_bf16_floor_is_twice_the_bf16_rounding_of_the_independent_fp64_grad
 
 def test_fp32_student_has_no_floor_and_the_metric_is_registered():
     s, teacher, labels = _inputs(torch.float32)
-    vals = spot_check(make_gkd_loss_terms("fp32", "paper"), make_gkd_loss_terms("fp64", "paper"), s, teacher, labels,
-                      BETA, T, max_tokens=10_000)
+    vals = spot_check(
+        make_gkd_loss_terms("fp32", "paper"),
+        make_gkd_loss_terms("fp64", "paper"),
+        s,
+        teacher,
+        labels,
+        BETA,
+        T,
+        max_tokens=10_000,
+    )
     assert vals[SPOT_GRAD_REL_L2_DTYPE_FLOOR] < 1e-6
     assert SPOT_GRAD_REL_L2_DTYPE_FLOOR in build_metrics()

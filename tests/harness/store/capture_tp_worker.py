@@ -14,6 +14,7 @@ ms-swift's Megatron GKD trainer passes (``tp_gather_topk``, ``vocab_parallel_log
 global top-k. The captures are written when the process exits (the writer's ``atexit`` close), as in a run that
 ends without the trainer's train-end callback.
 """
+
 from __future__ import annotations
 
 import sys
@@ -43,20 +44,42 @@ def run_case(case: dict, inp: dict, fns, out_dir: Path) -> dict:
         out.update(topk_vals=vals, topk_ids=ids)
     else:
         t_out = TeacherOutput(full_logits=teacher[..., shard].contiguous(), labels=labels.clone())
-    inst = LossInstrument(make_gkd_loss_terms(case["precision"], case["beta_form"]),
-                          make_gkd_loss_terms("fp64", case["beta_form"]), build_metrics(), spot_every=1,
-                          capture_dir=str(out_dir / case["name"] / "captures"), rank=dist.get_rank(),
-                          meta={"precision": case["precision"], "beta_form": case["beta_form"]})
+    inst = LossInstrument(
+        make_gkd_loss_terms(case["precision"], case["beta_form"]),
+        make_gkd_loss_terms("fp64", case["beta_form"]),
+        build_metrics(),
+        spot_every=1,
+        capture_dir=str(out_dir / case["name"] / "captures"),
+        rank=dist.get_rank(),
+        meta={"precision": case["precision"], "beta_form": case["beta_form"]},
+    )
     s = student[..., shard].contiguous().requires_grad_(True)
-    total, n = inst(s, t_out, labels, case["beta"], case["temperature"], gather_fn=fns.tp_gather_topk,
-                    log_softmax_fn=fns.vocab_parallel_log_softmax, kl_div_fn=fns.vocab_parallel_kl_div)
+    total, n = inst(
+        s,
+        t_out,
+        labels,
+        case["beta"],
+        case["temperature"],
+        gather_fn=fns.tp_gather_topk,
+        log_softmax_fn=fns.vocab_parallel_log_softmax,
+        kl_div_fn=fns.vocab_parallel_kl_div,
+    )
     out.update(total=total.detach(), n=int(n), logs=SwiftMixin.compute_custom_metrics(inst.metrics))
     return out
 
 
 def main(in_path: str, out_dir: str) -> None:
-    serve(in_path, out_dir, [(None, dict(tensor_model_parallel_size=2),
-                              lambda case, spec, fns: run_case(case, spec["inputs"], fns, Path(out_dir)))])
+    serve(
+        in_path,
+        out_dir,
+        [
+            (
+                None,
+                dict(tensor_model_parallel_size=2),
+                lambda case, spec, fns: run_case(case, spec["inputs"], fns, Path(out_dir)),
+            )
+        ],
+    )
 
 
 if __name__ == "__main__":

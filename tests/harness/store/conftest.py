@@ -1,4 +1,5 @@
 """Fixtures of the store tests."""
+
 from __future__ import annotations
 
 import subprocess

@@ -9,6 +9,7 @@ teacher mode it prints the file size of the new capture (through :class:`gkd_har
 its writer), the seconds the loss call spends in the capture (row selection, gather, queueing) and the seconds
 the writer thread spends, and the size of the first format's file for the same call.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,14 @@ def inputs(seq: int, active: int, vocab: int, topk: int):
     labels = torch.randint(0, vocab, (1, seq), generator=g)
     labels[0, : seq - active] = -100
     lp, ids = torch.topk(torch.log_softmax(teacher.float(), -1).bfloat16(), topk, dim=-1)
-    return student, labels, {"full": TeacherOutput(full_logits=teacher, labels=labels),
-                             "topk": TeacherOutput(topk_logprobs=lp, topk_indices=ids, labels=labels)}
+    return (
+        student,
+        labels,
+        {
+            "full": TeacherOutput(full_logits=teacher, labels=labels),
+            "topk": TeacherOutput(topk_logprobs=lp, topk_indices=ids, labels=labels),
+        },
+    )
 
 
 def first_format_bytes(folder: Path, student, teacher: TeacherOutput, labels) -> int:
@@ -57,8 +64,10 @@ def main() -> None:
     p.add_argument("--cap", type=int, default=256)
     a = p.parse_args()
     student, labels, teachers = inputs(a.seq, a.active, a.vocab, a.topk)
-    print(f"shape: S={a.seq}, {a.active} active, V={a.vocab}, top-k {a.topk}, FP32 student, BF16 teacher, "
-          f"capture_max_tokens={a.cap}")
+    print(
+        f"shape: S={a.seq}, {a.active} active, V={a.vocab}, top-k {a.topk}, FP32 student, BF16 teacher, "
+        f"capture_max_tokens={a.cap}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for mode, teacher in teachers.items():
@@ -71,8 +80,10 @@ def main() -> None:
             writer = time.perf_counter() - t1
             size = path.stat().st_size
             old = first_format_bytes(folder, student, teacher, labels)
-            print(f"{mode:>4}: capture {size:,} bytes ({size / 2**20:,.2f} MiB); in the loss call {hot:.3f} s, "
-                  f"writer thread {writer:.3f} s; first format {old:,} bytes ({old / 2**20:,.1f} MiB)")
+            print(
+                f"{mode:>4}: capture {size:,} bytes ({size / 2**20:,.2f} MiB); in the loss call {hot:.3f} s, "
+                f"writer thread {writer:.3f} s; first format {old:,} bytes ({old / 2**20:,.1f} MiB)"
+            )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """What the run-folder tests share: a flat config, a process that holds a lock, real small and full file systems."""
+
 from __future__ import annotations
 
 import subprocess
@@ -11,9 +12,14 @@ import pytest
 from gkd_harness.harness.config.flat import flatten
 
 REPO = Path(__file__).resolve().parents[3]
-FLAT = flatten({"loss": {"precision": "fp32", "beta_form": "paper"}, "gkd": {"beta": 0.5},
-                "model": {"student": "embedded", "teacher": "embedded"}, "run": {"dataset": None, "max_steps": 3,
-                                                                                  "output_dir": "/somewhere"}})
+FLAT = flatten(
+    {
+        "loss": {"precision": "fp32", "beta_form": "paper"},
+        "gkd": {"beta": 0.5},
+        "model": {"student": "embedded", "teacher": "embedded"},
+        "run": {"dataset": None, "max_steps": 3, "output_dir": "/somewhere"},
+    }
+)
 
 
 def start_holder(run_dir: Path) -> subprocess.Popen:

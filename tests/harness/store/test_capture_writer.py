@@ -1,5 +1,6 @@
 """gkd_harness.harness.store.capture_writer: captures leave the training loop at once and are all written, in order, at close,
 at a normal exit and after an exception; a failed write is reported, never raised into training."""
+
 import subprocess
 import sys
 import textwrap
@@ -16,8 +17,11 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 
 def _capture(seed: int):
     g = torch.Generator().manual_seed(seed)
-    tensors = {"student_logits": torch.randn(3, 40, generator=g), "teacher_full_logits": torch.randn(3, 40,
-               generator=g).bfloat16(), "labels": torch.arange(3)}
+    tensors = {
+        "student_logits": torch.randn(3, 40, generator=g),
+        "teacher_full_logits": torch.randn(3, 40, generator=g).bfloat16(),
+        "labels": torch.arange(3),
+    }
     return tensors, {"beta": "0.5", "temperature": "0.9", "format": "rows", "step": str(seed)}
 
 

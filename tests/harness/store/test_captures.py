@@ -1,8 +1,8 @@
 """gkd_harness.harness.store.captures: the rows the loss saw, round trip, the cap, and clear errors on bad files."""
+
 import pytest
 import torch
 from safetensors.torch import save_file
-
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
 from gkd_harness.harness.loss.reference import reference_gkd
@@ -20,8 +20,15 @@ def test_round_trip_keeps_the_rows_the_loss_saw(tmp_path, mode):
     """A capture holds the active rows (top-k: the student gathered at the teacher's ids), in their dtypes, and
     the loss on the loaded inputs is the call's loss (FP64 variant, against the independent reference)."""
     case = make_case("fp32", "bf16", mode, True, 1)
-    path = save_capture(tmp_path / "captures" / "step3_rank1.safetensors", case.student, case.teacher, case.labels,
-                        0.5, 0.9, meta=dict(step=3, rank=1, precision="fp32", beta_form="paper"))
+    path = save_capture(
+        tmp_path / "captures" / "step3_rank1.safetensors",
+        case.student,
+        case.teacher,
+        case.labels,
+        0.5,
+        0.9,
+        meta=dict(step=3, rank=1, precision="fp32", beta_form="paper"),
+    )
     cap = load_capture(path)
     rows = _active(case.student, case.labels)
     n = rows.shape[0]
@@ -51,8 +58,9 @@ def test_round_trip_keeps_the_rows_the_loss_saw(tmp_path, mode):
 @pytest.mark.parametrize("mode", ["full", "topk"])
 def test_max_tokens_keeps_the_first_active_rows(tmp_path, mode):
     case = make_case("fp32", "bf16", mode, True, 2)
-    cap = load_capture(save_capture(tmp_path / "c.safetensors", case.student, case.teacher, case.labels, 0.5, 0.9,
-                                    max_tokens=5))
+    cap = load_capture(
+        save_capture(tmp_path / "c.safetensors", case.student, case.teacher, case.labels, 0.5, 0.9, max_tokens=5)
+    )
     rows = _active(case.student, case.labels)
     assert cap["meta"]["rows_active"] == str(rows.shape[0]) and cap["student_logits"].shape[1] == 5
     if mode == "full":
@@ -67,8 +75,9 @@ def test_uncovered_topk_rows_are_dropped_before_the_cap(tmp_path):
     lp = case.teacher.topk_logprobs.clone()
     lp[0, 3:6] = float("-inf")  # the first three active rows of sequence 0
     teacher = TeacherOutput(topk_logprobs=lp, topk_indices=case.teacher.topk_indices, labels=case.labels)
-    cap = load_capture(save_capture(tmp_path / "c.safetensors", case.student, teacher, case.labels, 0.5, 0.9,
-                                    max_tokens=4))
+    cap = load_capture(
+        save_capture(tmp_path / "c.safetensors", case.student, teacher, case.labels, 0.5, 0.9, max_tokens=4)
+    )
     assert torch.equal(cap["vocab_ids"], case.teacher.topk_indices[0, 6:10])
     assert cap["meta"]["rows_active"] == str(int((case.labels != -100).sum()) - 3)
 
@@ -76,8 +85,12 @@ def test_uncovered_topk_rows_are_dropped_before_the_cap(tmp_path):
 def test_legacy_capture_still_loads(tmp_path):
     """Files of the first format (the call's [B, S, V] tensors) replay as they were."""
     case = make_case("fp32", "bf16", "topk", True, 1)
-    tensors = {"student_logits": case.student, "labels": case.labels, "teacher_topk_logprobs":
-               case.teacher.topk_logprobs, "teacher_topk_indices": case.teacher.topk_indices}
+    tensors = {
+        "student_logits": case.student,
+        "labels": case.labels,
+        "teacher_topk_logprobs": case.teacher.topk_logprobs,
+        "teacher_topk_indices": case.teacher.topk_indices,
+    }
     save_file(tensors, str(tmp_path / "c.safetensors"), metadata={"beta": "0.5", "temperature": "0.9"})
     cap = load_capture(tmp_path / "c.safetensors")
     assert torch.equal(cap["student_logits"], case.student) and torch.equal(cap["labels"], case.labels)
@@ -106,8 +119,14 @@ def test_missing_tensor(tmp_path, drop, match):
         load_capture(tmp_path / "c.safetensors")
 
 
-@pytest.mark.parametrize("meta,match", [({"temperature": "0.9"}, "beta"), ({"beta": "2", "temperature": "1"}, "beta"),
-                                        ({"beta": "0.5", "temperature": "0"}, "temperature")])
+@pytest.mark.parametrize(
+    "meta,match",
+    [
+        ({"temperature": "0.9"}, "beta"),
+        ({"beta": "2", "temperature": "1"}, "beta"),
+        ({"beta": "0.5", "temperature": "0"}, "temperature"),
+    ],
+)
 def test_bad_metadata(tmp_path, meta, match):
     case = make_case("fp32", "bf16", "full", True, 1)
     tensors = {"student_logits": case.student, "labels": case.labels, "teacher_full_logits": case.teacher.full_logits}
@@ -120,12 +139,20 @@ def test_inconsistent_shapes_and_ids(tmp_path):
     case = make_case("fp32", "bf16", "topk", True, 1)
     idx = case.teacher.topk_indices.clone()
     idx[0, 0, 0] = case.student.shape[-1] + 5
-    tensors = {"student_logits": case.student, "labels": case.labels, "teacher_topk_logprobs":
-               case.teacher.topk_logprobs, "teacher_topk_indices": idx}
+    tensors = {
+        "student_logits": case.student,
+        "labels": case.labels,
+        "teacher_topk_logprobs": case.teacher.topk_logprobs,
+        "teacher_topk_indices": idx,
+    }
     save_file(tensors, str(tmp_path / "c.safetensors"), metadata={"beta": "0.5", "temperature": "0.9"})
     with pytest.raises(CaptureError, match="outside the student vocabulary"):
         load_capture(tmp_path / "c.safetensors")
-    tensors = {"student_logits": case.student[:, :5].contiguous(), "labels": case.labels, "teacher_full_logits": case.student.contiguous()}
+    tensors = {
+        "student_logits": case.student[:, :5].contiguous(),
+        "labels": case.labels,
+        "teacher_full_logits": case.student.contiguous(),
+    }
     save_file(tensors, str(tmp_path / "d.safetensors"), metadata={"beta": "0.5", "temperature": "0.9"})
     with pytest.raises(CaptureError, match="does not match labels"):
         load_capture(tmp_path / "d.safetensors")
@@ -141,13 +168,16 @@ def test_teacher_rows_paired_by_the_teacher_labels(tmp_path):
     assert torch.equal(cap["student_logits"][0], _active(case.student, case.labels))
 
 
-@pytest.mark.parametrize("change,match", [
-    (dict(meta={"format": "zip"}), "format='zip'"),
-    (dict(meta={"student_vocab": "10"}), "outside the student vocabulary"),
-    (dict(meta={"student_vocab": None}), "student_vocab"),
-    (dict(drop="teacher_topk_indices"), "teacher_topk_indices"),
-    (dict(shape=True), "are not"),
-])
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (dict(meta={"format": "zip"}), "format='zip'"),
+        (dict(meta={"student_vocab": "10"}), "outside the student vocabulary"),
+        (dict(meta={"student_vocab": None}), "student_vocab"),
+        (dict(drop="teacher_topk_indices"), "teacher_topk_indices"),
+        (dict(shape=True), "are not"),
+    ],
+)
 def test_bad_gathered_captures_name_the_problem(tmp_path, change, match):
     case = make_case("fp32", "bf16", "topk", True, 4)
     path = save_capture(tmp_path / "c.safetensors", case.student, case.teacher, case.labels, 0.5, 0.9)

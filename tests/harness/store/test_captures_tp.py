@@ -13,6 +13,7 @@ the test process:
   values); full vocabulary, FP32 within the loss tolerance and both gradients within it (the spot check ran on
   shards with the vocab-parallel primitives, the replay on whole rows), native negative in both.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,10 +24,10 @@ import pytest
 import torch
 
 from gkd_harness.analysis.replay.variants import replay_table
-from tests.conftest import entry_point
 from gkd_harness.harness.loss.reference import reference_gkd
 from gkd_harness.harness.loss.tolerances import GRAD_REL_L2_FP32_STUDENT, loss_tol
 from gkd_harness.harness.store.captures import load_capture
+from tests.conftest import entry_point
 from tests.two_ranks import run_two_ranks
 
 pytestmark = [pytest.mark.parallel, pytest.mark.timeout(900)]
@@ -34,8 +35,19 @@ pytestmark = [pytest.mark.parallel, pytest.mark.timeout(900)]
 WORKER = Path(__file__).with_name("capture_tp_worker.py")
 REPO_ROOT = Path(__file__).resolve().parents[3]
 BETA, T, K, VOCAB = 0.5, 0.9, 16, 1024
-CASES = [dict(name=f"{teacher}_{precision}", teacher=teacher, topk=K, precision=precision, beta_form="paper",
-              beta=BETA, temperature=T) for teacher in ("topk", "full") for precision in ("fp32", "native")]
+CASES = [
+    dict(
+        name=f"{teacher}_{precision}",
+        teacher=teacher,
+        topk=K,
+        precision=precision,
+        beta_form="paper",
+        beta=BETA,
+        temperature=T,
+    )
+    for teacher in ("topk", "full")
+    for precision in ("fp32", "native")
+]
 
 
 def _inputs() -> dict:
@@ -95,8 +107,14 @@ def test_tp2_capture_is_whole_and_replays_to_the_spot_check(tp_run, case):
         assert torch.equal(cap["teacher_output"].full_logits[0], inputs["teacher"][active])
         ref_total, ref_n, _ = reference_gkd(student, labels, BETA, T, "paper", teacher_full=inputs["teacher"])
 
-    proc = subprocess.run([entry_point("gkd-replay"), str(run_dir)], cwd=REPO_ROOT, env=_env(), capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [entry_point("gkd-replay"), str(run_dir)],
+        cwd=REPO_ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "step1_rank0.safetensors" in proc.stdout and "rank1" not in proc.stdout
 

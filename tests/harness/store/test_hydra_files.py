@@ -1,5 +1,6 @@
 """Credentials in Hydra's own files (gkd_harness.harness.store.hydra_files): a real Hydra app writes the .hydra/ files that get
 scrubbed, and the harness writes them itself without the secret."""
+
 from __future__ import annotations
 
 import subprocess
@@ -8,7 +9,6 @@ import sys
 from gkd_harness.harness.config.secrets import REDACTED
 from gkd_harness.harness.store.hydra_files import redacted_folder_name, scrub_folder_name, scrub_hydra_dir
 from tests.harness.store.run_folder_helpers import REPO
-
 
 # ------------------------------------------------------------------------------------------------ secrets
 HYDRA_APP = """
@@ -32,9 +32,18 @@ def test_scrub_hydra_outputs_and_folder_name_of_a_real_hydra_run(tmp_path):
     app = tmp_path / "app.py"
     app.write_text(HYDRA_APP)
     out = tmp_path / "outputs"
-    subprocess.run([sys.executable, str(app), f"+tracking.wandb.api_key={secret}", "gkd.beta=0.9",
-                    f"hydra.run.dir={out}/" + "${hydra.job.override_dirname}"], cwd=tmp_path, check=True,
-                   capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(app),
+            f"+tracking.wandb.api_key={secret}",
+            "gkd.beta=0.9",
+            f"hydra.run.dir={out}/" + "${hydra.job.override_dirname}",
+        ],
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+    )
     [run_dir] = list(out.iterdir())
     hydra_dir = run_dir / ".hydra"
 
@@ -55,10 +64,11 @@ def test_scrub_hydra_outputs_and_folder_name_of_a_real_hydra_run(tmp_path):
 
     cfg = OmegaConf.load(new_dir / ".hydra" / "config.yaml")
     assert cfg.tracking.wandb.api_key == REDACTED and cfg.gkd.beta == 0.9 and cfg.tracking.wandb.group == "g"
-    assert list(OmegaConf.load(new_dir / ".hydra" / "overrides.yaml")) == [f"+tracking.wandb.api_key={REDACTED}",
-                                                                            "gkd.beta=0.9"]
+    assert list(OmegaConf.load(new_dir / ".hydra" / "overrides.yaml")) == [
+        f"+tracking.wandb.api_key={REDACTED}",
+        "gkd.beta=0.9",
+    ]
     assert scrub_hydra_dir(new_dir / ".hydra") == []  # idempotent
-
 
 
 HYDRA_APP_OWN_FILES = """
@@ -86,9 +96,19 @@ def test_harness_writes_hydra_files_itself_without_the_secret(tmp_path):
     app = tmp_path / "app.py"
     app.write_text(HYDRA_APP_OWN_FILES.format(repo=str(REPO)))
     out = tmp_path / "outputs"
-    subprocess.run([sys.executable, str(app), f"+tracking.wandb.api_key={secret}", "gkd.beta=0.9",
-                    "hydra.output_subdir=null", f"hydra.run.dir={out}/run"], cwd=tmp_path, check=True,
-                   capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(app),
+            f"+tracking.wandb.api_key={secret}",
+            "gkd.beta=0.9",
+            "hydra.output_subdir=null",
+            f"hydra.run.dir={out}/run",
+        ],
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+    )
     hydra_dir = out / "run" / ".hydra"
     assert sorted(p.name for p in hydra_dir.iterdir()) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
     assert not any(secret in p.read_text() for p in hydra_dir.iterdir())

@@ -1,5 +1,6 @@
 """One owner at a time (gkd_harness.harness.store.lock): real processes hold and lose locks (a SIGKILLed child leaves a stale
 lock), another host's lock stays busy until its heartbeat stops, a reused pid does not keep a lock."""
+
 from __future__ import annotations
 
 import json
@@ -59,8 +60,16 @@ def test_a_reused_pid_does_not_keep_a_stale_lock(tmp_path):
     run.mkdir()
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
-        (run / LOCK_FILE).write_text(json.dumps({"pid": sleeper.pid, "host": socket.gethostname(),
-                                                 "started_at": "2020-01-01T00:00:00+00:00", "pid_start": "1"}))
+        (run / LOCK_FILE).write_text(
+            json.dumps(
+                {
+                    "pid": sleeper.pid,
+                    "host": socket.gethostname(),
+                    "started_at": "2020-01-01T00:00:00+00:00",
+                    "pid_start": "1",
+                }
+            )
+        )
         with RunLock(run, heartbeat_s=0) as lock:
             assert lock.note and f"pid {sleeper.pid}" in lock.note
     finally:

@@ -1,6 +1,7 @@
 """metrics.jsonl as the harness writes and reads it (issue 32): ``step`` is an integer on the way in, and only
 lines whose ``step`` is an integer count on the way out. Before the fix ``{"step": "2"}`` was written as given, and
 ``last_metrics_step`` / ``tail_step`` read a string step as a number."""
+
 from __future__ import annotations
 
 import json

@@ -4,6 +4,7 @@ line naming the file and run.output_dir, summary.json's lifecycle, no secret in 
 Real parts throughout: real processes hold locks, a real full tmpfs and a real read-only mount (root only; skipped
 otherwise) plus /dev/full for the no-root case.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,9 +13,9 @@ import subprocess
 
 import pytest
 
+from gkd_harness.harness.config.flat import flatten
 from gkd_harness.harness.config.secrets import REDACTED
 from gkd_harness.harness.contract import ARCHIVE_DIR
-from gkd_harness.harness.config.flat import flatten
 from gkd_harness.harness.store.files import RunFolderError
 from gkd_harness.harness.store.fingerprint import config_fingerprint
 from gkd_harness.harness.store.lock import RunLock

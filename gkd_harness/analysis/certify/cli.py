@@ -1,0 +1,127 @@
+"""``gkd-certify CANDIDATE``: the loss-level certificate of a candidate fix, no training.
+
+CANDIDATE is a file with ms-swift's ``gkd_loss.py`` interface (``PATH.py``, e.g. a pull request's file), an
+importable ``package.module[:attr]`` (``swift.rlhf_trainers.gkd_loss`` is the installed upstream), or one of the
+harness's own variants (``fp32``, ``fp64``, ``native``). Every family runs through the candidate's ``gkd_loss``
+against the project's independent FP64 reference (``gkd_harness.harness.loss.reference``) with the suite's tolerances
+(``gkd_harness.harness.loss.tolerances``).
+
+Exit codes: 0 every required family passes (with ``--strict``: the hard regimes too), 1 one fails, 2 unusable
+input (a candidate that cannot be loaded, a bad argument).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from gkd_harness.analysis.certify.certificate import (
+    CERTIFICATE_JSON,
+    CERTIFICATE_MD,
+    STRICT_BARS,
+    certify,
+    load,
+    render_text,
+    write,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from gkd_harness.harness.store.provenance import version_line
+
+    p = argparse.ArgumentParser(
+        prog="gkd-certify",
+        description="The loss-level certificate of a candidate GKD loss fix, no training: every family runs "
+        "through the candidate's gkd_loss against the independent FP64 reference.",
+        epilog="Exit codes: 0 every required family passes, 1 one fails, 2 unusable input. docs/certify.md.",
+    )
+    p.add_argument("candidate", nargs="?", help="PATH.py | package.module[:attr] | fp32 | fp64 | native")
+    p.add_argument("--name", help="label of the candidate (default: the file or module name)")
+    p.add_argument(
+        "--beta-form",
+        choices=("paper", "continuous"),
+        default="paper",
+        help="the β form the candidate computes (default: paper, upstream's)",
+    )
+    p.add_argument("--quick", action="store_true", help="a subset of every family (CI)")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="the hard regimes gate the verdict too: a case fails only where the candidate is worse than "
+        "upstream's own formula computed in FP32 on the same inputs",
+    )
+    p.add_argument(
+        "--strict-bar",
+        choices=STRICT_BARS,
+        default="upstream",
+        help="with --strict: 'upstream' (default) or 'tolerance' (the suite's tolerance, the harness's own bar)",
+    )
+    p.add_argument(
+        "--unchanged",
+        action="append",
+        default=[],
+        metavar="STUDENT/TEACHER",
+        help="dtype pair on which the candidate claims bit-identity with the installed ms-swift, e.g. "
+        "float32/float32 (repeatable; default: the file's GKD_CERTIFY_UNCHANGED)",
+    )
+    p.add_argument("--family", action="append", default=[], help="only families whose name contains this")
+    p.add_argument("--version", action="version", version=version_line("gkd-certify"))
+    p.add_argument("--out", type=Path, help=f"write {CERTIFICATE_MD} and {CERTIFICATE_JSON} here")
+    p.add_argument(
+        "--export-pytest",
+        type=Path,
+        metavar="PATH",
+        help="write the regression suite as one self-contained pytest module (imports only torch, pytest, "
+        "the standard library and --target) and exit; no CANDIDATE needed",
+    )
+    p.add_argument(
+        "--target",
+        default=None,
+        metavar="MODULE|PATH.py",
+        help="with --export-pytest: the module under test (default swift.rlhf_trainers.gkd_loss)",
+    )
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.export_pytest is not None:
+        from gkd_harness.analysis.certify.export import DEFAULT_TARGET, export_pytest
+
+        path = export_pytest(args.export_pytest, args.target or DEFAULT_TARGET)
+        print(f"wrote {path} (target {args.target or DEFAULT_TARGET})")
+        sys.exit(0)
+    if args.candidate is None:
+        print("gkd-certify: CANDIDATE: required (or --export-pytest PATH)", file=sys.stderr)
+        sys.exit(2)
+    if args.target is not None:
+        print("gkd-certify: --target: only with --export-pytest", file=sys.stderr)
+        sys.exit(2)
+    from gkd_harness.harness.loss.candidate import CandidateError
+
+    pairs = {"float32", "bfloat16", "float16", "float64"}
+    for pair in args.unchanged:
+        if len(pair.split("/")) != 2 or not set(x.strip() for x in pair.split("/")) <= pairs:
+            print(f"gkd-certify: --unchanged {pair!r}: expected STUDENT/TEACHER from {sorted(pairs)}", file=sys.stderr)
+            sys.exit(2)
+    try:
+        cand = load(args.candidate, args.name, args.beta_form, args.unchanged)
+    except CandidateError as e:
+        print(f"gkd-certify: {e}", file=sys.stderr)
+        sys.exit(2)
+    cert = certify(cand, args.beta_form, args.quick, args.strict, args.family, bar=args.strict_bar)
+    if not cert["families"]:
+        print(f"gkd-certify: no family matches {args.family}", file=sys.stderr)
+        sys.exit(2)
+    sys.stdout.write(render_text(cert))
+    if args.out:
+        write(cert, args.out)
+        print(f"wrote {args.out / CERTIFICATE_MD} and {args.out / CERTIFICATE_JSON}")
+    sys.exit(0 if cert["verdict"] == "PASS" else 1)
+
+
+if __name__ == "__main__":
+    main()

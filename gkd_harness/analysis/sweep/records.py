@@ -1,0 +1,460 @@
+"""The tables every loader produces, and the one function that builds them.
+
+Lowest layer of the loaders (:mod:`gkd_harness.analysis.sweep.runs`, :mod:`gkd_harness.analysis.sweep.wandb_api`, :mod:`gkd_harness.analysis.sweep.offline`
+all import from here; this module imports none of them).
+
+:class:`Sweep`:
+
+* ``runs``: one row per run, keyed by ``run``; config columns with their dotted names (``loss.precision``,
+  ``loss.beta_form``, ``gkd.beta``, ``gkd.temperature``, ``gkd.topk``, ``run.seed``, ``backend.name``, ...),
+  the dtypes seen at the loss boundary (``dtype.student``, ``dtype.teacher``), ``status`` as the run reported
+  it, and ``outcome`` in {completed, failed, incomplete, missing, tampered}. Failed or incomplete runs are kept
+  and marked; a completed run whose log lacks a step that ``run.max_steps`` and ``run.logging_steps`` promise is
+  incomplete (the problems name the steps); ``missing`` is a point the sweep planned that has no run folder;
+  ``tampered``: a metrics record breaks the record types (:mod:`gkd_harness.analysis.sweep.metrics`; the problems name the
+  lines, which are left out). Counted apart: ``n_planned`` (steps ``run.max_steps``/``run.logging_steps``
+  promise), ``n_logged`` (training steps logged), ``n_evals`` (held-out evaluation records).
+  ``low_precision``: a BF16/FP16 side reaches the loss (``mixed_dtypes``: the two sides differ as well).
+* ``history``: one row per (run, step) with one column per metric name (``train/loss``, ``spot/grad_rel_l2``,
+  ...). Several lines logged for the same step are merged (later non-null values win, except counts and error
+  maxima, where the worst copy wins) and reported in the run's problems. NaN and ±Inf stay as
+  they were logged; a metric a step did not log is also NaN there. An evaluation record sits on the row of its
+  step (its ``eval/*`` columns) without being a second copy of a training step.
+* ``evals``: one row per held-out evaluation record (``run, step`` and its metrics), apart from training steps.
+* ``nonfinite``: one row per logged value that was NaN or ±Inf (columns ``run, step, metric, value``), so a
+  logged NaN can be told apart from a metric that was not logged at that step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Optional
+
+import numpy as np
+import pandas as pd
+
+from gkd_harness.analysis.sweep.metrics import MetricsTable, table_from_frame, table_from_rows
+from gkd_harness.harness.contract import (
+    METRICS_FILE,
+    MIN_TOKEN_JSD,
+    NEG_LOSS_CALLS,
+    NEG_LOSS_CALLS_TOTAL,
+    NEG_TOKEN_FRAC,
+    NONFINITE_CALLS_TOTAL,
+    SPOT_GRAD_REL_L2,
+    SPOT_LOSS_ABS_ERR,
+    SPOT_LOSS_REL_ERR,
+    SPOT_PARAM_GRAD_REL_L2,
+    SPOT_SIGN_MISMATCH,
+)
+
+__all__ = [
+    "UnusableInput",
+    "RunRecord",
+    "Sweep",
+    "CONFIG_COLUMNS",
+    "TRACKING_COLUMNS",
+    "int_step",
+    "tabulate",
+    "expected_steps",
+    "mixed_sweep_problems",
+    "step_gaps",
+]
+
+#: Config columns every runs table carries (NaN/None when a run does not say).
+CONFIG_COLUMNS = (
+    "loss.precision",
+    "loss.beta_form",
+    "loss.source",  # loss=candidate: the candidate's file or module, and its label
+    "loss.name",
+    "gkd.beta",
+    "gkd.temperature",
+    "gkd.topk",
+    "gkd.sft_alpha",
+    "gkd.lmbda",
+    "gkd.seq_kd",
+    "run.seed",
+    "run.max_steps",
+    "backend.name",
+    "model.student",
+    "model.teacher",
+    "model.student_dtype",
+    "model.teacher_dtype",
+)
+#: wandb target of the runs (used to put the analysis run next to them).
+TRACKING_COLUMNS = ("tracking.wandb.project", "tracking.wandb.entity", "tracking.wandb.group", "tracking.wandb.mode")
+_LOW_PRECISION = {"bfloat16", "float16", "bf16", "fp16", "half"}
+_NONFINITE_COLUMNS = ["run", "step", "metric", "value"]
+
+
+class UnusableInput(Exception):
+    """The sweep cannot be analysed (exit code 2). The message names the offending file or folder."""
+
+
+@dataclass
+class RunRecord:
+    """One run before tabulation.
+
+    config: flat dotted keys. history: a :class:`~gkd_harness.analysis.sweep.metrics.MetricsTable` (run folders), a list of
+    metric dicts (each with an int ``step``), or a DataFrame with a ``step`` column; for a DataFrame (where a NaN
+    and a missing value look alike) ``nonfinite`` lists the logged NaN/±Inf values as ``(step, metric, value)``.
+    """
+
+    name: str
+    status: str  # as reported: completed | failed | running (wandb: finished->completed, crashed->failed);
+    # missing: a point the sweep planned that has no run folder
+    config: dict
+    history: Any
+    error: Optional[str] = None
+    group: Optional[str] = None
+    path: Optional[str] = None
+    dtypes_seen: dict = field(default_factory=dict)
+    versions: dict = field(default_factory=dict)
+    last_step: Optional[int] = None
+    wall_s: Optional[float] = None
+    problems: list = field(default_factory=list)
+    nonfinite: list = field(default_factory=list)
+
+
+def _empty_nonfinite() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "run": pd.Series([], dtype=object),
+            "step": pd.Series([], dtype="int64"),
+            "metric": pd.Series([], dtype=object),
+            "value": pd.Series([], dtype="float64"),
+        }
+    )
+
+
+@dataclass
+class Sweep:
+    """A loaded sweep. ``runs``: one row per run. ``history``: one row per (run, step).
+    ``nonfinite``: every logged NaN/±Inf value, ``[run, step, metric, value]``. ``evals``: one row per held-out
+    evaluation record, ``[run, step, metrics]``."""
+
+    source: str
+    runs: pd.DataFrame
+    history: pd.DataFrame
+    nonfinite: pd.DataFrame = field(default_factory=_empty_nonfinite)
+    evals: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame({"run": pd.Series([], dtype=object), "step": pd.Series([], dtype="int64")})
+    )
+
+    def run_history(self, run: str) -> pd.DataFrame:
+        """History of one run, indexed by step ``[steps, metrics]``."""
+        h = self.history[self.history["run"] == run]
+        return h.set_index("step").sort_index()
+
+    @property
+    def groups(self) -> list:
+        return sorted({g for g in self.runs["group"].dropna().unique()})
+
+
+def mixed_sweep_problems(sweep: "Sweep") -> list:
+    """Why ``sweep`` is not one sweep: runs of more than one wandb group, or several runs with one run id
+    (a folder copied twice). Empty when it is one sweep."""
+    r = sweep.runs
+    out = []
+    groups = r["group"].dropna().value_counts()
+    if len(groups) > 1:
+        out.append("runs of more than one group: " + ", ".join(f"{g} ({n} runs)" for g, n in groups.items()))
+    if "copy_of" in r:
+        for orig, g in r[r["copy_of"].notna()].groupby("copy_of"):
+            paths = [p for p in r.loc[r["run"] == orig, "path"].tolist() + g["path"].tolist() if p]
+            out.append(
+                f"run id {orig} appears {len(g) + 1} times" + (f" ({', '.join(map(str, paths))})" if paths else "")
+            )
+    return out
+
+
+def int_step(value: Any, where: str) -> int:
+    """A logged ``step`` as an int; raises :class:`UnusableInput` naming ``where`` for anything else."""
+    if isinstance(value, bool) or value is None:
+        raise UnusableInput(f"{where}: 'step' must be an integer, got {value!r}")
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise UnusableInput(f"{where}: 'step' must be an integer, got {value!r}") from None
+    if not math.isfinite(f) or f != int(f):
+        raise UnusableInput(f"{where}: 'step' must be an integer, got {value!r}")
+    return int(f)
+
+
+def _canonical_config(flat: Mapping) -> dict:
+    """Keep every key, and make sure each of :data:`CONFIG_COLUMNS` is present when some key ends with it
+    (wandb configs may nest the harness config under a prefix, e.g. ``harness.loss.precision``)."""
+    out = dict(flat)
+    for col in CONFIG_COLUMNS + TRACKING_COLUMNS + ("dtypes_seen.student", "dtypes_seen.teacher", "group", "run_name"):
+        if col in out:
+            continue
+        hits = [k for k in flat if k.endswith("." + col)]
+        if hits:
+            out[col] = flat[min(hits, key=len)]
+    return out
+
+
+def _dtype_name(x: Any) -> Optional[str]:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return None
+    return str(x).replace("torch.", "")
+
+
+def _is_mixed(student: Optional[str], teacher: Optional[str]) -> bool:
+    """True when the two sides reach the loss in different dtypes and one of them is low precision."""
+    if not student or not teacher:
+        return False
+    return student != teacher and (student in _LOW_PRECISION or teacher in _LOW_PRECISION)
+
+
+def _is_low_precision(student: Optional[str], teacher: Optional[str]) -> bool:
+    """True when either side reaches the loss in BF16/FP16 (mixed or not: BF16/BF16 included)."""
+    return bool(student in _LOW_PRECISION or teacher in _LOW_PRECISION)
+
+
+def _metrics_table(rec: RunRecord) -> MetricsTable:
+    """The run's records as a :class:`~gkd_harness.analysis.sweep.metrics.MetricsTable`, whatever the loader gave."""
+    if isinstance(rec.history, MetricsTable):
+        return rec.history
+    if isinstance(rec.history, pd.DataFrame):
+        return table_from_frame(rec.history, rec.nonfinite)
+    return table_from_rows(rec.history or [])
+
+
+#: Metrics where a larger value is worse (counts, error maxima): duplicate copies of a step keep the largest.
+_WORST_IS_MAX = (
+    NEG_LOSS_CALLS,
+    NEG_LOSS_CALLS_TOTAL,
+    NONFINITE_CALLS_TOTAL,
+    NEG_TOKEN_FRAC,
+    SPOT_LOSS_ABS_ERR,
+    SPOT_LOSS_REL_ERR,
+    SPOT_GRAD_REL_L2,
+    SPOT_SIGN_MISMATCH,
+    SPOT_PARAM_GRAD_REL_L2,
+)
+#: Metrics where a smaller value is worse: duplicate copies keep the smallest.
+_WORST_IS_MIN = (MIN_TOKEN_JSD,)
+
+
+def _duplicates(steps, what: str) -> list:
+    """``[problem]`` naming the steps ``steps`` holds more than once (empty when none)."""
+    steps = np.asarray(steps)
+    if len(steps) < 2 or bool((np.diff(steps) > 0).all()):  # the usual case: ascending, so no copies
+        return []
+    s = pd.Series(steps)
+    counts = s[s.duplicated(keep=False)].value_counts().sort_index()
+    if not len(counts):
+        return []
+    return [
+        f"{what}: "
+        + ", ".join(f"step {int(x)} x{int(n)}" for x, n in counts.head(20).items())
+        + (f" ... ({len(counts)} steps)" if len(counts) > 20 else "")
+    ]
+
+
+def _history_frame(t: MetricsTable) -> tuple:
+    """-> (history ``[steps, metrics]`` one row per step, problems). Training records and evaluation records are
+    counted apart: an evaluation at a training step joins that step's row. Copies of one step are merged: the later
+    non-null value wins, except for counts and error maxima (the worst copy wins, so a negative or a large
+    error in any copy counts); each duplicated training step, and each evaluation logged twice at one step, is
+    reported."""
+    df = t.frame()
+    problems = _duplicates(
+        t.steps[~t.evaluation], "duplicate logged steps (worst copy counted for counts and errors)"
+    ) + _duplicates(t.steps[t.evaluation], "duplicate evaluation records")
+    if len(df) and bool((np.diff(t.steps) > 0).all()):
+        return df, problems
+    if df["step"].duplicated().any():
+        g = df.groupby("step", sort=True)
+        merged = g.last()  # last non-null per column
+        for col in _WORST_IS_MAX:
+            if col in merged.columns:
+                merged[col] = pd.to_numeric(df[col], errors="coerce").groupby(df["step"]).max()
+        for col in _WORST_IS_MIN:
+            if col in merged.columns:
+                merged[col] = pd.to_numeric(df[col], errors="coerce").groupby(df["step"]).min()
+        df = merged.reset_index()
+    else:
+        df = df.sort_values("step", kind="stable", ignore_index=True)
+    return df, problems
+
+
+def _evals_frame(name: str, t: MetricsTable) -> pd.DataFrame:
+    """The run's evaluation records ``[run, step, metrics]`` (only the metrics they log)."""
+    rows = t.evaluation
+    cols = {k: v[rows] for k, v in t.columns.items() if rows.any() and pd.notna(v[rows]).any()}
+    return pd.DataFrame({"run": name, "step": t.steps[rows], **cols})
+
+
+def _int_or_none(x: Any) -> Optional[int]:
+    try:
+        if x is None or x == "" or (isinstance(x, float) and math.isnan(x)):
+            return None
+        return int(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def expected_steps(max_steps: Optional[int], logging_steps: Optional[int], last: Optional[int] = None) -> list:
+    """The steps a run promises to log: every multiple of ``logging_steps`` (default 1) up to ``max_steps``
+    (or up to ``last`` for a run that stopped early)."""
+    end = max_steps if last is None else min(max_steps or last, last)
+    if end is None or end < 1:
+        return []
+    every = logging_steps if logging_steps and logging_steps > 0 else 1
+    return list(range(every, end + 1, every))
+
+
+def _ranges(steps: list) -> str:
+    """[3, 4, 5, 8] -> "3-5, 8"."""
+    out, steps = [], sorted(steps)
+    i = 0
+    while i < len(steps):
+        j = i
+        while j + 1 < len(steps) and steps[j + 1] == steps[j] + 1:
+            j += 1
+        out.append(f"{steps[i]}" if i == j else f"{steps[i]}-{steps[j]}")
+        i = j + 1
+    return ", ".join(out[:20]) + (f" ... ({len(steps)} steps)" if len(out) > 20 else "")
+
+
+def step_gaps(logged: Iterable[int], cfg: Mapping, status: str, last_step: Optional[int]) -> list:
+    """Steps promised by ``run.max_steps`` and ``run.logging_steps`` that ``logged`` lacks (a completed run:
+    all of them; a failed or running one: those up to its last logged step)."""
+    max_steps = _int_or_none(cfg.get("run.max_steps"))
+    every = _int_or_none(cfg.get("run.logging_steps"))
+    logged = np.unique(
+        np.fromiter((int(s) for s in logged), dtype=np.int64)
+        if not isinstance(logged, np.ndarray)
+        else logged.astype(np.int64)
+    )
+    if status == "completed":
+        want = expected_steps(max_steps, every)
+    else:
+        want = expected_steps(max_steps, every, last=int(logged[-1]) if len(logged) else None)
+    want = np.asarray(want, dtype=np.int64)
+    return [int(s) for s in want[~np.isin(want, logged, assume_unique=True)]]
+
+
+def _outcome(rec: RunRecord, cfg: Mapping, last_step: Optional[int], n_logged: int, tampered: bool = False) -> tuple:
+    """-> (outcome, extra problems) from the reported status, the steps logged and ``run.max_steps``."""
+    problems = []
+    max_steps = cfg.get("run.max_steps")
+    if rec.status == "missing":
+        return "missing", problems
+    if tampered:  # a record breaks the record types: the log cannot be trusted, whatever the run reported
+        return "tampered", problems
+    if rec.status == "failed":
+        return "failed", problems
+    if rec.status == "interrupted":  # a stop signal (preemption, time-out, Ctrl-C): never a completed run
+        problems.append(f"interrupted ({rec.error or 'stop signal'}) at step {last_step}")
+        return "failed", problems
+    if rec.status == "running":
+        problems.append("status is still 'running' (died without closing, or not finished)")
+        return "incomplete", problems
+    outcome = "completed"
+    try:
+        short = max_steps not in (None, "") and last_step is not None and int(last_step) < int(max_steps)
+    except (TypeError, ValueError):
+        short = False
+        problems.append(f"run.max_steps={max_steps!r} is not an integer")
+    if short:
+        outcome = "incomplete"
+        problems.append(f"completed at step {last_step} < run.max_steps={max_steps}")
+    if n_logged == 0:
+        outcome = "incomplete"
+        problems.append("no metrics logged")
+    return outcome, problems
+
+
+def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
+    """RunRecords -> :class:`Sweep` (runs, history and non-finite tables). Run names are made unique."""
+    rows, frames, evals, bad, seen = [], [], [], [], {}
+    for rec in records:
+        name, copy_of = rec.name, None
+        if name in seen:
+            seen[name] += 1
+            name, copy_of = f"{name}#{seen[rec.name]}", rec.name
+        else:
+            seen[name] = 0
+        cfg = _canonical_config(rec.config)
+        t = _metrics_table(rec)
+        bad += [(name, int(step), metric, float(v)) for step, metric, v in t.nonfinite]
+        h, dup_problems = _history_frame(t)
+        h.insert(0, "run", name)
+        frames.append(h)
+        if t.evaluation.any():
+            evals.append(_evals_frame(name, t))
+        trained = np.unique(t.steps[~t.evaluation])
+        n_logged = int(len(trained))
+        last_logged = int(trained[-1]) if n_logged else (int(h["step"].max()) if len(h) else None)
+        last_step = rec.last_step if rec.last_step is not None else last_logged
+        student = _dtype_name(rec.dtypes_seen.get("student", cfg.get("dtypes_seen.student")))
+        teacher = _dtype_name(rec.dtypes_seen.get("teacher", cfg.get("dtypes_seen.teacher")))
+        outcome, more = _outcome(rec, cfg, last_step, n_logged, tampered=bool(t.tampered))
+        if t.tampered:
+            more.append(
+                f"tampered records in {METRICS_FILE} (left out): "
+                + "; ".join(t.tampered[:5])
+                + (f" ... ({len(t.tampered)} records)" if len(t.tampered) > 5 else "")
+            )
+        gaps = step_gaps(trained, cfg, rec.status, last_step) if rec.status != "missing" and n_logged else []
+        if gaps:
+            more.append(
+                f"steps {_ranges(gaps)} not logged (run.max_steps={cfg.get('run.max_steps')}, logging "
+                f"every {cfg.get('run.logging_steps') or 1} step(s); {n_logged} steps logged)"
+            )
+            if outcome == "completed":
+                outcome = "incomplete"
+        more += list(t.problems) + dup_problems
+        row = {
+            "run": name,
+            "group": rec.group if rec.group is not None else cfg.get("group"),
+            "status": rec.status,
+            "outcome": outcome,
+            "error": rec.error,
+            "problems": "; ".join(list(rec.problems) + more),
+            "last_step": last_step,
+            "n_planned": len(
+                expected_steps(_int_or_none(cfg.get("run.max_steps")), _int_or_none(cfg.get("run.logging_steps")))
+            ),
+            "n_logged": n_logged,
+            "n_evals": int(t.evaluation.sum()),
+            "dtype.student": student,
+            "dtype.teacher": teacher,
+            "mixed_dtypes": _is_mixed(student, teacher),
+            "low_precision": _is_low_precision(student, teacher),
+            "path": rec.path,
+            "wall_s": rec.wall_s,
+            "copy_of": copy_of,
+        }
+        for col in CONFIG_COLUMNS + TRACKING_COLUMNS:
+            row[col] = cfg.get(col)
+        for k, v in (rec.versions or {}).items():
+            row[f"version.{k}"] = v
+        rows.append(row)
+    if not rows:
+        raise UnusableInput(f"{source}: no runs found")
+    runs = pd.DataFrame(rows)
+    for col in ("gkd.beta", "gkd.temperature", "gkd.sft_alpha", "gkd.lmbda"):
+        runs[col] = pd.to_numeric(runs[col], errors="coerce")
+    runs["variant"] = (
+        runs["loss.precision"]
+        .map({"native": "original", "fp32": "patched", "fp64": "reference", "candidate": "patched"})
+        .fillna("unknown")
+    )
+    history = pd.concat(frames, ignore_index=True, sort=False)
+    history["step"] = history["step"].astype("int64")
+    # 400k copies of 200 names: every run-keyed step works on codes. Group by it with observed=True (pandas 2's
+    # default would add an empty group for every run a selection left out; pandas 3's default is observed=True).
+    history["run"] = pd.Categorical(history["run"])
+    nonfinite = pd.DataFrame(bad, columns=_NONFINITE_COLUMNS) if bad else _empty_nonfinite()
+    if bad:
+        nonfinite["step"] = nonfinite["step"].astype("int64")
+        nonfinite["value"] = nonfinite["value"].astype("float64")
+    out = Sweep(source=source, runs=runs, history=history, nonfinite=nonfinite)
+    if evals:
+        out.evals = pd.concat(evals, ignore_index=True, sort=False)
+    return out

@@ -1,0 +1,211 @@
+"""Load a sweep from local run folders (the default source of ``gkd-analyze``).
+
+A run folder holds ``config.yaml``, ``metrics.jsonl`` and ``summary.json`` as written by ``gkd-train`` (the run
+folder contract, ``docs/signoff.md``). A sweep point that failed before the harness wrote anything (a config
+error) leaves only Hydra's ``.hydra/`` folder, with ``job_return.json`` saying FAILED: it is a failed run.
+
+Problems that make the input unusable (missing sweep, a run folder without ``summary.json``, unparseable
+JSON, a metrics line without ``step``) raise :class:`~gkd_harness.analysis.sweep.records.UnusableInput` naming the file.
+``metrics.jsonl`` is read in one pass into columns by :mod:`gkd_harness.analysis.sweep.metrics` (typed records: a record of
+the wrong type makes the run ``tampered``); NaN and ±Inf written by Python's ``json`` (``NaN``, ``Infinity``) are
+read as themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from gkd_harness.analysis.sweep.metrics import read_metrics_file
+from gkd_harness.analysis.sweep.records import RunRecord, Sweep, UnusableInput, tabulate
+from gkd_harness.harness.config.flat import flatten
+from gkd_harness.harness.contract import ARCHIVE_DIR, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, SWEEP_MANIFEST_FILE
+
+__all__ = ["find_run_folders", "load_run_folder", "load_sweep", "planned_points"]
+
+_SKIP_DIRS = {"wandb", "swift", "captures", ".hydra", "__pycache__", ".submitit", "report", ARCHIVE_DIR}
+_HYDRA_VERDICT = "job_return.json"  # written by gkd_harness.launch.sweep's Hydra callback for every sweep point
+_MARKERS = (SUMMARY_FILE, METRICS_FILE, CONFIG_FILE)
+_MULTIRUN_FILE = "multirun.yaml"  # Hydra's record of the multirun's config, in the sweep folder
+
+
+def planned_points(sweep: os.PathLike) -> tuple:
+    """``(point names, where)``: what the sweep planned, from ``sweep_manifest.json`` (written by gkd_harness.launch.sweep
+    before the first point starts), else expanded from Hydra's ``multirun.yaml`` as Hydra's basic sweeper does;
+    ``([], None)`` when the folder holds neither (a copied or hand-made sweep)."""
+    root = Path(sweep)
+    manifest = root / SWEEP_MANIFEST_FILE
+    if manifest.is_file():
+        data = _read_json(manifest)
+        points = data.get("points") if isinstance(data, dict) else None
+        if not isinstance(points, list) or not all(isinstance(p, str) for p in points):
+            raise UnusableInput(f"{manifest}: 'points' must be a list of point names")
+        return list(points), manifest.name
+    multirun = root / _MULTIRUN_FILE
+    if not multirun.is_file():
+        return [], None
+    try:
+        from omegaconf import OmegaConf
+
+        from gkd_harness.harness.launcher.sweep_points import point_name, sweep_points
+
+        config = OmegaConf.load(multirun)
+        return [point_name(job, config) for job in sweep_points(config)], multirun.name
+    except Exception as e:  # noqa: BLE001 - a sweeper the basic expansion does not know
+        raise UnusableInput(f"{multirun}: cannot list the sweep's planned points ({type(e).__name__}: {e})") from None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UnusableInput(f"{path}: file missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UnusableInput(f"{path}: not valid JSON ({e})") from None
+
+
+def find_run_folders(sweep: os.PathLike) -> list:
+    """Run folders under ``sweep`` (a folder holding ``summary.json``, ``metrics.jsonl`` or ``config.yaml``, or a
+    Hydra job folder whose ``.hydra/job_return.json`` exists).
+
+    ``sweep`` itself counts when it is a run folder. Tool folders (``wandb/``, ``swift/``, ``captures/``,
+    ``.hydra/``, ``previous_attempts/``) are not searched. Raises :class:`UnusableInput` when the folder is
+    missing or holds no run.
+    """
+    root = Path(sweep)
+    if not root.exists():
+        raise UnusableInput(f"sweep folder {root} does not exist")
+    if not root.is_dir():
+        raise UnusableInput(f"sweep {root} is not a folder")
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        hydra_verdict = ".hydra" in dirnames and (Path(dirpath) / ".hydra" / _HYDRA_VERDICT).exists()
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
+        if hydra_verdict or any(m in filenames for m in _MARKERS):
+            found.append(Path(dirpath))
+            dirnames[:] = []  # a run folder's subfolders are its own (captures, swift, wandb)
+    if not found:
+        raise UnusableInput(f"no run folders under {root}: expected sub-folders with summary.json and metrics.jsonl")
+    return found
+
+
+def _read_config_yaml(path: Path) -> dict:
+    import yaml
+
+    try:
+        resolved = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+    except yaml.YAMLError as e:
+        raise UnusableInput(f"{path}: not valid YAML ({e})") from None
+    if not isinstance(resolved, dict):
+        raise UnusableInput(f"{path}: expected a mapping")
+    return flatten(resolved)
+
+
+def _provenance(summary: dict) -> dict:
+    """summary.json's ``provenance`` (harness commit, dirty flag, sha256 of the loss code) as version entries."""
+    prov = summary.get("provenance")
+    if not isinstance(prov, dict):
+        return {}
+    return {k: prov.get(k) for k in ("harness_commit", "harness_dirty", "loss_sha256") if k in prov}
+
+
+def load_run_folder(path: os.PathLike) -> RunRecord:
+    """Read one run folder. Raises :class:`UnusableInput` on missing/corrupt files."""
+    path = Path(path)
+    summary_path = path / SUMMARY_FILE
+    verdict_path = path / ".hydra" / _HYDRA_VERDICT
+    hydra_verdict = _read_json(verdict_path) if verdict_path.exists() else None
+    hydra_failed = isinstance(hydra_verdict, dict) and hydra_verdict.get("status") == "FAILED"
+    if not summary_path.exists():
+        if hydra_failed:
+            # The point failed before the harness wrote anything (e.g. a config error): a failed run.
+            return RunRecord(
+                name=path.name,
+                status="failed",
+                error=hydra_verdict.get("error"),
+                config={},
+                history=[],
+                path=str(path),
+                problems=["failed before summary.json was written"],
+            )
+        raise UnusableInput(f"run folder {path}: summary.json missing (every run writes it at start)")
+    summary = _read_json(summary_path)
+    if not isinstance(summary, dict):
+        raise UnusableInput(f"{summary_path}: expected a JSON object")
+    status = summary.get("status")
+    if status not in ("running", "completed", "failed", "interrupted"):
+        raise UnusableInput(f"{summary_path}: 'status' must be running|completed|failed|interrupted, got {status!r}")
+    config = summary.get("config") or {}
+    if not isinstance(config, dict):
+        raise UnusableInput(f"{summary_path}: 'config' must be an object")
+    config = flatten(config)
+    if hydra_failed and status != "failed":
+        summary = dict(summary, error=summary.get("error") or hydra_verdict.get("error"))
+        status = "failed"
+    cfg_yaml = path / CONFIG_FILE
+    if cfg_yaml.exists():
+        for k, v in _read_config_yaml(cfg_yaml).items():
+            config.setdefault(k, v)
+    metrics_path = path / METRICS_FILE
+    problems = []
+    if metrics_path.exists():
+        history = read_metrics_file(metrics_path, completed=status == "completed")
+        if history.unusable:
+            raise UnusableInput(history.unusable)
+    elif status == "completed":
+        raise UnusableInput(f"run folder {path}: metrics.jsonl missing although summary.json says completed")
+    else:
+        history = []
+        problems.append("no metrics.jsonl")
+    return RunRecord(
+        name=str(summary.get("run_name") or path.name),
+        status=status,
+        error=summary.get("error"),
+        group=summary.get("group"),
+        config=config,
+        history=history,
+        path=str(path),
+        dtypes_seen=dict(summary.get("dtypes_seen") or {}),
+        versions={**dict(summary.get("versions") or {}), **_provenance(summary)},
+        last_step=summary.get("last_step"),
+        wall_s=summary.get("wall_s"),
+        problems=problems,
+    )
+
+
+def load_sweep(sweep: os.PathLike) -> Sweep:
+    """Load every run folder under ``sweep`` into a :class:`~gkd_harness.analysis.sweep.records.Sweep`.
+
+    Example (a notebook)::
+
+        from gkd_harness.analysis.load import load_sweep
+        sw = load_sweep("outputs/multirun/smoke")
+        sw.runs[["run", "loss.precision", "gkd.beta", "outcome"]]
+        sw.run_history(sw.runs["run"][0])["train/loss"]
+    """
+    root = Path(sweep)
+    planned, where = planned_points(root) if root.is_dir() else ([], None)
+    try:
+        folders = find_run_folders(sweep)
+    except UnusableInput:
+        if not planned:
+            raise
+        folders = []  # the sweep planned points and none started (every array task cancelled): all missing
+    records = [load_run_folder(p) for p in folders]
+    have = {str(p.relative_to(root)) for p in folders if p != root} | {p.name for p in folders}
+    for name in planned:
+        if name not in have:
+            records.append(
+                RunRecord(
+                    name=name,
+                    status="missing",
+                    config={},
+                    history=[],
+                    path=None,
+                    error=f"planned by the sweep ({where}) but has no run folder",
+                    problems=["never started, cancelled while pending, or its folder was deleted"],
+                )
+            )
+    return tabulate(records, source=f"local:{root}")

@@ -1,0 +1,222 @@
+"""The contract: every fact that crosses a process boundary, in one torch-free module.
+
+``gkd-train`` (``gkd_harness.harness.launcher``) writes what the plugin inside ms-swift's ranks (``gkd_harness.harness.rank``) reads, both
+write the run folder (``gkd_harness.harness.store``) that ``analysis/`` reads, and wandb carries the same names. This module
+is the one home of those facts:
+
+- the loss variants: precisions, beta forms, dtype names, and which runs are "original", "patched" or "reference";
+- the plugin settings: the environment variable, the file, the callback name and the typed :class:`PluginSettings`;
+- the run-folder file names;
+- the metric names (the same keys on the HF and Megatron backends, in wandb and in ``metrics.jsonl``).
+
+It imports nothing from the harness and nothing heavy, so every layer may import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional
+
+# ---------------------------------------------------------------------------------------------------------------
+# Loss variants
+# ---------------------------------------------------------------------------------------------------------------
+#: ``loss.precision``: upstream arithmetic, promote BF16/FP16 to FP32 before temperature, or everything in FP64.
+PRECISIONS = ("native", "fp32", "fp64", "candidate")
+#: ``loss.precision=candidate``: a loss loaded from ``loss.source`` (a file with ms-swift's gkd_loss.py interface, or
+#: ``package.module:attr``); a fix someone ships, so its role is "patched" (``gkd_harness.harness.loss.candidate``).
+CANDIDATE = "candidate"
+#: The run-folder sub-folder holding a copy of the candidate's source (the evidence outlives the branch).
+CANDIDATE_DIR = "candidate"
+#: ``loss.beta_form``: the GKD paper's weights (upstream) or the endpoint-continuous ones.
+BETA_FORMS = ("paper", "continuous")
+#: dtype names of ``model.student_dtype`` / ``model.teacher_dtype`` and ``gkd-replay --student-dtype``.
+DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
+
+#: What a run is, by its precision. ``reference`` (FP64 everywhere) is the yardstick, not a fix anyone ships, so
+#: it is never called "patched": tags, tables, dashboards and the report all say "reference".
+ORIGINAL, PATCHED, REFERENCE = "original", "patched", "reference"
+ROLE_BY_PRECISION = {"native": ORIGINAL, "fp32": PATCHED, "fp64": REFERENCE, "candidate": PATCHED}
+
+
+def role_of(precision: Optional[str]) -> str:
+    """``original`` | ``patched`` | ``reference`` (``unknown`` for anything else)."""
+    return ROLE_BY_PRECISION.get(precision or "", "unknown")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The harness's cache folder (embedded models, ms-swift's flag table)
+# ---------------------------------------------------------------------------------------------------------------
+#: The variable that moves the cache folder (default ``~/.cache/gkd-harness``).
+CACHE_ENV = "GKD_HARNESS_CACHE"
+
+
+def cache_dir(env: Optional[Mapping[str, str]] = None) -> Path:
+    """``$GKD_HARNESS_CACHE`` (from ``env``, default ``os.environ``), else ``~/.cache/gkd-harness``."""
+    env = os.environ if env is None else env
+    return Path(env[CACHE_ENV]).expanduser() if env.get(CACHE_ENV) else Path.home() / ".cache" / "gkd-harness"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Launcher -> rank: the plugin settings
+# ---------------------------------------------------------------------------------------------------------------
+#: The variable that tells the plugin inside ms-swift where its settings file is.
+SETTINGS_ENV = "GKD_HARNESS_PLUGIN_SETTINGS"
+#: Set for on-policy runs; read in the ms-swift process by the rollout patches.
+ROLLOUT_ENGINE_ENV = "GKD_ROLLOUT_ENGINE"
+#: The module ms-swift loads by file path through ``--external_plugins`` (in every rank).
+PLUGIN_MODULE = "gkd_harness.harness.rank.plugin"
+#: The trainer callback's name in ms-swift's callback maps (``--callbacks gkd_harness``).
+CALLBACK_NAME = "gkd_harness"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The run folder
+# ---------------------------------------------------------------------------------------------------------------
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+CONFIG_FILE = "config.yaml"
+SWIFT_LOG = "swift.log"
+PLUGIN_SETTINGS_FILE = "plugin_settings.json"
+LOCK_FILE = ".lock"
+#: What a sweep planned (gkd_harness.launch.sweep writes it in the sweep folder before the first point starts).
+SWEEP_MANIFEST_FILE = "sweep_manifest.json"
+CAPTURES_DIR = "captures"
+WANDB_DIR = "wandb"
+SWIFT_DIR = "swift"
+HYDRA_DIR = ".hydra"
+ARCHIVE_DIR = "previous_attempts"
+#: Hydra's own files in ``.hydra/`` (written by the harness once it owns the folder); its ``config.yaml`` shares
+#: the run's file name.
+HYDRA_FILES = (CONFIG_FILE, "overrides.yaml", "hydra.yaml")
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginSettings:
+    """What ``gkd-train`` hands to every rank: written once by the launcher, parsed once by the plugin.
+
+    config: the resolved config as a plain dict (``gkd_harness.harness.config.schema.to_dict``).
+    run_dir: the run folder (absolute).
+    experiment: the experiment preset's name, if any.
+    resume_totals: cumulative metric totals to continue from (a resumed run), by metric name.
+    """
+
+    config: Dict[str, Any]
+    run_dir: str
+    experiment: Optional[str] = None
+    resume_totals: Dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def write(self, path: Path) -> Path:
+        path.write_text(json.dumps(dataclasses.asdict(self), indent=2, default=str))
+        return path
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> "PluginSettings":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown or "config" not in data or "run_dir" not in data:
+            raise ValueError(f"plugin settings: expected keys {sorted(known)}, got {sorted(data)}")
+        return cls(**dict(data))
+
+    @classmethod
+    def read(cls, path: str) -> "PluginSettings":
+        with open(path) as f:
+            return cls.from_mapping(json.load(f))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Metric names
+# ---------------------------------------------------------------------------------------------------------------
+
+# training (ms-swift's own values under the harness's names)
+TRAIN_LOSS = "train/loss"
+TRAIN_GRAD_NORM = "train/grad_norm"
+TRAIN_LEARNING_RATE = "train/learning_rate"
+TRAIN_METRICS = (TRAIN_LOSS, TRAIN_GRAD_NORM, TRAIN_LEARNING_RATE)
+#: ms-swift / transformers log keys -> harness names
+HF_KEY_MAP = {"loss": TRAIN_LOSS, "grad_norm": TRAIN_GRAD_NORM, "learning_rate": TRAIN_LEARNING_RATE}
+
+# per logging window, from the instrumented loss
+JSD_LOSS = "gkd/jsd_loss"
+SFT_LOSS = "gkd/sft_loss"
+NEG_LOSS_CALLS = "gkd/neg_loss_calls"
+NEG_TOKEN_FRAC = "gkd/neg_token_frac"
+MIN_TOKEN_JSD = "gkd/min_token_jsd"
+WINDOW_METRICS = (JSD_LOSS, SFT_LOSS, NEG_LOSS_CALLS, NEG_TOKEN_FRAC, MIN_TOKEN_JSD)
+
+# cumulative over the run (a resumed run continues them)
+NEG_LOSS_CALLS_TOTAL = "gkd/neg_loss_calls_total"
+LOSS_CALLS_TOTAL = "gkd/loss_calls_total"
+NONFINITE_CALLS_TOTAL = "gkd/nonfinite_calls_total"
+CUMULATIVE_METRICS = (NEG_LOSS_CALLS_TOTAL, LOSS_CALLS_TOTAL, NONFINITE_CALLS_TOTAL)
+
+# FP64 spot checks
+SPOT_LOSS = "spot/loss"
+SPOT_LOSS_FP64 = "spot/loss_fp64"
+SPOT_LOSS_ABS_ERR = "spot/loss_abs_err"
+SPOT_LOSS_REL_ERR = "spot/loss_rel_err"
+SPOT_GRAD_REL_L2 = "spot/grad_rel_l2"
+SPOT_SIGN_MISMATCH = "spot/sign_mismatch"
+SPOT_METRICS = (SPOT_LOSS, SPOT_LOSS_FP64, SPOT_LOSS_ABS_ERR, SPOT_LOSS_REL_ERR, SPOT_GRAD_REL_L2, SPOT_SIGN_MISMATCH)
+SPOT_PARAM_GRAD_REL_L2 = "spot/param_grad_rel_l2"
+#: The student dtype's own share of the gradient tolerance: LOW_PRECISION_GRAD_FACTOR x the rounding of the FP64
+#: gradient to the student dtype (gkd_harness.harness.loss.tolerances.grad_tol minus its FP32 part; 0 for an FP32/FP64 student).
+SPOT_GRAD_REL_L2_DTYPE_FLOOR = "spot/grad_rel_l2_dtype_floor"
+
+#: The one top-level key of the harness's config in a wandb run's config, logged nested under it
+#: (``{"harness": {"gkd": {"beta": 0.5}}}``; wandb stores it as ``harness.value.gkd.beta``), so wandb-workspaces
+#: addresses it as ``Config("harness.gkd.beta")`` and keeps it through its own load-and-save. The analysis readers
+#: flatten it to ``harness.gkd.beta`` (gkd_harness.harness.rank.wandb_run, gkd_harness.analysis.dashboard.names).
+WANDB_CONFIG_KEY = "harness"
+
+# transformers' step metric (the optimizer step, the x-axis of every dashboard line plot)
+TRAIN_GLOBAL_STEP = "train/global_step"
+
+# on-policy rollouts (gkd_harness.harness.rank.rollout_patches)
+ROLLOUT_COMPLETION_TOKENS = "rollout/completion_tokens"
+ROLLOUT_ON_POLICY_FRAC = "rollout/on_policy_frac"
+ROLLOUT_ON_POLICY_LOSS_TOKENS = "rollout/on_policy_loss_tokens"
+ROLLOUT_METRICS = (ROLLOUT_COMPLETION_TOKENS, ROLLOUT_ON_POLICY_FRAC, ROLLOUT_ON_POLICY_LOSS_TOKENS)
+
+# held-out evaluation (gkd_harness.harness.rank.evaluation): the student against the teacher on the held-out split, in FP64
+# on the logits as they reach the loss, at the run's beta, beta form and temperature; token-weighted means
+EVAL_JSD = "eval/jsd"
+EVAL_FORWARD_KL = "eval/forward_kl"  # KL(teacher || student)
+EVAL_REVERSE_KL = "eval/reverse_kl"  # KL(student || teacher)
+EVAL_TOP1_AGREEMENT = "eval/top1_agreement"
+EVAL_TOKENS = "eval/tokens"  # positions evaluated (the same every evaluation of a run)
+EVAL_METRICS = (EVAL_JSD, EVAL_FORWARD_KL, EVAL_REVERSE_KL, EVAL_TOP1_AGREEMENT, EVAL_TOKENS)
+#: The held-out split next to the embedded training file (gkd_harness.harness.fixtures.embedded), by its row count.
+VALIDATION_FILE = "validation-{n}.jsonl"
+
+#: prefixes of the harness's own metrics (kept under these names in wandb on both backends)
+HARNESS_PREFIXES = ("gkd/", "spot/", "rollout/", "eval/")
+#: wandb summary aggregation per metric
+WANDB_SUMMARIES = {
+    NEG_LOSS_CALLS_TOTAL: "max",
+    NONFINITE_CALLS_TOTAL: "max",
+    LOSS_CALLS_TOTAL: "max",
+    NEG_LOSS_CALLS: "max",
+    NEG_TOKEN_FRAC: "max",
+    MIN_TOKEN_JSD: "min",
+    SPOT_LOSS_ABS_ERR: "max",
+    SPOT_LOSS_REL_ERR: "max",
+    SPOT_GRAD_REL_L2: "max",
+    SPOT_SIGN_MISMATCH: "max",
+    SPOT_PARAM_GRAD_REL_L2: "max",
+    SPOT_GRAD_REL_L2_DTYPE_FLOOR: "max",
+    EVAL_JSD: "last",
+    EVAL_FORWARD_KL: "last",
+    EVAL_REVERSE_KL: "last",
+    EVAL_TOP1_AGREEMENT: "last",
+}
+ALL_METRICS = (
+    TRAIN_METRICS
+    + WINDOW_METRICS
+    + CUMULATIVE_METRICS
+    + SPOT_METRICS
+    + (SPOT_PARAM_GRAD_REL_L2, SPOT_GRAD_REL_L2_DTYPE_FLOOR)
+    + EVAL_METRICS
+)

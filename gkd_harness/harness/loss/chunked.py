@@ -1,0 +1,224 @@
+"""Row-chunked execution of the patched variants: promotion per chunk, recompute-in-backward for injected
+primitives, and the fused closed-form gradient for the cancellation-free form."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from swift.rlhf_trainers import gkd_loss as upstream
+from swift.rlhf_trainers.gkd_loss import default_kl_div, default_log_softmax
+
+from gkd_harness.harness.loss.stable import TorchRows, _jsd_stable, _jsd_stable_and_grad, _pow2_row_scale
+from gkd_harness.harness.loss.textbook import _jsd_from_logprobs, _safe_kl
+
+
+def _prepare_chunk(
+    s: torch.Tensor, t: torch.Tensor, cdtype: torch.dtype, temperature: Optional[float], align_vocab: bool
+):
+    """Cast a chunk to the compute dtype, then align vocabularies and scale by temperature."""
+    s = s.to(cdtype)
+    t = t.to(cdtype)
+    if align_vocab and s.shape[-1] != t.shape[-1]:
+        s, t = upstream._align_vocab(s, t)
+    if temperature is not None:
+        s = s / temperature
+        t = t / temperature
+    return s, t
+
+
+def _chunk_fn(precision, cdtype, temperature, align_vocab, beta, beta_form, log_softmax_fn, kl_div_fn):
+    """The per-chunk computation ``(s [C, D], t [C, D']) -> [C]`` of a patched variant.
+
+    Used where the fused path (:class:`_FusedChunkedJSD`) does not apply: unequal vocabularies, a teacher that needs
+    a gradient, or an explicit ``recompute``. ``fp32`` with the default primitives uses the cancellation-free form;
+    otherwise the textbook formula runs through the given primitives.
+    """
+    stable = precision == "fp32" and log_softmax_fn is default_log_softmax and kl_div_fn is default_kl_div
+    if kl_div_fn is default_kl_div:
+        kl_div_fn = _safe_kl  # same values, but 0·log 0 = 0 on probability-0 entries (−inf top-k log-probs)
+
+    def fn(s_c: torch.Tensor, t_c: torch.Tensor) -> torch.Tensor:
+        s_c, t_c = _prepare_chunk(s_c, t_c, cdtype, temperature, align_vocab)
+        if stable:
+            return _jsd_stable(s_c, t_c, beta, beta_form)
+        # Injected (e.g. vocab-parallel) primitives: the textbook formula through them, in the compute dtype.
+        return _jsd_from_logprobs(log_softmax_fn(s_c), log_softmax_fn(t_c), beta, beta_form, kl_div_fn)
+
+    return fn
+
+
+class _RecomputedChunkedJSD(torch.autograd.Function):
+    """Per-position JSD over row chunks; activations are recomputed chunk by chunk in backward.
+
+    Only the inputs are saved, so peak memory is the inputs plus one chunk's working set, in whatever
+    dtype the chunk computes in. Injected ``log_softmax_fn`` / ``kl_div_fn`` (e.g. Megatron's vocab-parallel
+    ones with their collectives) run identically in forward and in the recompute.
+    """
+
+    @staticmethod
+    def forward(ctx, s, t, fn, rows, out_dtype):
+        n = s.shape[0]
+        out = torch.empty(n, dtype=out_dtype, device=s.device)
+        with torch.no_grad():
+            for start in range(0, n, rows):
+                out[start : start + rows] = fn(s[start : start + rows], t[start : start + rows])
+        ctx.fn, ctx.rows = fn, rows
+        ctx.save_for_backward(s, t)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        s, t = ctx.saved_tensors
+        need_s, need_t = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_s = torch.zeros_like(s) if need_s else None
+        grad_t = torch.zeros_like(t) if need_t else None
+        for start in range(0, s.shape[0], ctx.rows):
+            sl = slice(start, start + ctx.rows)
+            with torch.enable_grad():
+                s_c = s[sl].detach().requires_grad_(need_s)
+                t_c = t[sl].detach().requires_grad_(need_t)
+                out = ctx.fn(s_c, t_c)
+                inputs = [x for x, need in ((s_c, need_s), (t_c, need_t)) if need]
+                grads = torch.autograd.grad(out, inputs, grad_outputs=grad_out[sl])
+            it = iter(grads)
+            if need_s:
+                grad_s[sl] = next(it)
+            if need_t:
+                grad_t[sl] = next(it)
+        return grad_s, grad_t, None, None, None
+
+
+def _scaled(x: torch.Tensor, cd: torch.dtype, temperature: Optional[float]) -> torch.Tensor:
+    """``x`` in ``cd`` divided by ``temperature`` as a new tensor (never aliases ``x``), in as few passes as possible.
+
+    Same arithmetic as :func:`_prepare_chunk` (cast, then divide), so both paths see identical scaled logits.
+    """
+    y = x.to(cd)
+    if y is x:
+        return x / temperature if temperature is not None else x.clone()
+    return y.div_(temperature) if temperature is not None else y
+
+
+class _FusedChunkedJSD(torch.autograd.Function):
+    """Per-position JSD ``[N]`` (:func:`_jsd_stable`'s form) of ``s`` ``[N, D]`` (student, gradient) against ``t``
+    ``[N, D]`` (no gradient) and its closed-form gradient, in one pass per block of ``rows`` rows.
+
+    Equal vocabularies and a teacher without gradient. ``ops`` does the row reductions:
+    :class:`~gkd_harness.harness.loss.stable.TorchRows` (the default primitives; ``fp32`` and the ``fp64`` reference) or
+    :class:`~gkd_harness.harness.loss.stable.InjectedRows` (ms-swift's injected ``log_softmax_fn`` / ``kl_div_fn``, vocab-parallel
+    under TP: a row may be a shard, and each rank keeps the derivative for its own shard). Forward keeps
+    ``∂JSD_i/∂z_s`` ``[N, D]`` in the student's dtype (no activation graph, nothing recomputed, no FP32 copy of BF16
+    inputs) plus, for a BF16/FP16 student, an int8 residual of its rounding (:func:`_residual`); backward scales it
+    by the incoming per-position gradient in the compute dtype and rounds once (a ``1/num_valid`` scale that is not
+    a power of two would otherwise round the stored BF16 value a second time).
+    """
+
+    @staticmethod
+    def forward(ctx, s, t, cd, temperature, beta, beta_form, rows, ops=TorchRows):
+        n = s.shape[0]
+        need = ctx.needs_input_grad[0]
+        out = torch.empty(n, dtype=cd, device=s.device)
+        # ∂JSD_i/∂z_s in the student's dtype: never a full-width FP32 copy for BF16 inputs (the architecture contract).
+        dz = torch.empty(s.shape, dtype=s.dtype, device=s.device) if need else None
+        # FP16 has 5 exponent bits: ∂JSD/∂z (before the loss scale reaches it in backward) would underflow to 0.
+        # Each row is stored times a power of two (exact) and the factor undone in backward.
+        row_scale = torch.ones(n, dtype=cd, device=s.device) if need and s.dtype == torch.float16 else None
+        # A student narrower than the compute dtype: dz is ∂JSD/∂z rounded to the student's dtype, so backward's
+        # scale (1/num_valid) would round it a second time. An int8 residual per element keeps 7 more bits of it,
+        # so the gradient is rounded once, in backward (half the bytes of dz; never an FP32 copy).
+        res = (
+            torch.empty(s.shape, dtype=torch.int8, device=s.device)
+            if need and torch.finfo(s.dtype).bits < torch.finfo(cd).bits
+            else None
+        )
+        for start in range(0, n, rows):
+            sl = slice(start, start + rows)
+            loss, g = _jsd_stable_and_grad(
+                _scaled(s[sl], cd, temperature), _scaled(t[sl], cd, temperature), beta, beta_form, need, rows=ops
+            )
+            out[sl] = loss
+            if need:
+                if row_scale is None and res is None and temperature is not None:
+                    torch.div(g, temperature, out=dz[sl])  # = g.div_(T) then the cast into dz, in one pass
+                else:
+                    if temperature is not None:
+                        g.div_(temperature)
+                    if row_scale is not None:
+                        row_scale[sl] = _pow2_row_scale(g)
+                        g.mul_(row_scale[sl, None])
+                    dz[sl] = g
+                    if res is not None:
+                        res[sl] = _residual(g, dz[sl])
+                del g
+        ctx.save_for_backward(dz, row_scale, res)
+        ctx.rows, ctx.cd = rows, cd
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        dz, row_scale, res = ctx.saved_tensors
+        grad_s = None
+        if dz is not None and ctx.needs_input_grad[0]:
+            grad_s = torch.empty_like(dz)
+            go = grad_out.to(ctx.cd)
+            if row_scale is not None:
+                go = go / row_scale
+            # dz (with its residual: ∂JSD/∂z to ~7 bits beyond the student dtype) × go computes in the compute
+            # dtype and rounds once into grad_s. Row blocks: the compute-dtype temporaries stay block-sized.
+            for start in range(0, dz.shape[0], ctx.rows):
+                sl = slice(start, start + ctx.rows)
+                d = dz[sl] if res is None else _with_residual(dz[sl], res[sl], ctx.cd)
+                torch.mul(d, go[sl, None], out=grad_s[sl])
+        return grad_s, None, None, None, None, None, None, None
+
+
+def _residual_shift(dtype: torch.dtype) -> int:
+    """``k`` with ``|g − hi| · 2^k / |hi| ≤ 128`` for ``hi`` = ``g`` rounded to ``dtype`` (half an ulp is at most
+    ``2^-(nmant+1)`` of ``|hi|``): the int8 residual's scale, 2^15 for BF16 and 2^18 for FP16."""
+    return round(-math.log2(torch.finfo(dtype).eps)) + 8  # eps = 2^-nmant
+
+
+def _residual(g: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """The rounding error of ``hi`` (``g`` ``[C, D]`` in the compute dtype, rounded to the student's dtype) in
+    units of ``|hi| · 2^-k`` (:func:`_residual_shift`), as int8 ``[C, D]``; consumes ``g``. Where ``hi = 0`` the
+    residual is not kept (it multiplies ``|hi|``)."""
+    h = hi.to(g.dtype)
+    g.sub_(h).div_(h.abs_()).mul_(2.0 ** _residual_shift(hi.dtype))
+    return g.nan_to_num_(0.0, 127.0, -127.0).round_().clamp_(-127.0, 127.0).to(torch.int8)
+
+
+def _with_residual(hi: torch.Tensor, res: torch.Tensor, cd: torch.dtype) -> torch.Tensor:
+    """``hi + res · |hi| · 2^-k`` in ``cd`` ``[C, D]``: ∂JSD/∂z to within ``|hi| · 2^-(k+1)`` (an ulp/256 of BF16)."""
+    h = hi.to(cd)
+    return torch.addcmul(h, res.to(cd), h.abs(), value=2.0 ** -_residual_shift(hi.dtype))
+
+
+#: Elements of one row block of the fused path, per device type. Every FP32 temporary of a block is this many
+#: elements (about eight are alive at once): on a CPU 2^18 (1 MiB each, so a block's working set stays in the
+#: L2/L3 caches and its buffers are reused by the allocator instead of being page-faulted afresh); on a GPU
+#: 2^24 (64 MiB each: large enough that kernel launches do not dominate, still a few per cent of a 4k-token
+#: ``[N, V]`` BF16 tensor). Chosen from measurements (``gkd-bench``; notes in docs/performance.md).
+BLOCK_ELEMENTS = {"cpu": 2**18, "cuda": 2**24}
+_BLOCK_ELEMENTS_OTHER = 2**22
+
+
+def block_rows(n: int, width: int, device: torch.device) -> int:
+    """Rows per block of the fused fp32 path: ``BLOCK_ELEMENTS`` of the device type ÷ the row width ``width``.
+
+    Depends on the vocabulary width (``V``, or ``K`` in top-k mode) and the device, never on the caller's
+    ``chunk_size`` (upstream's row chunk, which keeps its meaning for ``native``). At least 1, at most ``n``.
+    """
+    budget = BLOCK_ELEMENTS.get(torch.device(device).type, _BLOCK_ELEMENTS_OTHER)
+    return max(1, min(n, budget // max(1, width)))
+
+
+def _rows_per_chunk(n: int, chunk_size: int, in_itemsize: int, compute_itemsize: int) -> int:
+    """Rows per chunk so a chunk's compute-dtype working set is no larger than upstream's would be.
+
+    Upstream works on ``min(N, chunk_size)`` rows in the input dtype; an FP32 chunk of BF16 inputs gets
+    proportionally fewer rows.
+    """
+    base = max(1, min(n, chunk_size))
+    return max(1, (base * in_itemsize) // max(compute_itemsize, in_itemsize))

@@ -1,0 +1,378 @@
+"""The cancellation-free generalized JSD and its closed-form gradient (``fp32`` with the default primitives).
+
+See docs/loss_accuracy.md for the formulas and where each one is chosen."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from gkd_harness.harness.loss.textbook import _weights
+
+#: |d| beyond which expm1(±d) may overflow: those elements use the direct form.
+_CUT = 30.0
+
+
+#: A mixture ratio M/T (or M/S) below this forms ``1 + u`` from ``u ≈ −1`` with cancellation (β within ~1/4 of an
+#: endpoint, e.g. β = 1e-6): those elements use the direct form, which has no cancellation there.
+_RATIO_FLOOR = 0.25
+
+
+#: Rows whose log-normaliser difference |κ| exceeds this take ``d = log T − log S`` from the two log-softmaxes: the
+#: logit difference ``t − s`` would be rounded at ulp(|κ|) (shifted logits, top-k log-probs against raw logits).
+_KAPPA_MAX = 8.0
+
+
+#: FP16 students: per row, ∂JSD/∂z is stored times 2^(k) so that its largest entry lies in [2^14, 2^15).
+_FP16_ROW_TOP = 15
+
+
+class TorchRows:
+    """Row reductions of the stable form on a whole row held here (the default primitives).
+
+    ``log_softmax [C, D] -> [C, D]``; ``sum [C, D] -> [C]``; ``kappa_argmax`` (κ and the student argmax, see
+    :func:`_kappa_argmax`); ``any`` (a python bool); ``fix_argmax`` (:func:`_zero_sum_at_argmax`).
+    """
+
+    @staticmethod
+    def log_softmax(z: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(z, -1)
+
+    @staticmethod
+    def sum(v: torch.Tensor) -> torch.Tensor:
+        return v.sum(-1)
+
+    @staticmethod
+    def any(mask: torch.Tensor) -> bool:
+        return bool(mask.any())
+
+    @staticmethod
+    def kappa_argmax(zs, zt, s_log, t_log):
+        return _kappa_argmax(zs, zt, s_log, t_log)
+
+    @staticmethod
+    def argmax_share(p: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """``p`` at the student argmax, ``[C, 1]`` (read before ``p`` is overwritten)."""
+        return p.gather(-1, j)
+
+    @staticmethod
+    def fix_argmax(grad: torch.Tensor, j: torch.Tensor, p_j: torch.Tensor) -> torch.Tensor:
+        return _zero_sum_at_argmax(grad, j, p_j)
+
+
+class InjectedRows:
+    """The same row operations through caller-injected primitives (Megatron's vocab-parallel ones, any TP size).
+
+    Only ``log_softmax_fn`` ``[C, D] -> [C, D]`` and ``kl_div_fn(input_log, target_log) -> [C]`` are used, so a
+    row may be a vocabulary shard: ``kl_div_fn(−v, 0) = Σ e^0·(0 − (−v)) = Σ v`` exactly (negation and
+    subtraction from 0 are exact), reduced over the shards by the injected function itself. κ is the
+    q-weighted mean of its per-element estimates ``(zt − t_log) − (zs − s_log)`` (a row constant, to which the
+    ψ form is insensitive at first order: 0 exactly on identical rows); the student's argmax is the one element
+    with ``p > 1/2`` where there is one (the only rows the zero-sum correction touches). Every method is called
+    the same number of times on every rank (no data-dependent collectives).
+    """
+
+    def __init__(self, log_softmax_fn, kl_div_fn):
+        self.log_softmax, self.kl_div_fn = log_softmax_fn, kl_div_fn
+
+    def sum(self, v: torch.Tensor) -> torch.Tensor:
+        return self.kl_div_fn(torch.neg(v), torch.zeros_like(v))
+
+    def any(self, mask: torch.Tensor) -> bool:
+        return bool((self.sum(mask.to(torch.float32)) > 0).any())
+
+    def kappa_argmax(self, zs, zt, s_log, t_log):
+        q = t_log.exp()
+        est = (zt - t_log).sub_(zs - s_log)
+        est = torch.where((q > 0) & torch.isfinite(est), est, 0.0).mul_(q)  # −inf logits carry no weight
+        return (self.sum(est) / self.sum(q))[:, None], None
+
+    @staticmethod
+    def argmax_share(p: torch.Tensor, j) -> torch.Tensor:
+        return p > 0.5  # at most one element per row
+
+    def fix_argmax(self, grad: torch.Tensor, j, top: torch.Tensor) -> torch.Tensor:
+        others = self.sum(torch.where(top, 0.0, grad))
+        return torch.where(top, -others[:, None], grad)
+
+
+def _direct_bounds(beta: float):
+    """``(d_T, d_S)`` for 0 < β < 1: the T side uses the direct form for ``d > d_T`` (M/T < 1/4), the S side for
+    ``d < d_S`` (M/S < 1/4); ``±inf`` where that ratio never falls below 1/4 (1/4 ≤ β ≤ 3/4). At β = 0 and β = 1
+    ``1 + u = e^(∓d)`` is computed directly, so only overflow (|d| > cut) selects the direct form."""
+    if beta in (0.0, 1.0):
+        return math.inf, -math.inf
+    d_t = -math.log((_RATIO_FLOOR - beta) / (1.0 - beta)) if beta < _RATIO_FLOOR else math.inf
+    d_s = math.log((beta - (1.0 - _RATIO_FLOOR)) / beta) if beta > 1.0 - _RATIO_FLOOR else -math.inf
+    return d_t, d_s
+
+
+def _psi(x: torch.Tensor) -> torch.Tensor:
+    """``x − log(1 + x)``: non-negative for x > −1, and accurate for small x (no cancellation left)."""
+    return x - torch.log1p(x)
+
+
+def _kappa(zs: torch.Tensor, zt: torch.Tensor, s_log: torch.Tensor, t_log: torch.Tensor) -> torch.Tensor:
+    """``κ = logsumexp(zt) − logsumexp(zs)`` per row ``[C, 1]``, consistent with the computed log-softmaxes.
+
+    At a row's argmax the log-softmax is ``−log Σ exp(z − max)`` exactly, so ``κ = (max zt − max zs) +
+    (s_log[argmax zs] − t_log[argmax zt])`` never forms ``max + log Σ`` (which rounds at ulp(max): 1e-3 for
+    logits of 1e4).
+    """
+    return _kappa_argmax(zs, zt, s_log, t_log)[0]
+
+
+def _kappa_argmax(zs, zt, s_log, t_log):
+    """``(κ [C, 1], argmax of zs [C, 1])``; see :func:`_kappa`."""
+    m_s, j_s = zs.max(-1, keepdim=True)
+    m_t, j_t = zt.max(-1, keepdim=True)
+    return (m_t - m_s) + (s_log.gather(-1, j_s) - t_log.gather(-1, j_t)), j_s
+
+
+def _zero_sum_at_argmax(grad: torch.Tensor, j: torch.Tensor, p_j: torch.Tensor) -> torch.Tensor:
+    """In rows whose student argmax ``j`` ``[C, 1]`` has ``p_j > 1/2``, set ``grad[j] = −Σ_{i≠j} grad[i]`` (in place).
+
+    The JSD is invariant under adding a constant to a row of student logits, so each row of its gradient sums
+    to 0. At the argmax of a nearly one-hot row (logits / T in the thousands) ``p·h − p·Σ p·h`` cancels to
+    rounding (``1 − p_j`` below ulp(1)), while the other entries are products of small factors; their sum is
+    accurate. ``grad`` ``[C, D]`` in the compute dtype, equal student/teacher vocabularies.
+    """
+    at_j = grad.gather(-1, j)
+    others = grad.sum(-1, keepdim=True).sub_(at_j)
+    return grad.scatter_(-1, j, torch.where(p_j > 0.5, others.neg_(), at_j))
+
+
+def _log_ratio(zs: torch.Tensor, zt: torch.Tensor, s_log: torch.Tensor, t_log: torch.Tensor) -> torch.Tensor:
+    """``d = log T − log S`` ``[C, D]`` (a new tensor), each row from its more accurate formula.
+
+    ``(zt − zs) − κ`` is exact for near-identical logits (the difference of the inputs carries no log-normaliser
+    rounding), but ``zt − zs`` rounds at ulp(|κ|); rows with ``|κ| > _KAPPA_MAX`` (shifted logits, top-k
+    log-probs against raw logits) use ``t_log − s_log``, whose error is ulp of the log-probs themselves.
+    """
+    kappa = _kappa(zs, zt, s_log, t_log)
+    far = kappa.abs() > _KAPPA_MAX
+    d = (zt - zs) - kappa
+    if bool(far.any()):
+        d = torch.where(far, t_log - s_log, d)
+    return d
+
+
+def _jsd_stable(s: torch.Tensor, t: torch.Tensor, beta: float, beta_form: str, cut: float = _CUT) -> torch.Tensor:
+    """Per-position generalized JSD from (temperature-scaled) logits, written without cancellation (autograd form).
+
+    ``p = softmax(s)`` and ``q = softmax(t)`` come from their own log-softmax (accurate at any logit scale);
+    ``d = log T − log S`` from :func:`_log_ratio`. Every KL is then a sum of non-negative terms:
+
+    * ``KL(T‖M) = Σ q·ψ((1−β)·expm1(−d))``, ``KL(S‖M) = Σ p·ψ(β·expm1(d))``, ``ψ(x) = x − log1p(x)``;
+    * ``KL(T‖S) = Σ q·(expm1(−d) + d)`` (β = 0), ``KL(S‖T) = Σ p·(expm1(d) − d)`` (β = 1).
+
+    The dropped first-order terms ``Σ q·x`` and ``Σ p·y`` are identically zero (``Σ p = Σ q = 1``), in value and
+    in gradient, and ψ is insensitive to a row-constant error of d at first order. Per element and per side the
+    direct form ``q·log(T/M) + (1−β)(p − q)`` resp. ``β(q − p) − p·log(M/S)`` replaces ψ where ``expm1`` could
+    overflow (|d| > cut) or where the mixture ratio M/T resp. M/S is below 1/4 (β near an endpoint: ``1 + u``
+    would cancel); ``0·log 0 = 0`` for probability-0 entries (−inf top-k log-probs). No clamping; ≥ 0 by
+    construction (up to rounding of terms that are each ≥ 0 or of a sum of them).
+
+    Args:
+        s, t: ``[C, D]`` scaled logits in the compute dtype. Returns ``[C]``.
+    """
+    s_log = torch.log_softmax(s, -1)
+    t_log = torch.log_softmax(t, -1)
+    d = _log_ratio(s, t, s_log, t_log)
+    p, q = s_log.exp(), t_log.exp()
+    zero = torch.zeros_like(d)
+    d_t, d_s = _direct_bounds(beta)
+    big_t = (d < -cut) | (d > d_t)  # T side: expm1(−d) overflows, or M/T < 1/4
+    big_s = (d > cut) | (d < d_s)  # S side: expm1(d) overflows, or M/S < 1/4
+    d_tpsi = torch.where(big_t, zero, d)  # finite in the branch torch.where drops (no NaN gradients)
+    d_spsi = torch.where(big_s, zero, d)
+    d_tdir = torch.where(big_t & (q > 0), d, zero)  # q = 0: the direct term is (1−β)·p (0·log 0 = 0)
+    d_sdir = torch.where(big_s & (p > 0), d, zero)
+    if beta == 0.0:
+        return torch.where(big_t, (p - q) + q * d_tdir, q * (torch.expm1(-d_tpsi) + d_tpsi)).sum(-1)
+    if beta == 1.0:
+        return torch.where(big_s, (q - p) - p * d_sdir, p * (torch.expm1(d_spsi) - d_spsi)).sum(-1)
+    log_b, log_1mb = math.log(beta), math.log1p(-beta)
+    t_over_m = -torch.logaddexp(torch.full_like(d, log_b), log_1mb - d_tdir)  # log(T/M)
+    m_over_s = torch.logaddexp(torch.full_like(d, log_1mb), log_b + d_sdir)  # log(M/S)
+    kl_t = torch.where(big_t, q * t_over_m + (1.0 - beta) * (p - q), q * _psi((1.0 - beta) * torch.expm1(-d_tpsi))).sum(
+        -1
+    )
+    kl_s = torch.where(big_s, beta * (q - p) - p * m_over_s, p * _psi(beta * torch.expm1(d_spsi))).sum(-1)
+    w_t, w_s = _weights(beta, beta_form)
+    return w_t * kl_t + w_s * kl_s
+
+
+def _jsd_stable_and_grad(
+    zs: torch.Tensor, zt: torch.Tensor, beta: float, beta_form: str, need_grad: bool, cut: float = _CUT, rows=TorchRows
+):
+    """Per-position JSD of :func:`_jsd_stable`'s form and its closed-form gradient, with few full-size temporaries.
+
+    Same quantities and per-element formula choice as :func:`_jsd_stable`: ``p = softmax(zs)``, ``q =
+    softmax(zt)``, ``d = log T − log S`` (:func:`_log_ratio`), ``x = expm1(d)``, ``ℓ = log(M/S)``:
+
+    * ψ elements: ``KL(T‖M)_i = q·ψ((1−β)·expm1(−d))``, ``KL(S‖M)_i = p·ψ(β·x)``, ``ℓ = log1p(β·x)``;
+    * direct elements (on those elements only; per side, see :func:`_jsd_stable`): ``KL(T‖M)_i = q·log(T/M) +
+      (1−β)(p − q)`` with ``log(T/M) = −logaddexp(log β, log(1−β) − d)``; ``KL(S‖M)_i = −p·ℓ + β(q − p)``,
+      ``ℓ = logaddexp(log(1−β), log β + d)``.
+
+    Gradient: ``∂L/∂zs = p·h − p·Σ p·h`` with ``p·h`` = ``−(1−β)·p·ℓ`` (paper),
+    ``p·[(1−β)(2β−1)·x/(1+βx) − β·ℓ]`` (continuous, ``x/(1+βx) = e^(d−ℓ) − e^(−ℓ)`` on direct S elements),
+    ``p − q`` (β = 0), ``−p·d`` (β = 1). For 0 < β < 1, where the teacher's share vanishes (d → −∞) h tends to
+    a constant ``c`` and ``h − Σ p·h`` would cancel (student and teacher confident on different tokens): those
+    elements (``ℓ < log(1−β)/2``) hold ``h − c`` instead, from ``ℓ' = ℓ − log(1−β) = softplus(d + log(β/(1−β)))``
+    and ``e^(d−ℓ)`` (see :func:`_gradient_from_h`).
+
+    Args:
+        zs, zt: ``[C, D]`` temperature-scaled logits in the compute dtype; consumed (modified in place).
+        rows: the row operations (:class:`TorchRows`, or :class:`InjectedRows` for a vocabulary shard).
+    Returns:
+        ``(loss [C], grad [C, D] w.r.t. zs, or None)``.
+    """
+    s_log = rows.log_softmax(zs)
+    t_log = rows.log_softmax(zt)
+    kappa, j_s = rows.kappa_argmax(zs, zt, s_log, t_log)
+    d = zt.sub_(zs).sub_(kappa)  # (zt − zs) − κ, in zt's storage
+    del zs, zt
+    far = (kappa.abs() > _KAPPA_MAX).squeeze(-1)
+    if bool(far.any()):
+        if bool(far.all()):
+            torch.sub(t_log, s_log, out=d)
+        else:
+            d[far] = t_log[far] - s_log[far]
+    p = s_log.exp_()
+    q = t_log.exp_()
+    del s_log, t_log
+    d_t, d_s = _direct_bounds(beta)
+    ph, shifted, c = None, None, 0.0
+    if beta == 0.0:
+        big = d < -cut
+        if d_t < math.inf:
+            big |= d > d_t
+        term = torch.neg(d).expm1_().add_(d).mul_(q)  # q·(expm1(−d) + d)
+        if bool(big.any()):
+            db, pb, qb = d[big], p[big], q[big]
+            term[big] = (pb - qb) + _times(qb, db)
+        loss = rows.sum(term)
+        del term
+        if need_grad:
+            up = d > cut  # −p·expm1(d) may overflow: p − q there
+            ph = torch.expm1(d).mul_(p).neg_()
+            if bool(up.any()):
+                ph[up] = p[up] - q[up]
+    elif beta == 1.0:
+        big = d > cut
+        term = torch.expm1(d).sub_(d).mul_(p)  # p·(expm1(d) − d)
+        if bool(big.any()):
+            db, pb, qb = d[big], p[big], q[big]
+            term[big] = (qb - pb) - _times(pb, db)
+        loss = rows.sum(term)
+        del term
+        if need_grad:
+            ph = torch.mul(p, d).neg_()
+    else:
+        w_t, w_s = _weights(beta, beta_form)
+        log_b, log_1mb = math.log(beta), math.log1p(-beta)
+        big_s = d > cut
+        if d_s > -math.inf:
+            big_s |= d < d_s
+        big_t = d < -cut
+        if d_t < math.inf:
+            big_t |= d > d_t
+        any_s, any_t = bool(big_s.any()), bool(big_t.any())
+        # S side: p·ψ(β·x) and ℓ = log1p(β·x).
+        xs = torch.expm1(d)  # x (may be inf where d > 88: those elements are direct)
+        bx = torch.mul(xs, beta)
+        ell = torch.log1p(bx)
+        term = bx.sub_(ell).mul_(p)
+        del bx
+        if any_s:
+            pb, qb = p[big_s], q[big_s]
+            dsb = _live(d[big_s], pb)  # p = 0: every S-side quantity is weighted by p; keep it finite
+            ellb = torch.logaddexp(torch.full_like(dsb, log_1mb), dsb + log_b)
+            term[big_s] = beta * (qb - pb) - pb * ellb
+            ell[big_s] = ellb
+        loss = w_s * rows.sum(term)
+        # T side: q·ψ((1−β)·expm1(−d)), computed in term's storage.
+        u = torch.neg(d, out=term).expm1_().mul_(1.0 - beta)
+        lg = torch.log1p(u)
+        u.sub_(lg).mul_(q)
+        del lg
+        if any_t:
+            db, pb, qb = d[big_t], p[big_t], q[big_t]
+            tmb = torch.logaddexp(torch.full_like(db, log_b), log_1mb - _live(db, qb)).neg_()  # log(T/M)
+            u[big_t] = _times(qb, tmb) + (1.0 - beta) * (pb - qb)
+        loss = loss + w_t * rows.sum(u)
+        del u, term
+        if need_grad:
+            # Elements near h's limit c (the teacher's share vanishes): ℓ < log(1−β)/2.
+            shifted = (ell < 0.5 * log_1mb) & (p > 0)
+            any_shift = rows.any(shifted)
+            if not any_shift:
+                shifted = None
+            if beta_form == "paper":
+                c = -(1.0 - beta) * log_1mb
+                if shifted is not None:
+                    ell_sh = _softplus(d[shifted] + (log_b - log_1mb))  # ℓ' = ℓ − log(1−β)
+                    ell[shifted] = ell_sh
+                ph = ell.mul_(p).mul_(-(1.0 - beta))  # shifted elements: −(1−β)·ℓ' = h − c
+            else:
+                c = -(2.0 * beta - 1.0) + beta * (-log_1mb)
+                y = xs.div_(torch.mul(xs, beta).add_(1.0))  # x/(1+βx)
+                if any_s:
+                    y[big_s] = torch.exp(dsb - ellb) - torch.exp(-ellb)
+                if shifted is not None:
+                    ell_sh = _softplus(d[shifted] + (log_b - log_1mb))
+                    e_dl = torch.exp(d[shifted] - log_1mb - ell_sh)  # e^(d−ℓ)
+                    # h − c = (2β−1)·e^(d−ℓ) − β·ℓ', written so the common code below forms it.
+                    y[shifted] = e_dl / (1.0 - beta)  # times (1−β)(2β−1) below
+                    ell[shifted] = ell_sh
+                ph = y.mul_((1.0 - beta) * (2.0 * beta - 1.0)).sub_(ell, alpha=beta).mul_(p)
+        del xs
+    if ph is not None:
+        top = rows.argmax_share(p, j_s)
+        _gradient_from_h(ph, p, shifted, c, rows)
+        rows.fix_argmax(ph, j_s, top)
+    return loss, ph
+
+
+def _gradient_from_h(ph: torch.Tensor, p: torch.Tensor, shifted, c: float, rows) -> torch.Tensor:
+    """``∂L/∂z = p·(h − Σ p·h)`` in place in ``ph`` (``[C, D]``, holding ``p·r``; ``p`` is overwritten).
+
+    ``r = h`` except on ``shifted`` elements (bool ``[C, D]`` or None), where ``r = h − c``. With
+    ``P_f = Σ_shifted p`` and ``P_n = Σ_rest p`` (each summed over its own elements, so neither is ``1 − ·``):
+    ``h_i − Σ p·h = r_i − Σ p·r + c·(P_n if i shifted else −P_f)``.
+    """
+    mean = rows.sum(ph)[:, None]
+    if shifted is not None:
+        p_f = rows.sum(torch.where(shifted, p, 0.0))[:, None]
+        p_n = rows.sum(torch.where(shifted, 0.0, p))[:, None]
+        ph.add_(torch.where(shifted, p_n * c, p_f * -c).mul_(p))
+    return ph.sub_(p.mul_(mean))
+
+
+def _softplus(x: torch.Tensor) -> torch.Tensor:
+    """``log(1 + e^x)``, accurate for any x (``log1p(exp(x))``, and x where ``exp`` overflows)."""
+    return torch.where(x > 30.0, x, torch.log1p(torch.exp(torch.where(x > 30.0, 30.0, x))))
+
+
+def _times(w: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``w·v`` with ``0·(±inf) = 0`` (the limit ``0·log 0`` of a probability-0 entry)."""
+    return torch.where(w == 0, 0.0, w * v)
+
+
+def _live(d: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``d`` where the weight ``w`` is non-zero, else 0 (keeps ±inf out of a term whose weight is 0)."""
+    return torch.where(w == 0, 0.0, d)
+
+
+def _pow2_row_scale(g: torch.Tensor) -> torch.Tensor:
+    """Per-row power of two ``[C]`` that puts the row's largest ``|g|`` (``g`` ``[C, D]``) in [2^14, 2^15).
+
+    Exact in any binary float; all-zero rows get 2^15, and the exponent is kept within ±100 so the factor stays
+    a finite FP32 number.
+    """
+    _, e = torch.frexp(g.abs().amax(-1))
+    e = torch.where(e < -100, -100, torch.where(e > 100, 100, e))
+    return torch.ldexp(torch.ones_like(g[:, 0]), _FP16_ROW_TOP - e)

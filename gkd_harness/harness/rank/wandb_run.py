@@ -1,0 +1,130 @@
+"""Inside ms-swift's process: the harness's records of ms-swift's logs and its additions to the wandb run that
+ms-swift opened (config, metric summaries)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any, Callable, Dict, Mapping, Optional
+
+from gkd_harness.harness.config.flat import flatten
+from gkd_harness.harness.config.secrets import redact
+from gkd_harness.harness.contract import HARNESS_PREFIXES, HF_KEY_MAP, WANDB_CONFIG_KEY, WANDB_SUMMARIES
+
+
+# ----------------------------------------------------------------------------------------------------------
+# metrics
+# ----------------------------------------------------------------------------------------------------------
+def design_record(logs: Mapping[str, Any], step: int) -> Optional[Dict[str, Any]]:
+    """The contract-named subset of one HF ``logs`` dict plus ``step``; ``None`` for a log without any."""
+    rec: Dict[str, Any] = {}
+    for k, v in logs.items():
+        name = HF_KEY_MAP.get(k, k if k.startswith(HARNESS_PREFIXES) else None)
+        if name is None or v is None:
+            continue
+        try:
+            rec[name] = float(v)
+        except (TypeError, ValueError):
+            continue
+    if not rec:
+        return None
+    rec["step"] = int(step)
+    return rec
+
+
+def _merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> Dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
+    return out
+
+
+def _add_to_wandb_config(run: Any, tree: Mapping[str, Any]) -> None:
+    """Merge ``tree`` into the run's harness config, nested under :data:`~gkd_harness.harness.contract.WANDB_CONFIG_KEY`
+    (wandb's ``update`` replaces a key's whole value, so the subtree is merged here). Nested, not flat dotted
+    keys: wandb stores it as ``harness.value.gkd.beta``, the form wandb-workspaces addresses as
+    ``Config("harness.gkd.beta")`` and keeps through its own load-and-save."""
+    current = run.config.get(WANDB_CONFIG_KEY)
+    current = dict(current) if isinstance(current, Mapping) else {}
+    run.config.update({WANDB_CONFIG_KEY: _merge(current, tree)}, allow_val_change=True)
+
+
+def attach_to_wandb_run(harness_config: Mapping[str, Any]) -> bool:
+    """Inside ms-swift's process: add the harness config (nested under :data:`WANDB_CONFIG_KEY`) and metric
+    summaries to the active wandb run."""
+    try:
+        import wandb
+    except ImportError:
+        return False
+    run = wandb.run
+    if run is None:
+        return False
+    tree = redact(dict(harness_config))
+    flat = flatten(tree)
+    from gkd_harness.harness.store.provenance import provenance
+
+    prov = provenance(flat.get("loss.precision"), flat.get("loss.source"))
+    _add_to_wandb_config(run, {**tree, "provenance": dict(prov)})
+    for name, summary in WANDB_SUMMARIES.items():
+        run.define_metric(name, summary=summary)
+    return True
+
+
+def update_wandb_config(values: Mapping[str, Any]) -> None:
+    """Add late-known values (dtypes seen at the loss boundary) to the active wandb run's harness config."""
+    try:
+        import wandb
+    except ImportError:
+        return
+    if wandb.run is not None:
+        _add_to_wandb_config(wandb.run, redact(dict(values)))
+
+
+def _keep_harness_names(rewrite: Callable) -> Callable:
+    """Wrap a ``rewrite_logs(dict) -> dict`` so the harness's keys (``gkd/*``, ``spot/*``, ``rollout/*``) pass
+    through unchanged; every other key is renamed by ``rewrite`` as before."""
+    if getattr(rewrite, "_gkd_harness", False):
+        return rewrite
+    from gkd_harness.harness.contract import HARNESS_PREFIXES
+
+    def rewrite_logs(d):
+        keep = {k: v for k, v in d.items() if isinstance(k, str) and k.startswith(HARNESS_PREFIXES)}
+        out = rewrite({k: v for k, v in d.items() if k not in keep})
+        out.update(keep)
+        return out
+
+    rewrite_logs._gkd_harness = True
+    rewrite_logs.__wrapped__ = rewrite
+    return rewrite_logs
+
+
+#: ms-swift's Megatron report callbacks, each with ``from .utils import rewrite_logs`` (``gkd/x`` -> ``train/gkd_x``).
+MEGATRON_REPORT_MODULES = (
+    "swift.megatron.callbacks.wandb",
+    "swift.megatron.callbacks.tensorboard",
+    "swift.megatron.callbacks.swanlab",
+)
+
+
+def keep_harness_names_in_wandb() -> Dict[str, str]:
+    """The contract names in wandb on both backends: HF's WandbCallback prefixes every key with ``train/``, and
+    ms-swift's Megatron report callbacks rename ``gkd/x`` to ``train/gkd_x``; the harness's keys are kept as they
+    are (``train/loss``, ``train/grad_norm`` keep the backends' own naming, which agrees). Megatron modules that
+    cannot be imported here (no Transformer Engine) are skipped."""
+    result = {}
+    from transformers.integrations import integration_utils as iu
+
+    iu.rewrite_logs = _keep_harness_names(iu.rewrite_logs)
+    result["transformers"] = "kept"
+    for name in MEGATRON_REPORT_MODULES:
+        if "swift.megatron.callbacks" not in sys.modules:  # register_callbacks could not import it: no Megatron
+            result[name] = "skipped: swift.megatron.callbacks not importable"
+            continue
+        try:
+            mod = importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - not importable on this machine
+            result[name] = f"skipped: {type(e).__name__}"
+            continue
+        mod.rewrite_logs = _keep_harness_names(mod.rewrite_logs)
+        result[name] = "kept"
+    return result

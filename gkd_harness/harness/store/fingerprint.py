@@ -1,0 +1,116 @@
+"""A run's identity: the fingerprint of its resolved config, and the keys that differ from an earlier attempt.
+
+:func:`config_fingerprint` hashes every key of the resolved (flat, redacted) config plus the harness version;
+:func:`summary_diff` lists what differs from a folder's summary.json, and :func:`mismatch_message` says it in one
+line (:class:`ConfigMismatch`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Optional
+
+from gkd_harness.harness.config.secrets import redact
+from gkd_harness.harness.contract import ARCHIVE_DIR, SUMMARY_FILE
+from gkd_harness.harness.store.files import RunFolderError
+from gkd_harness.harness.store.provenance import harness_version
+
+#: Keys that say where and how to run a config, not what it trains: left out of the fingerprint and the diff.
+FINGERPRINT_EXCLUDE = frozenset(
+    {"run.output_dir", "run.overwrite", "run.resume", "run.dry_run", "run.verbose", "run.allow_untested_swift"}
+)
+
+
+class ConfigMismatch(RunFolderError):
+    """The folder holds an attempt of a different config (``differing``: the keys that differ)."""
+
+    def __init__(self, message: str, run_dir: Path, differing: List[str]):
+        super().__init__(message, run_dir / SUMMARY_FILE, run_dir)
+        self.differing = list(differing)
+
+
+def canonical_config(flat_config: Mapping[str, Any], exclude: Iterable[str] = FINGERPRINT_EXCLUDE) -> Dict[str, Any]:
+    """The comparable form of a flat config: secrets redacted, ``exclude`` keys dropped, values as they read back
+    from summary.json (a JSON round trip: tuples -> lists, unknown types -> str), keys sorted."""
+    skip = set(exclude)
+    data = {str(k): v for k, v in redact(dict(flat_config)).items() if str(k) not in skip}
+    return json.loads(json.dumps(dict(sorted(data.items())), default=str))
+
+
+def config_fingerprint(
+    flat_config: Mapping[str, Any], version: Optional[str] = None, exclude: Iterable[str] = FINGERPRINT_EXCLUDE
+) -> str:
+    """sha256 (hex, 64 characters) over every key and value of the flat resolved config (paths included; the
+    ``exclude`` keys that only say where/how to run left out) plus the harness ``version``."""
+    payload = {
+        "config": canonical_config(flat_config, exclude),
+        "harness_version": harness_version() if version is None else version,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def config_diff(
+    old_flat: Mapping[str, Any], new_flat: Mapping[str, Any], exclude: Iterable[str] = FINGERPRINT_EXCLUDE
+) -> List[str]:
+    """Sorted keys whose value differs between two flat configs, or that only one of them has."""
+    old, new = canonical_config(old_flat, exclude), canonical_config(new_flat, exclude)
+    return sorted(k for k in set(old) | set(new) if old.get(k, ...) != new.get(k, ...))
+
+
+def summary_diff(
+    summary: Mapping[str, Any], flat_config: Mapping[str, Any], version: Optional[str] = None
+) -> List[str]:
+    """Keys that differ between a folder's summary.json and a new flat config; ``"harness_version"`` when the
+    versions differ, ``"fingerprint"`` when the stored fingerprint is absent (a folder of an older harness) or
+    does not match although no key differs. Empty: same config."""
+    version = harness_version() if version is None else version
+    keys = config_diff(summary.get("config") or {}, flat_config)
+    if summary.get("harness_version") != version:
+        keys.append("harness_version")
+    if not keys and summary.get("fingerprint") != config_fingerprint(flat_config, version):
+        keys.append("fingerprint")
+    return keys
+
+
+def _show(value: Any, width: int = 40) -> str:
+    text = json.dumps(value, default=str) if value is not ... else "(absent)"
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def mismatch_message(
+    run_dir: Path,
+    summary: Mapping[str, Any],
+    flat_config: Mapping[str, Any],
+    differing: List[str],
+    what: str = "a completed run",
+) -> str:
+    """One line: which keys differ (old -> new) and the two ways on: a new group / folder, or run.overwrite=true."""
+    old, new = canonical_config(summary.get("config") or {}), canonical_config(flat_config)
+    shown = []
+    for k in differing[:8]:
+        if k == "harness_version":
+            shown.append(f"harness_version {_show(summary.get('harness_version'))} -> {_show(harness_version())}")
+        elif k == "fingerprint":
+            shown.append("fingerprint (absent or different)")
+        else:
+            shown.append(f"{k} {_show(old.get(k, ...))} -> {_show(new.get(k, ...))}")
+    more = f" and {len(differing) - 8} more" if len(differing) > 8 else ""
+    return (
+        f"run.output_dir {run_dir} holds {what} of a different config ({len(differing)} keys differ: "
+        f"{'; '.join(shown)}{more}); to keep both, use a new group (tracking.wandb.group=...) or another "
+        f"run.output_dir; to replace it, add run.overwrite=true (the old attempt moves to "
+        f"{run_dir / ARCHIVE_DIR}/<n>)"
+    )
+
+
+__all__ = [
+    "FINGERPRINT_EXCLUDE",
+    "ConfigMismatch",
+    "canonical_config",
+    "config_fingerprint",
+    "config_diff",
+    "summary_diff",
+    "mismatch_message",
+]
