@@ -184,9 +184,6 @@ def _seed_defect(sweep: Sweep, doc: Document) -> Optional[pd.DataFrame]:
     return table
 
 
-_REPORT_FILES = ("verdict.json", "report.md", "report.html")
-
-
 def _plottable(sweep: Sweep) -> Sweep:
     """The runs whose variant is known (β, β form and precision set): a point that failed before its config
     was recorded is listed in the report and counted by the criteria, but has nothing to plot."""
@@ -203,17 +200,40 @@ def _plottable(sweep: Sweep) -> Sweep:
     )
 
 
+def report_owned_files(report_dir: Path) -> Optional[set]:
+    """The names an earlier report wrote into ``report_dir`` (its ``verdict.json`` and the files it lists:
+    ``report.md``, ``report.html``, the plots); None when the folder holds no readable verdict.json."""
+    try:
+        recorded = json.loads((report_dir / "verdict.json").read_text())
+    except (OSError, ValueError):
+        return None
+    files = recorded.get("files") if isinstance(recorded, dict) else None
+    if not isinstance(files, dict):
+        return None
+    names = {"verdict.json", str(files.get("markdown") or ""), str(files.get("html") or "")}
+    names |= {str(p) for p in (files.get("plots") or []) if isinstance(p, str)}
+    return {n for n in names if n and "/" not in n and n not in (".", "..")}
+
+
 def _check_report_dir(report_dir: Path) -> None:
-    """Refuse to replace a folder that is not an earlier report (an empty folder is fine)."""
-    if not report_dir.exists():
+    """Refuse to write into a folder that holds anything an earlier report did not write: a new or empty folder
+    is fine, and so is an earlier report whose every entry its verdict.json lists (``files``); any other entry
+    (a note, a sweep, a run folder, a sub-folder) refuses the whole folder, naming it, so nothing of the user's is
+    ever replaced."""
+    if not report_dir.exists() and not report_dir.is_symlink():
         return
-    if not report_dir.is_dir():
-        raise UnusableInput(f"--report {report_dir} exists and is not a folder")
-    entries = list(report_dir.iterdir())
-    if entries and not any((report_dir / f).exists() for f in _REPORT_FILES):
+    if report_dir.is_symlink() or not report_dir.is_dir():
+        raise UnusableInput(f"--report {report_dir} exists and is not a folder: give a new or empty folder")
+    entries = sorted(p.name for p in report_dir.iterdir())
+    if not entries:
+        return
+    owned = report_owned_files(report_dir) or set()
+    foreign = [n for n in entries if n not in owned or (report_dir / n).is_dir() or (report_dir / n).is_symlink()]
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" ... ({len(foreign)} entries)" if len(foreign) > 5 else "")
         raise UnusableInput(
-            f"--report {report_dir} exists and is not a gkd-analyze report (no verdict.json or "
-            "report.md): give a new or empty folder"
+            f"--report {report_dir} holds what gkd-analyze did not write ({shown}): a report folder holds only "
+            "its report; give a new or empty folder"
         )
 
 
