@@ -1,6 +1,8 @@
 """A run's identity: the fingerprint of its resolved config, and the keys that differ from an earlier attempt.
 
-:func:`config_fingerprint` hashes every key of the resolved (flat, redacted) config plus the harness version;
+:func:`config_fingerprint` hashes every key of the resolved (flat, redacted) config plus the harness's commit
+(:func:`version_identity`: the commit and dirty flag, not the dev distance, which a stale ``gkd_harness.egg-info``
+can change between two processes of one commit);
 :func:`summary_diff` lists what differs from a folder's summary.json, and :func:`mismatch_message` says it in one
 line (:class:`ConfigMismatch`).
 """
@@ -31,6 +33,15 @@ class ConfigMismatch(RunFolderError):
         self.differing = list(differing)
 
 
+def version_identity(version: str) -> str:
+    """What of a harness version identifies the code: its local part, the commit and dirty flag
+    (``"0.1.dev5+g1a2b3c4d5.dirty"`` -> ``"g1a2b3c4d5.dirty"``), not the dev distance before it, which comes from
+    package metadata (a stale, git-ignored ``gkd_harness.egg-info`` in the working directory changes it); a
+    version without a local part (a release, ``"unknown"``) as it is."""
+    public, sep, local = str(version).partition("+")
+    return local if sep and local else public
+
+
 def canonical_config(flat_config: Mapping[str, Any], exclude: Iterable[str] = FINGERPRINT_EXCLUDE) -> Dict[str, Any]:
     """The comparable form of a flat config: secrets redacted, ``exclude`` keys dropped, values as they read back
     from summary.json (a JSON round trip: tuples -> lists, unknown types -> str), keys sorted."""
@@ -43,10 +54,11 @@ def config_fingerprint(
     flat_config: Mapping[str, Any], version: Optional[str] = None, exclude: Iterable[str] = FINGERPRINT_EXCLUDE
 ) -> str:
     """sha256 (hex, 64 characters) over every key and value of the flat resolved config (paths included; the
-    ``exclude`` keys that only say where/how to run left out) plus the harness ``version``."""
+    ``exclude`` keys that only say where/how to run left out) plus the harness ``version``'s commit
+    (:func:`version_identity`)."""
     payload = {
         "config": canonical_config(flat_config, exclude),
-        "harness_version": harness_version() if version is None else version,
+        "harness_version": version_identity(harness_version() if version is None else version),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
@@ -63,11 +75,11 @@ def summary_diff(
     summary: Mapping[str, Any], flat_config: Mapping[str, Any], version: Optional[str] = None
 ) -> List[str]:
     """Keys that differ between a folder's summary.json and a new flat config; ``"harness_version"`` when the
-    versions differ, ``"fingerprint"`` when the stored fingerprint is absent (a folder of an older harness) or
+    versions' commits differ (:func:`version_identity`), ``"fingerprint"`` when the stored fingerprint is absent (a folder of an older harness) or
     does not match although no key differs. Empty: same config."""
     version = harness_version() if version is None else version
     keys = config_diff(summary.get("config") or {}, flat_config)
-    if summary.get("harness_version") != version:
+    if version_identity(str(summary.get("harness_version"))) != version_identity(version):
         keys.append("harness_version")
     if not keys and summary.get("fingerprint") != config_fingerprint(flat_config, version):
         keys.append("fingerprint")
@@ -107,6 +119,7 @@ def mismatch_message(
 
 __all__ = [
     "FINGERPRINT_EXCLUDE",
+    "version_identity",
     "ConfigMismatch",
     "canonical_config",
     "config_fingerprint",
