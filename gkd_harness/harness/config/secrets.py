@@ -5,8 +5,10 @@ depth) so validation can refuse them, :func:`secret_env_var` names the environme
 :func:`redact` / :func:`redact_text` / :func:`redact_name` remove their values from anything saved (config trees,
 text files, folder names). ``gkd_harness.harness.store.hydra_files.scrub_hydra_dir`` applies them to Hydra's own output files.
 
-A value is a credential by its key (``hub_token``) or by its look, whatever key or flag holds it
-(:func:`looks_like_credential`: a Hugging Face token ``hf_...``, an OpenAI-style ``sk-...``, a wandb key):
+A value is a credential by its key (``hub_token``) or by its form, whatever key or flag holds it
+(:func:`looks_like_credential`: a password in a URL ``scheme://user:password@host``, and the common token formats:
+Hugging Face ``hf_...``, OpenAI-style ``sk-...``, wandb, GitHub ``ghp_...`` / ``github_pat_...``, GitLab
+``glpat-...``, AWS ``AKIA...`` / ``ASIA...``, Slack ``xoxb-...``, Google, npm, PyPI, Stripe, JWTs, PEM keys):
 ``run.dataset=hf_...`` is refused and redacted as ``model.hub_token=hf_...`` is.
 """
 
@@ -24,18 +26,42 @@ REDACTED = "<redacted>"
 REDACTED_NAME = "REDACTED"
 
 
-#: credential-looking text whatever key or flag holds it: a Hugging Face token (``hf_`` + 34 letters and digits),
-#: an OpenAI-style key, a wandb v1 key
-_CREDENTIAL_TOKEN = r"hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|wandb_v1_\w+"
-_CREDENTIAL_IN_TEXT_RE = re.compile(rf"(?<![\w-])(?:{_CREDENTIAL_TOKEN})(?![\w-])")
+#: credential-looking text whatever key or flag holds it, by form: a Hugging Face token (``hf_`` + 34 letters and
+#: digits), an OpenAI-style key (``sk-...``), a wandb v1 key, GitHub tokens (classic ``ghp_`` / ``gho_`` / ``ghu_`` /
+#: ``ghs_`` / ``ghr_`` and fine-grained ``github_pat_``), a GitLab token (``glpat-``), an AWS access key id
+#: (``AKIA`` / ``ASIA`` + 16), Slack tokens (``xoxa-`` / ``xoxb-`` / ``xoxp-`` ...), a Google API key (``AIza``),
+#: npm and PyPI tokens, a Stripe live key, a JSON web token, a PEM private key
+_CREDENTIAL_TOKEN = "|".join(
+    (
+        r"hf_[A-Za-z0-9]{16,}",
+        r"sk-[A-Za-z0-9_-]{16,}",
+        r"wandb_v1_\w+",
+        r"gh[pousr]_[A-Za-z0-9]{20,}",
+        r"github_pat_[A-Za-z0-9_]{20,}",
+        r"glpat-[A-Za-z0-9_-]{20,}",
+        r"(?:AKIA|ASIA)[0-9A-Z]{16}",
+        r"xox[abposr]-[A-Za-z0-9-]{10,}",
+        r"AIza[0-9A-Za-z_-]{35}",
+        r"npm_[A-Za-z0-9]{36}",
+        r"pypi-[A-Za-z0-9_-]{50,}",
+        r"[rs]k_live_[0-9A-Za-z]{20,}",
+        r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",
+        r"-----BEGIN[A-Z ]*PRIVATE KEY-----",
+    )
+)
+#: a password in a URL's user part, whatever the scheme: ``https://user:PASSWORD@host/...`` (group ``secret``: the
+#: ``user:password`` part; ``user@host`` alone, as in ``git@github.com``, is no credential)
+_URL_PASSWORD = r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<secret>[^\s/?#@:]*:[^\s/?#@]+)@"
+_CREDENTIAL_IN_TEXT_RE = re.compile(rf"(?<![\w-])(?:{_CREDENTIAL_TOKEN})(?![\w-])|{_URL_PASSWORD}")
 #: a whole value of 40 hex digits: a wandb API key, but also a git commit (summary.json's provenance), so it counts
 #: only where a flag's value is checked (``run.extra_args``), never when a config tree or a text is redacted
 _HEX40_RE = re.compile(r"^[0-9a-f]{40}$")
 
 
 def looks_like_credential(value: Any, hex40: bool = False) -> bool:
-    """Is ``value`` (a string) a credential, or does it hold one? ``"hf_" + 34 alphanumerics`` anywhere in it,
-    ``sk-...``, ``wandb_v1_...``; with ``hex40`` also a whole value of 40 hex digits (a wandb key, as a flag's
+    """Is ``value`` (a string) a credential, or does it hold one? A token of a known form anywhere in it
+    (``"hf_" + 34 alphanumerics``, ``sk-...``, ``ghp_...``, ``AKIA...``, ...) or a URL with a password
+    (``https://user:pw@host``); with ``hex40`` also a whole value of 40 hex digits (a wandb key, as a flag's
     value)."""
     if not isinstance(value, str):
         return False
@@ -172,9 +198,9 @@ def secret_refusal(key: str) -> str:
     """One-line reason to refuse a credential in the config, pointing at the environment variable to use."""
     if not is_secret_key(key):
         return (
-            "holds a value that looks like a credential (a token); credentials must not be in the config (it is "
-            "saved in the run folder, .hydra/ and wandb): remove it, and set HF_TOKEN or WANDB_API_KEY in the "
-            "environment instead"
+            "holds a value that looks like a credential (a token, or a password in a URL); credentials must not be "
+            "in the config (it is saved in the run folder, .hydra/ and wandb): remove it, and give it to the tool "
+            "that needs it through the environment instead (HF_TOKEN, WANDB_API_KEY, a ~/.netrc for a URL)"
         )
     return (
         f"looks like a credential; credentials must not be in the config (it is saved in the run folder, "
@@ -205,7 +231,7 @@ def redact_text(text: str, values: Iterable[str] = (), marker: str = REDACTED) -
 
     text = _OVERRIDE_RE.sub(override, text)
     text = _YAML_LINE_RE.sub(yaml_line, text)
-    text = _CREDENTIAL_IN_TEXT_RE.sub(marker, text)
+    text = _CREDENTIAL_IN_TEXT_RE.sub(lambda m: f"{m['scheme']}{marker}@" if m["secret"] else marker, text)
     for v in sorted({str(v) for v in values if v is not None}, key=len, reverse=True):
         if len(v) >= 4:
             text = re.sub(rf"(?<![\w]){re.escape(v)}(?![\w])", marker, text)

@@ -4,6 +4,8 @@ import json
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from gkd_harness.harness.config.secrets import (
     REDACTED,
     find_secret_keys,
@@ -143,3 +145,69 @@ def test_credential_flags_and_values_inside_overrides_are_refused_before_hydra()
         "run.dataset=hf_dataset_name",
     ]
     assert secret_overrides(argv) == ["run.extra_args", "run.extra_args", "run.dataset"]
+
+
+# ------------------------------------------------------------------------------------------------ issue 40, items 1-2
+#: credentials by form (the shapes only: random letters, no real credential)
+BY_FORM = {
+    "url_password": "https://user:" + "Pa55word" + "@data.example.com/train.jsonl",
+    "github_classic": "ghp_" + "Ab3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6",
+    "github_oauth": "gho_" + "Ab3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6",
+    "github_fine_grained": "github_pat_" + "11AB3DE6G0" + "Ab3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6",
+    "gitlab": "glpat-" + "Ab3dE6gH9jK2mN5pQ8sT",
+    "aws_key_id": "AKIA" + "IOSFODNN7EXAMPLE",
+    "aws_session_key_id": "ASIA" + "IOSFODNN7EXAMPLE",
+    "slack_bot": "xoxb-" + "123456789012-abcdefABCDEF",
+    "slack_user": "xoxp-" + "123456789012-abcdefABCDEF",
+    "google": "AIza" + "SyAb3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3",
+    "npm": "npm_" + "Ab3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6",
+    "jwt": "eyJhbGciOiJIUzI1NiJ9" + ".eyJzdWIiOiIxMjM0NTY3ODkwIn0" + ".dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+}
+#: look-alikes that are not credentials
+NOT_CREDENTIALS = (
+    "git@github.com:org/repo.git",
+    "https://huggingface.co/datasets/x@main",
+    "s3://bucket/data/train.jsonl",
+    "https://user:@host/x",
+    "ghp_short",
+    "AKIA_dataset",
+    "xoxb",
+    "/data/github_pat_notes.txt",
+)
+
+
+@pytest.mark.parametrize("name", sorted(BY_FORM))
+def test_credentials_are_recognised_by_form_under_any_key(name):
+    """Before the fix only ``hf_``, ``sk-`` and wandb keys were recognised by form: a URL password, a GitHub token
+    in a dataset path or an AWS key id as a tag were accepted and written into up to 11 files."""
+    from gkd_harness.harness.config.secrets import looks_like_credential
+
+    value = BY_FORM[name]
+    assert looks_like_credential(value) and looks_like_credential(f"data/{value}/train.jsonl")
+    tree = {"run": {"dataset": f"{value}"}, "tracking": {"wandb": {"tags": ["smoke", value]}}}
+    assert find_secret_keys(tree) == ["run.dataset", "tracking.wandb.tags"]
+    assert secret_overrides([f"run.dataset={value}", f"tracking.wandb.tags=[smoke,{value}]"]) == [
+        "run.dataset",
+        "tracking.wandb.tags",
+    ]
+    secret = value.split("//")[1].split("@")[0] if name == "url_password" else value
+    for text in (
+        redact_text(f"run.dataset={value}\n  dataset: {value}\n#0 : tags=[{value}]"),
+        json.dumps(redact(tree)),
+        redact_name(f"gkd.beta=0.5,run.dataset={value}"),
+    ):
+        assert secret not in text, text
+
+
+def test_a_url_password_is_redacted_keeping_the_rest_of_the_url():
+    url = BY_FORM["url_password"]
+    assert redact_text(f"dataset: {url}") == f"dataset: https://{REDACTED}@data.example.com/train.jsonl"
+    assert redact_name(url) == "https://REDACTED@data.example.com/train.jsonl"
+
+
+@pytest.mark.parametrize("value", NOT_CREDENTIALS)
+def test_look_alikes_are_not_credentials(value):
+    from gkd_harness.harness.config.secrets import looks_like_credential
+
+    assert not looks_like_credential(value)
+    assert redact_text(value) == value and find_secret_keys({"run": {"dataset": value}}) == []

@@ -17,6 +17,10 @@ import pytest
 from tests.conftest import entry_point
 
 TOKEN = "hf_" + "Ab3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3h"  # the shape of a Hugging Face token
+# issue 40, items 1-2: credentials by form (shapes only), each accepted before the fix and written into 8-11 files
+PASSWORD = "Pa55" + "wordXyz"
+GITHUB = "ghp_" + "Ab3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6"
+AWS = "AKIA" + "IOSFODNN7EXAMPLE"
 
 
 def _gkd_train(cwd: Path, *args) -> subprocess.CompletedProcess:
@@ -43,9 +47,13 @@ def _files_holding(root: Path, text: str) -> list[str]:
         (("-m", f"run.dataset={TOKEN}", "gkd.beta=0.5,0.9"), "run.dataset"),
         ((f"run.dataset={TOKEN}", "run.max_steps=1"), "run.dataset"),
         ((f"model.template={TOKEN}",), "model.template"),
+        ((f"run.dataset=https://user:{PASSWORD}@data.example.com/train.jsonl", "run.max_steps=1"), "run.dataset"),
+        ((f"run.dataset=/data/{GITHUB}/train.jsonl", "run.max_steps=1"), "run.dataset"),
+        (("-m", f"tracking.wandb.tags=[smoke,{AWS}]", "gkd.beta=0.5,0.9"), "tracking.wandb.tags"),
     ],
 )
 def test_a_credential_on_the_command_line_is_refused_before_anything_is_written(tmp_path, args, key):
+    secret = next((s for s in (PASSWORD, GITHUB, AWS) if any(s in a for a in args)), TOKEN)
     p = _gkd_train(tmp_path, *args)
     assert p.returncode == 2, p.stderr[-3000:]
     lines = p.stderr.strip().splitlines()
@@ -54,23 +62,31 @@ def test_a_credential_on_the_command_line_is_refused_before_anything_is_written(
         and lines[0].startswith(f"gkd-train: invalid config: {key}: ")
         and "looks like a credential" in lines[0]
     ), p.stderr
-    assert TOKEN not in p.stdout + p.stderr  # the console (Hydra's launch line included)
-    assert _files_holding(tmp_path, TOKEN) == []
+    assert secret not in p.stdout + p.stderr  # the console (Hydra's launch line included)
+    assert _files_holding(tmp_path, secret) == []
 
 
-def test_a_credential_from_a_config_file_is_scrubbed_from_the_sweep_files(tmp_path):
+@pytest.mark.parametrize(
+    "value,secret",
+    [
+        (TOKEN, TOKEN),
+        (f"https://user:{PASSWORD}@data.example.com/train.jsonl", PASSWORD),
+        (f"/d/{GITHUB}.jsonl", GITHUB),
+    ],
+)
+def test_a_credential_from_a_config_file_is_scrubbed_from_the_sweep_files(tmp_path, value, secret):
     """A value Hydra composes from a file reaches multirun.yaml before any job runs: the job scrubs it from the
     sweep's files before anything else is written, then validation refuses the key."""
     cfg = tmp_path / "cfg" / "local"
     cfg.mkdir(parents=True)
-    (cfg / "default.yaml").write_text(f"# @package _global_\nrun:\n  dataset: {TOKEN}\n")
+    (cfg / "default.yaml").write_text(f"# @package _global_\nrun:\n  dataset: {value}\n")
     p = _gkd_train(tmp_path, "-m", f"--config-dir={tmp_path / 'cfg'}", "run.max_steps=1")
     assert p.returncode == 2, p.stderr[-3000:]
     assert p.stderr.strip().splitlines()[-1].startswith("gkd-train: invalid config: run.dataset: ")
-    assert TOKEN not in p.stdout + p.stderr
+    assert secret not in p.stdout + p.stderr
     out = tmp_path / "out"
     assert (out / "multirun" / "default" / "multirun.yaml").is_file()  # Hydra wrote it; the job scrubbed it
-    assert _files_holding(out, TOKEN) == []
+    assert _files_holding(out, secret) == []
 
 
 def test_log_records_are_redacted_and_a_failing_log_write_prints_no_traceback():
