@@ -46,9 +46,10 @@ def _static_check(source: str) -> Optional[Path]:
         module, _, attr = source.partition(":")
         if importlib.util.find_spec(module.split(".")[0]) is None:
             raise ConfigError(KEY, f"{source}: no module named {module.split('.')[0]!r}")
-        path = find_module_file(module)
-        if path is None:
+        found = find_module_file(module)
+        if found is None:
             return None
+        path = found
     try:
         tree = ast.parse(path.read_text(), filename=str(path))
     except (SyntaxError, UnicodeDecodeError, ValueError) as e:

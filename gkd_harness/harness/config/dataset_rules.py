@@ -25,7 +25,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from gkd_harness.harness.config.schema import ConfigError
 
@@ -114,9 +114,9 @@ def hub_dataset_id(value: str) -> Optional[str]:
     return bare if _HUB_ID.fullmatch(bare) and not Path(bare).expanduser().exists() else None
 
 
-def hub_offline(env: Optional[dict] = None) -> bool:
-    env = os.environ if env is None else env
-    return any(str(env.get(k, "")).lower() in ("1", "true", "yes", "on") for k in _OFFLINE_VARS)
+def hub_offline(env: Optional[Mapping[str, str]] = None) -> bool:
+    values = os.environ if env is None else env
+    return any(str(values.get(k, "")).lower() in ("1", "true", "yes", "on") for k in _OFFLINE_VARS)
 
 
 def _cache_dirs() -> tuple:

@@ -33,6 +33,8 @@ def _as_list(v) -> list:
 
 def server_urls(cfg: TrainConfig) -> tuple[list[str], list[str], list[int]]:
     """(base_urls, hosts, ports) of ``rollout.vllm.server``; scalars become one-element lists."""
+    if not isinstance(cfg.rollout, VllmServerRolloutConfig):
+        raise ConfigError("rollout.vllm.server", "is read only with rollout=vllm_server")
     server = cfg.rollout.vllm.server
     try:
         ports = [int(p) for p in _as_list(server.port)]
@@ -45,7 +47,8 @@ def server_urls(cfg: TrainConfig) -> tuple[list[str], list[str], list[int]]:
 
 def vllm_device(cfg: TrainConfig, device: Optional[str]) -> str:
     """Where the vLLM engine runs: ``rollout.vllm.device``, else the training device."""
-    want = cfg.rollout.vllm.device
+    ro = cfg.rollout
+    want = ro.vllm.device if isinstance(ro, (VllmColocateRolloutConfig, VllmServerRolloutConfig)) else "auto"
     if want != "auto":
         return want
     if device is not None:
@@ -58,7 +61,8 @@ def vllm_device(cfg: TrainConfig, device: Optional[str]) -> str:
 def _student_head_dim(cfg: TrainConfig) -> tuple[str, Optional[int]]:
     """(config key, head_dim) of the student: the embedded spec's, or the local model's ``config.json``."""
     if cfg.model.student == EMBEDDED:
-        return "model.embedded.head_dim", cfg.model.embedded.head_dim
+        embedded = cfg.model.embedded
+        return "model.embedded.head_dim", (embedded.head_dim if embedded is not None else None)
     conf = Path(cfg.model.student).expanduser() / "config.json"
     if conf.is_file():
         data = json.loads(conf.read_text())
@@ -134,17 +138,18 @@ def validate_rollout(cfg: TrainConfig, device: Optional[str] = None) -> None:
                 f"rollout.max_completion_length={ro.max_completion_length}",
             )
     if isinstance(ro, VllmColocateRolloutConfig):
-        if not 0.0 < vllm.gpu_memory_utilization <= 1.0:
+        colo = ro.vllm
+        if not 0.0 < colo.gpu_memory_utilization <= 1.0:
             raise ConfigError(
-                "rollout.vllm.gpu_memory_utilization", f"must be in (0, 1], got {vllm.gpu_memory_utilization}"
+                "rollout.vllm.gpu_memory_utilization", f"must be in (0, 1], got {colo.gpu_memory_utilization}"
             )
-        if vllm.sleep_level not in (0, 1, 2):
-            raise ConfigError("rollout.vllm.sleep_level", f"must be 0, 1 or 2, got {vllm.sleep_level!r}")
+        if colo.sleep_level not in (0, 1, 2):
+            raise ConfigError("rollout.vllm.sleep_level", f"must be 0, 1 or 2, got {colo.sleep_level!r}")
         nproc = cfg.backend.nproc_per_node
-        if cfg.backend.name == "hf" and nproc is not None and nproc % vllm.tensor_parallel_size:
+        if cfg.backend.name == "hf" and nproc is not None and nproc % colo.tensor_parallel_size:
             raise ConfigError(
                 "rollout.vllm.tensor_parallel_size",
-                f"{vllm.tensor_parallel_size} must divide backend.nproc_per_node={nproc} in colocate mode",
+                f"{colo.tensor_parallel_size} must divide backend.nproc_per_node={nproc} in colocate mode",
             )
     else:
         base, hosts, ports = server_urls(cfg)

@@ -313,6 +313,7 @@ def to_typed(cfg: Any) -> TrainConfig:
 
     if isinstance(cfg, TrainConfig):
         return cfg
+    data: Any
     if isinstance(cfg, DictConfig):
         try:
             data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
@@ -397,7 +398,7 @@ def _value(tp: Any, value: Any, key: str) -> Any:
         return value
     if value is None:
         raise ConfigError(key, "must not be null")
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _build(tp, value, key + ".")
     if origin in (list, List):
         if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):

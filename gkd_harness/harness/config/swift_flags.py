@@ -90,7 +90,7 @@ def string_to_bool(v: str) -> bool:
     )
 
 
-TYPES: Dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str, "bool": string_to_bool, "dict": dict}
+TYPES: Dict[str, Callable[..., Any]] = {"int": int, "float": float, "str": str, "bool": string_to_bool, "dict": dict}
 
 
 class _Parser(argparse.ArgumentParser):

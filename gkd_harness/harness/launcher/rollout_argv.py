@@ -23,8 +23,10 @@ from typing import Optional
 
 from gkd_harness.harness.config.rollout_rules import server_urls, vllm_device
 from gkd_harness.harness.config.schema import (
+    OnPolicyRolloutConfig,
     TrainConfig,
     VllmColocateRolloutConfig,
+    VllmServerRolloutConfig,
 )
 from gkd_harness.harness.contract import ROLLOUT_ENGINE_ENV
 from gkd_harness.harness.launcher.argv_format import cli_value as _fmt
@@ -34,18 +36,19 @@ def rollout_args(cfg: TrainConfig) -> list[str]:
     """ms-swift arguments for the rollout group: ``--lmbda``, ``--use_vllm`` and the ``--vllm_*`` flags."""
     ro = cfg.rollout
     args = ["--lmbda", _fmt(float(cfg.gkd.lmbda))]
-    if ro.engine == "none":
+    # rollout=none, or (rejected by the rollout rules before this) an engine without its on-policy preset
+    if ro.engine == "none" or not isinstance(ro, OnPolicyRolloutConfig):
         return args + ["--use_vllm", "false"]
     if ro.max_completion_length is not None:
         args += ["--max_completion_length", _fmt(ro.max_completion_length)]
     if ro.log_completions:
         args += ["--log_completions", "true"]
     # rollout.temperature is validated equal to gkd.temperature; the gkd mapping emits --temperature.
-    if ro.engine == "hf":
+    if ro.engine == "hf" or not isinstance(ro, (VllmColocateRolloutConfig, VllmServerRolloutConfig)):
         return args + ["--use_vllm", "false"]
-    vllm = ro.vllm
-    args += ["--use_vllm", "true", "--vllm_mode", vllm.mode]
+    args += ["--use_vllm", "true", "--vllm_mode", ro.vllm.mode]
     if isinstance(ro, VllmColocateRolloutConfig):
+        vllm = ro.vllm
         args += [
             "--vllm_gpu_memory_utilization",
             _fmt(float(vllm.gpu_memory_utilization)),
@@ -70,15 +73,16 @@ def rollout_args(cfg: TrainConfig) -> list[str]:
             args += ["--vllm_server_host", *hosts]
             if ports:
                 args += ["--vllm_server_port", *[str(p) for p in ports]]
-        if vllm.server.timeout is not None:
-            args += ["--vllm_server_timeout", _fmt(float(vllm.server.timeout))]
+        if ro.vllm.server.timeout is not None:
+            args += ["--vllm_server_timeout", _fmt(float(ro.vllm.server.timeout))]
     return args
 
 
 def rollout_engine_name(cfg: TrainConfig) -> str:
     """Label of the rollout engine for run metadata: ``none``, ``hf``, ``vllm-colocate`` or ``vllm-server``."""
-    if cfg.rollout.engine == "vllm":
-        return f"vllm-{cfg.rollout.vllm.mode}"
+    ro = cfg.rollout
+    if ro.engine == "vllm" and isinstance(ro, (VllmColocateRolloutConfig, VllmServerRolloutConfig)):
+        return f"vllm-{ro.vllm.mode}"
     return cfg.rollout.engine
 
 

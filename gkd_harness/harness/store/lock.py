@@ -121,7 +121,7 @@ def _requeued_self(owner: Mapping[str, Any], me: Mapping[str, Any]) -> bool:
 def owned_by_this_process(run_dir: str | os.PathLike) -> bool:
     """Does this process hold the run folder's lock?"""
     owner = read_lock(run_dir)
-    return bool(owner) and owner.get("pid") == os.getpid() and owner.get("host") == host_name()
+    return bool(owner) and owner is not None and owner.get("pid") == os.getpid() and owner.get("host") == host_name()
 
 
 @contextlib.contextmanager
@@ -169,7 +169,7 @@ class RunLock:
     @property
     def held(self) -> bool:
         lock = read_lock(self.run_dir)
-        return bool(lock) and self.owner is not None and lock.get("token") == self.owner["token"]
+        return bool(lock) and lock is not None and self.owner is not None and lock.get("token") == self.owner["token"]
 
     def _busy(self, owner: Mapping[str, Any], why: str) -> RunFolderBusy:
         return RunFolderBusy(

@@ -8,6 +8,9 @@
   other precision: the harness's own ``harness/loss/*.py`` (names and contents, in name order); ``candidate``: the
   file ``loss.source`` names (a ``.py`` path, or a module's file found without importing it; the same hash as
   ``gkd_harness.harness.loss.candidate.loss_source_sha256``); ``loss_code``: the file or folder hashed;
+* ``rank_sha256``: sha256 of the rank-side code (``harness/rank/*.py``), which ms-swift loads into every rank;
+  ``hashed`` says what each hash covers (the sign-off's identity of a run: loss code, rank-side code, ms-swift and
+  the resolved config's training keys, not the tree's commit);
 * ``ms_swift``: the installed ms-swift version.
 
 Also the versions every entry point and summary.json report: :func:`harness_version` (this package) and
@@ -126,7 +129,7 @@ def loss_code_path(precision: Optional[str], source: Optional[str] = None) -> Op
         from importlib.metadata import PackageNotFoundError, distribution
 
         try:
-            path = Path(distribution("ms-swift").locate_file(_UPSTREAM_LOSS))
+            path = Path(str(distribution("ms-swift").locate_file(_UPSTREAM_LOSS)))
         except PackageNotFoundError:
             return None
         return path if path.exists() else None
@@ -153,6 +156,14 @@ def provenance(precision: Optional[str], source: Optional[str] = None) -> Dict[s
     code = loss_code_path(precision, source)
     out["loss_code"] = str(code) if code is not None else None
     out["loss_sha256"] = sha256_path(code) if code is not None and code.exists() else None
+    rank = _HARNESS_DIR / "rank"
+    out["rank_sha256"] = sha256_path(rank) if rank.is_dir() else None
+    out["hashed"] = {  # what decides a run's result, and so its identity in the sign-off (docs/signoff.md)
+        "loss_sha256": f"{code} (*.py names and contents, in name order)" if code is not None else None,
+        "rank_sha256": f"{rank} (*.py names and contents, in name order): the code ms-swift loads into each rank",
+        "not_hashed": "harness_commit / harness_dirty: the whole tree's state (docs, tests, analysis included), "
+        "recorded for reference only",
+    }
     try:
         out["ms_swift"] = version("ms-swift")
     except PackageNotFoundError:

@@ -175,7 +175,7 @@ class RunFolder:
     def truncate_metrics(self, last_step: int) -> int:
         """Keep only the metrics lines up to ``last_step`` (a run resumed from that checkpoint); returns lines kept."""
         rows = [
-            r for r in read_metrics(self.metrics_path) if record_step(r) is not None and record_step(r) <= last_step
+            r for r in read_metrics(self.metrics_path) if (step := record_step(r)) is not None and step <= last_step
         ]
         _write_atomic(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows), self.path)
         return len(rows)
@@ -190,7 +190,7 @@ class RunFolder:
 
     def is_completed(self) -> bool:
         summary = self.read_summary()
-        return bool(summary) and summary.get("status") == "completed"
+        return summary is not None and summary.get("status") == "completed"
 
     def has_attempt(self) -> bool:
         """Does the folder hold any file of an earlier attempt?"""
