@@ -7,34 +7,42 @@ What the node needs: Python, torch (CUDA), transformers, and ONE carried wheel, 
 ms-swift's package ``__init__`` needs trl, peft, modelscope and more, so only its loss file
 (``swift/rlhf_trainers/gkd_loss.py``: torch only) is loaded, by path, under its own module name
 (:func:`load_upstream_loss`); the harness's loss and spot check (``gkd_harness.harness.rank.spot_check``) need nothing else.
+``GKD_UPSTREAM_LOSS=PATH/gkd_loss.py`` (or ``--upstream-file``) carries another copy of that file in its place
+(an upstream fix to try): the ``env`` row records the file and its sha256.
 
 Every row is judged against ``harness/loss/reference.py`` (FP64, from the formulas; ``gkd_harness.harness.loss.proof``), never
 against the harness's own ``fp64`` variant. Row groups, in order (``--only PREFIX...`` keeps the groups whose
-name starts so: ``env``, ``repro``, ``native_bitwise/{topk,full}``, ``seed/{topk,full}/beta{β}``, ``spot/...``,
-``perf/...``):
+name starts so: ``env``, ``repro``, ``seed/{topk,full}/beta{β}``, ``spot/...``, ``perf/...``):
 
-- ``env``: versions, the device, and what the proof carries (the checkout's files; printed);
+- ``env``: versions, the device, the upstream file judged (path, sha256) and what the proof carries (a check:
+  it fails at :data:`CARRY_LIMIT_MIB` MiB or more);
 - ``defect/repro`` and ``fix/repro``: the seed report's synthetic repro (3×64, β 0.5, T 0.9) on the device;
-- ``native_bitwise/{topk,full}``: the harness's ``native`` variant bit-identical to upstream ``gkd_loss``;
 - ``defect/seed/{topk,full}/beta{β}`` and ``fix/seed/...``: V = 248,320, FP32 student / BF16 teacher (top-k 64
   log-probs or the full vocabulary), β ∈ {0, 0.5, 0.9, 1}, T = 0.9: upstream and fp32 against the reference;
 - ``spot/{topk,full}``: the training FP64 spot check (``gkd_harness.harness.rank.spot_check.spot_check``) at the seed shape
   against the reference on the same rows, with its time and peak memory over one fp32 loss call;
-- ``perf/{topk,full}``: the loss's time and peak memory, fp32 against upstream (warm, median of 3).
+- ``perf/{topk,full}``: the loss's time and peak memory, fp32 against upstream (warm, median of 3): measurements
+  against the goals of :data:`PERF_GOALS`, printed as met or missed, never counted as checks.
 
-A **defect** row reports a *finding*, ``reproduced`` or ``not reproduced``, never "ok". A **fix** row, and every
-other row, is a check that fails on a negative or non-finite loss, a value or gradient beyond the tolerances of
-``harness/loss/tolerances.py``, or an error. ``rows.jsonl``, ``bare_checks.json`` and ``bare_checks.md`` are
-rewritten after every row, so a run cut short leaves its evidence. Exit status: 0 when every check is ok
-(findings do not count), 1 otherwise.
+A **defect** row is a *finding* on upstream (``gkd_harness.harness.loss.proof.defect_parts``): ``reproduced`` when its
+loss is negative where the exact one is not, or its gradient is off by more than 1e-2 relative L2. A **fix** row,
+``env`` and ``spot`` are *checks* that fail on a negative or non-finite loss, a value or gradient beyond the
+tolerances of ``harness/loss/tolerances.py``, or an error. ``rows.jsonl``, ``bare_checks.json`` and
+``bare_checks.md`` are rewritten after every row, so a run cut short leaves its evidence.
+
+Exit status (bits, :func:`outcome`): 0 the defect reproduced in every defect row and every check held; 1 a check
+failed (the fix did not hold); 4 the defect was not reproduced in some defect row (``defect not reproduced``:
+the proof's first claim failed on this device); 5 both. 2 is a usage error.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import importlib.util
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -53,6 +61,14 @@ UPSTREAM_MODULE = "swift.rlhf_trainers.gkd_loss"
 TOKENS = {"cuda": (4096, 256), "cpu": (8, 2)}
 #: the proof's carried files must stay under this (the device machine takes 64 MiB in all)
 CARRY_LIMIT_MIB = 60
+#: the perf rows' goals (docs/performance.md's goal rows, measured there at other shapes): (ratio, at most).
+#: A perf row is a measurement reported as meeting or missing them, never a check (timings on a shared machine
+#: and at the rehearsal's sizes are not evidence for or against the fix).
+PERF_GOALS = {"topk": (("time_ratio", 0.80),), "full": (("time_ratio", 0.80), ("memory_ratio", 0.50))}
+#: exit bits: a check failed / the defect was not reproduced (2 stays argparse's usage error)
+EXIT_CHECK_FAILED, EXIT_NOT_REPRODUCED = 1, 4
+#: ``GKD_UPSTREAM_LOSS``: a ``gkd_loss.py`` carried in place of the installed one
+UPSTREAM_FILE_ENV = "GKD_UPSTREAM_LOSS"
 #: the spot check's row cap: monitor.spot_check.max_tokens of configs/monitor/default.yaml (read, not copied)
 MONITOR_DEFAULTS = Path(__file__).resolve().parents[1] / "configs" / "monitor" / "default.yaml"
 
@@ -66,13 +82,47 @@ class Upstream:
     jsd_loss: Callable
 
 
-def load_upstream_loss() -> tuple[types.ModuleType, str]:
+def _empty_parents(root: Path) -> None:
+    """Register ``swift`` and ``swift.rlhf_trainers`` as empty packages over ``root`` (their ``__init__`` not run)."""
+    for name in ("swift", "swift.rlhf_trainers"):
+        sys.modules.pop(name, None)
+    for name, folder in (("swift", root), ("swift.rlhf_trainers", root / "rlhf_trainers")):
+        mod = types.ModuleType(name)
+        mod.__path__ = [str(folder)]
+        sys.modules[name] = mod
+
+
+def _load_file(path: Path) -> types.ModuleType:
+    """``path`` (a copy of ms-swift's ``gkd_loss.py``) imported as ``swift.rlhf_trainers.gkd_loss``."""
+    if not path.is_file():
+        raise SystemExit(f"gpu_bare: {UPSTREAM_FILE_ENV}={path}: no such file")
+    _empty_parents(path.parent.parent)
+    spec = importlib.util.spec_from_file_location(UPSTREAM_MODULE, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[UPSTREAM_MODULE] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_upstream_loss(upstream_file: Optional[str] = None) -> tuple[types.ModuleType, str]:
     """ms-swift's ``gkd_loss.py`` as ``swift.rlhf_trainers.gkd_loss``; -> (module, how it was loaded).
 
-    The real package when ``import swift.rlhf_trainers.gkd_loss`` works (a full image); otherwise (a bare image:
-    ms-swift's wheel without its dependencies) the package folders are registered as empty parents, without
-    running ms-swift's ``__init__`` files, and the loss file is imported from the wheel's own folder.
+    ``upstream_file`` (default: ``$GKD_UPSTREAM_LOSS``) carries a copy of the file in place of the installed one:
+    it is loaded by path, under that name, with empty ``swift`` parents. Otherwise the real package when ``import
+    swift.rlhf_trainers.gkd_loss`` works (a full image); else (a bare image: ms-swift's wheel without its
+    dependencies) the package folders are registered as empty parents, without running ms-swift's ``__init__``
+    files, and the loss file is imported from the wheel's own folder.
     """
+    upstream_file = upstream_file or os.environ.get(UPSTREAM_FILE_ENV) or None
+    if upstream_file:
+        loaded = sys.modules.get(UPSTREAM_MODULE)
+        path = Path(upstream_file).resolve()
+        if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() == path:
+            return loaded, f"carried file {path} (already imported)"
+        if loaded is not None:
+            raise SystemExit(f"gpu_bare: {UPSTREAM_MODULE} is already imported from {loaded.__file__}, not {path}")
+        return _load_file(path), f"carried file {path}"
     if UPSTREAM_MODULE in sys.modules:
         return sys.modules[UPSTREAM_MODULE], "already imported"
     spec = importlib.util.find_spec("swift")
@@ -85,13 +135,7 @@ def load_upstream_loss() -> tuple[types.ModuleType, str]:
         return importlib.import_module(UPSTREAM_MODULE), "ms-swift package"
     except Exception as e:  # noqa: BLE001 - a bare image: ms-swift's __init__ needs what is not there
         why = f"{type(e).__name__}: {e}"
-    root = Path(list(spec.submodule_search_locations)[0])
-    for name in ("swift", "swift.rlhf_trainers"):
-        sys.modules.pop(name, None)
-    for name, folder in (("swift", root), ("swift.rlhf_trainers", root / "rlhf_trainers")):
-        mod = types.ModuleType(name)
-        mod.__path__ = [str(folder)]
-        sys.modules[name] = mod
+    _empty_parents(Path(list(spec.submodule_search_locations)[0]))
     module = importlib.import_module(UPSTREAM_MODULE)
     return module, f"loss file only ({module.__file__}; the package's __init__ did not import: {why[:160]})"
 
@@ -158,38 +202,14 @@ def report_rows(device: str, upstream: Upstream, fix: Callable) -> List[Dict[str
         {
             "check": "defect/repro",
             "kind": "defect",
-            "finding": rec["finding"],
-            "ok": True,
+            **{k: rec[k] for k in ("finding", "sign", "gradient", "criteria")},
             "upstream_loss": rec["upstream"],
-            "reference_loss": rec["reference"],
+            "reference_loss": rec["reference_given"],
+            "grad_rel_l2": rec["upstream_grad_rel_l2"],
             **common,
         },
         {"check": "fix/repro", "kind": "fix", **rec["fix"], "reference_loss": rec["reference"], **common},
     ]
-
-
-def native_bitwise(mode: str, n: int, device: str, upstream: Upstream) -> Dict[str, Any]:
-    import torch
-
-    from gkd_harness.harness.loss.proof import SEED_VOCAB, loss_and_grad, seed_like_inputs
-    from gkd_harness.harness.losses import make_gkd_loss
-
-    student, to, labels = seed_like_inputs(n, SEED_VOCAB, device, mode)
-    _, _, ul, ug = loss_and_grad(upstream.gkd_loss, student, to, labels, 0.5, TEMPERATURE)
-    _, _, nl, ng = loss_and_grad(make_gkd_loss("native"), student, to, labels, 0.5, TEMPERATURE)
-    same_grad = bool(torch.equal(ug, ng))
-    return {
-        "check": f"native_bitwise/{mode}",
-        "kind": "check",
-        "ok": ul == nl and same_grad,
-        "tokens": n,
-        "vocab": SEED_VOCAB,
-        "loss_upstream": ul,
-        "loss_native": nl,
-        "loss_equal": ul == nl,
-        "grad_equal": same_grad,
-        "grad_max_abs_diff": float((ug.double() - ng.double()).abs().max()),
-    }
 
 
 def seed_rows(mode: str, beta: float, n: int, device: str, upstream: Upstream, fix: Callable) -> List[Dict[str, Any]]:
@@ -197,7 +217,7 @@ def seed_rows(mode: str, beta: float, n: int, device: str, upstream: Upstream, f
     from gkd_harness.harness.loss.proof import (
         SEED_TOPK,
         SEED_VOCAB,
-        defect_finding,
+        defect_parts,
         fix_verdict,
         grad_rel_l2,
         loss_and_grad,
@@ -227,8 +247,7 @@ def seed_rows(mode: str, beta: float, n: int, device: str, upstream: Upstream, f
                 {
                     "check": f"defect/seed/{mode}/beta{beta:g}",
                     "kind": "defect",
-                    "ok": True,
-                    "finding": defect_finding(loss, ref["loss"]),
+                    **defect_parts(loss, ref["loss"], grad_rel_l2(grad, ref["grad"])),
                     "upstream_loss": loss,
                     "reference_loss": ref["loss"],
                     "grad_rel_l2": grad_rel_l2(grad, ref["grad"]),
@@ -297,7 +316,7 @@ def spot_row(mode: str, n: int, device: str) -> Dict[str, Any]:
         why.append(f"spot/loss_fp64 off the reference by {ref_err:.2e}")
     if not vals[SPOT_GRAD_REL_L2] <= GRAD_REL_L2_FP32_STUDENT:
         why.append(f"spot/grad_rel_l2 {vals[SPOT_GRAD_REL_L2]:.2e} > {GRAD_REL_L2_FP32_STUDENT:.0e}")
-    if _cuda(device) and spot_peak > loss_peak:
+    if spot_peak is not None and loss_peak is not None and spot_peak > loss_peak:
         why.append(f"spot peak {spot_peak} B above the loss call's {loss_peak} B")
     row = {
         "check": f"spot/{mode}",
@@ -314,7 +333,7 @@ def spot_row(mode: str, n: int, device: str) -> Dict[str, Any]:
         "time_ratio": spot_ms / loss_ms,
         "loss_call_max_memory_allocated": loss_peak,
         "spot_max_memory_allocated": spot_peak,
-        "memory_ratio": (spot_peak / loss_peak) if loss_peak else None,
+        "memory_ratio": (spot_peak / loss_peak) if spot_peak is not None and loss_peak else None,
     }
     del student, to, labels, to_m, ref
     _free(device)
@@ -326,33 +345,38 @@ def perf_row(mode: str, n: int, device: str, upstream: Upstream, fix: Callable, 
     from gkd_harness.harness.loss.proof import SEED_VOCAB, loss_and_grad, seed_like_inputs
 
     student, to, labels = seed_like_inputs(n, SEED_VOCAB, device, mode)
-    got = {}
+    ms: Dict[str, float] = {}
+    peak: Dict[str, Optional[int]] = {}
     for name, fn in (("upstream", upstream.gkd_loss), ("fp32", fix)):
         call = partial(loss_and_grad, fn, student, to, labels, 0.5, TEMPERATURE)  # noqa: E731
         call()  # warm-up
         runs = [measure(call, device) for _ in range(reps)]
-        got[name] = {
-            "ms": round(statistics.median(r[1] for r in runs), 3),
-            "max_memory_allocated": max((r[2] or 0) for r in runs) if _cuda(device) else None,
-        }
-    up, fx = got["upstream"], got["fp32"]
+        ms[name] = round(statistics.median(r[1] for r in runs), 3)
+        peak[name] = max((r[2] or 0) for r in runs) if _cuda(device) else None
+    got = {name: {"ms": ms[name], "max_memory_allocated": peak[name]} for name in ms}
     del student, to, labels
     _free(device)
+    up_peak, fx_peak = peak["upstream"], peak["fp32"]
+    ratios: Dict[str, Optional[float]] = {
+        "time_ratio": ms["fp32"] / ms["upstream"],
+        "memory_ratio": fx_peak / up_peak if fx_peak is not None and up_peak else None,
+    }
+    goals = {
+        key: {"at_most": bound, "met": None if (r := ratios[key]) is None else r <= bound}
+        for key, bound in PERF_GOALS[mode]
+    }
     return {
         "check": f"perf/{mode}",
-        "kind": "check",
-        "ok": True,
+        "kind": "measure",
         "tokens": n,
         "vocab": SEED_VOCAB,
         **{f"{k}_{f}": v[f] for k, v in got.items() for f in v},
-        "time_ratio": fx["ms"] / up["ms"],
-        "memory_ratio": (
-            fx["max_memory_allocated"] / up["max_memory_allocated"] if up["max_memory_allocated"] else None
-        ),
+        **ratios,
+        "goals": goals,
     }
 
 
-def env_row(device: str, how: str, carried: int) -> Dict[str, Any]:
+def env_row(device: str, how: str, carried: int, upstream_path: Optional[str]) -> Dict[str, Any]:
     import importlib.metadata as md
 
     import torch
@@ -378,6 +402,8 @@ def env_row(device: str, how: str, carried: int) -> Dict[str, Any]:
         "transformers": version("transformers"),
         "ms_swift": version("ms-swift"),
         "ms_swift_loaded": how,
+        "upstream_file": upstream_path,
+        "upstream_sha256": hashlib.sha256(Path(upstream_path).read_bytes()).hexdigest() if upstream_path else None,
         "harness_from": str(Path(harness.__file__).resolve().parent),
         "carried_mib": round(mib, 2),
         "carry_limit_mib": CARRY_LIMIT_MIB,
@@ -386,8 +412,14 @@ def env_row(device: str, how: str, carried: int) -> Dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------- the run
 def _verdict(r: Dict[str, Any]) -> str:
-    if r.get("kind") == "defect" and "error" not in r:
-        return r["finding"]
+    """A row's verdict: a defect row's finding, ``measured`` for a perf row, ``ok`` / ``FAIL`` for a check (a row
+    that raised is a FAIL whatever its kind)."""
+    if "error" in r:
+        return "FAIL"
+    if r.get("kind") == "defect":
+        return str(r["finding"])
+    if r.get("kind") == "measure":
+        return "measured"
     return "ok" if r["ok"] else "FAIL"
 
 
@@ -396,7 +428,11 @@ def _detail(r: Dict[str, Any]) -> str:
         return f"error: {r['error']}"
     c = r["check"]
     if c.startswith("defect/"):
-        return f"upstream {r['upstream_loss']:+.4e}, reference {r['reference_loss']:+.4e}"
+        parts = [p for p in ("sign", "gradient") if r[p]]
+        return (
+            f"upstream {r['upstream_loss']:+.4e}, reference {r['reference_loss']:+.4e}, grad rel L2 "
+            f"{r['grad_rel_l2']:.2e}: {' and '.join(parts) or 'neither sign nor gradient'} ({r['criteria']})"
+        )
     if c.startswith("fix/"):
         out = (
             f"loss {r['loss']:+.4e} (reference {r['reference_loss']:+.4e}, |Δtotal| {r['loss_abs_err']:.1e} "
@@ -409,18 +445,48 @@ def _detail(r: Dict[str, Any]) -> str:
             f"B (loss call {r['loss_call_max_memory_allocated']} B)" + (f"; {r['why']}" if r["why"] else "")
         )
     if c.startswith("perf/"):
+        goals = "; ".join(
+            f"{k} goal ≤ {g['at_most']:.2f}: {'n/a' if g['met'] is None else 'met' if g['met'] else 'missed'}"
+            for k, g in r["goals"].items()
+        )
         return (
             f"fp32 {r['fp32_ms']:.1f} ms vs upstream {r['upstream_ms']:.1f} ms ({r['time_ratio']:.2f}x), peak "
-            f"{r['fp32_max_memory_allocated']} vs {r['upstream_max_memory_allocated']} B"
+            f"{r['fp32_max_memory_allocated']} vs {r['upstream_max_memory_allocated']} B; {goals} "
+            "(a measurement, not a check)"
         )
     return ", ".join(f"{k}={r[k]}" for k in r if k not in ("check", "ok", "kind"))[:300]
 
 
-def summary_line(rows: List[Dict[str, Any]]) -> str:
+def outcome(rows: List[Dict[str, Any]]) -> tuple[int, str]:
+    """The proof's exit status and its one-line verdict.
+
+    Two claims: the seed's defect exists on this device (every defect row ``reproduced``) and the fix holds
+    (every check ``ok``; a row that raised counts as a failed check). Exit bits: :data:`EXIT_CHECK_FAILED` when a
+    check failed, :data:`EXIT_NOT_REPRODUCED` when a defect row is ``not reproduced`` or none ran (a run whose
+    ``--only`` kept no defect row proves no defect). Measurements count for neither.
+    """
     checks = [r for r in rows if _verdict(r) in ("ok", "FAIL")]
-    defects = [r for r in rows if r not in checks]
-    found = sum(r["finding"] == "reproduced" for r in defects)
-    return f"{sum(r['ok'] for r in checks)}/{len(checks)} checks ok; defect reproduced in {found}/{len(defects)} rows"
+    defects = [r for r in rows if r.get("kind") == "defect" and "error" not in r]
+    failed = [r["check"] for r in checks if _verdict(r) == "FAIL"]
+    missed = [r["check"] for r in defects if r["finding"] != "reproduced"]
+    measures = sum(r.get("kind") == "measure" and "error" not in r for r in rows)
+    code = (EXIT_CHECK_FAILED if failed else 0) | (EXIT_NOT_REPRODUCED if missed or not defects else 0)
+    if not defects:
+        defect = "defect not reproduced: no defect row ran"
+    elif missed:
+        defect = f"defect not reproduced in {len(missed)}/{len(defects)} rows ({', '.join(missed)})"
+    else:
+        defect = f"defect reproduced in {len(defects)}/{len(defects)} rows"
+    fix = (
+        f"fix held: {len(checks)}/{len(checks)} checks ok"
+        if not failed
+        else f"fix did NOT hold: {len(checks) - len(failed)}/{len(checks)} checks ok (FAIL: {', '.join(failed)})"
+    )
+    return code, f"{defect}; {fix}; {measures} measurements (not checks); exit {code}"
+
+
+def summary_line(rows: List[Dict[str, Any]]) -> str:
+    return outcome(rows)[1]
 
 
 def _markdown(rows: List[Dict[str, Any]], wall_s: float, done: bool) -> str:
@@ -444,13 +510,15 @@ def run(
     only: tuple = (),
     upstream: Optional[Upstream] = None,
     fix: Optional[Callable] = None,
+    upstream_file: Optional[str] = None,
 ) -> List[Dict[str, Any]]:
     """Every row on ``device`` (those whose name starts with one of ``only``, when given; env always), written under
     ``out`` after every row (3 files); returns the rows. ``upstream`` / ``fix`` replace ms-swift's loss and the
-    harness's fp32 variant (tests)."""
+    harness's fp32 variant (tests); ``upstream_file`` carries a copy of ms-swift's ``gkd_loss.py``
+    (:func:`load_upstream_loss`)."""
     t0 = time.time()
     out.mkdir(parents=True, exist_ok=True)
-    module, how = load_upstream_loss()
+    module, how = load_upstream_loss(upstream_file)
     if upstream is None:
         upstream = Upstream(module.gkd_loss, module.jsd_loss)
     if fix is None:
@@ -472,7 +540,15 @@ def run(
             fh.writelines(json.dumps(r) + "\n" for r in rows)
         (out / "bare_checks.json").write_text(
             json.dumps(
-                {"wall_s": wall, "device": device, "done": done, "summary": summary_line(rows), "rows": rows}, indent=1
+                {
+                    "wall_s": wall,
+                    "device": device,
+                    "done": done,
+                    "exit": outcome(rows)[0],
+                    "summary": summary_line(rows),
+                    "rows": rows,
+                },
+                indent=1,
             )
         )
         (out / "bare_checks.md").write_text(_markdown(rows, wall, done))
@@ -492,10 +568,8 @@ def run(
             print(f"{row['check']:<28} {_verdict(row):<15} {row['wall_s']:7.1f} s", flush=True)
         write(False)
 
-    add(partial(env_row, device, how, carried), "env")
+    add(partial(env_row, device, how, carried, getattr(module, "__file__", None)), "env")
     add(partial(report_rows, device, upstream, fix), "repro")
-    for mode, n in (("topk", n_topk), ("full", n_full)):
-        add(partial(native_bitwise, mode, n, device, upstream), f"native_bitwise/{mode}")
     for mode, n in (("topk", n_topk), ("full", n_full)):
         for beta in BETAS:
             add(partial(seed_rows, mode, beta, n, device, upstream, fix), f"seed/{mode}/beta{beta:g}")
@@ -524,12 +598,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--only",
         nargs="*",
         default=(),
-        help="run only the row groups whose names start so (repro, "
-        "native_bitwise, seed/topk, seed/full/beta0.5, spot, perf, ...)",
+        help="run only the row groups whose names start so (repro, seed/topk, seed/full/beta0.5, spot, perf, ...)",
+    )
+    p.add_argument(
+        "--upstream-file",
+        default=None,
+        help=f"a copy of ms-swift's gkd_loss.py to judge in place of the installed one (default: ${UPSTREAM_FILE_ENV})",
     )
     a = p.parse_args(argv)
-    rows = run(Path(a.out), a.device, tuple(a.tokens) if a.tokens else None, tuple(a.only))
-    return 0 if all(r["ok"] for r in rows if _verdict(r) in ("ok", "FAIL")) else 1
+    rows = run(
+        Path(a.out), a.device, tuple(a.tokens) if a.tokens else None, tuple(a.only), upstream_file=a.upstream_file
+    )
+    return outcome(rows)[0]
 
 
 if __name__ == "__main__":  # pragma: no cover
