@@ -17,7 +17,13 @@
 
 ``python -m gkd_harness.launch.gpu_check table CHECKS.jsonl``
     Prints the short table: one row per check (repro/defect and repro/fix, each run folder), with PASS / WARN /
-    FAIL (FOUND / NOT FOUND for the defect, a finding), and exits 1 when any row FAILs.
+    FAIL (FOUND / NOT FOUND for the defect, a finding). Exit bits as the bare proof's: 1 when any row FAILs, 4 when
+    the repro ran and the defect was NOT FOUND.
+
+``python -m gkd_harness.launch.gpu_check table --dry-run CHECKS.jsonl``
+    The plan: a preflight row whose prerequisite is missing says MISSING, a planned check that needs it says
+    WOULD-SKIP (naming what is missing), one that would run PLAN; the last line counts the checks that would run.
+    Exits 0 when every planned check would run, 1 otherwise (the plan would not run in full).
 
 Each line of CHECKS.jsonl is a repro record (``{"check": "repro", ...}``), a plain command record
 (``{"check", "rc", "wall_s", "detail"}``), or ``{"check": NAME, "group_dir": PATH, "expect": {...}, "rc": int,
@@ -225,8 +231,9 @@ def judge_repro(rec: dict[str, Any]) -> list[tuple[str, str, str]]:
     fix = rec["fix"]
     found = rec["finding"] == "reproduced"
     defect = (
-        f"upstream {rec['upstream']:+.3e}, reference {rec['reference']:+.3e}: defect "
-        f"{'reproduced' if found else 'NOT reproduced on this device'}"
+        f"upstream {rec['upstream']:+.3e}, reference {rec['reference']:+.3e}, grad rel L2 "
+        f"{rec.get('upstream_grad_rel_l2', float('nan')):.2e}: defect "
+        f"{'reproduced' if found else 'NOT reproduced on this device'} ({rec.get('criteria', 'sign')})"
     )
     detail = (
         f"fp32 {fix['loss']:+.3e} (grad {fix['grad_rel_l2']:.1e} <= {fix['grad_tol']:.1e}), "
@@ -282,8 +289,9 @@ def judge_run(rec: dict[str, Any]) -> tuple[str, str]:
     return verdict, ", ".join(parts)
 
 
-def table(records: Iterable[dict[str, Any]]) -> tuple[str, bool]:
-    """The printed table and whether every row passed (WARN counts as passed)."""
+def table(records: Iterable[dict[str, Any]], dry_run: bool = False) -> tuple[str, bool]:
+    """The printed table and whether every row passed (WARN counts as passed). ``dry_run``: the plan's table, and
+    whether every planned check would run (no MISSING prerequisite, no WOULD-SKIP check)."""
     rows, ok = [], True
     expanded: list[dict[str, Any]] = []
     for rec in records:
@@ -296,9 +304,20 @@ def table(records: Iterable[dict[str, Any]]) -> tuple[str, bool]:
                 expanded.append({**rec, "check": f"{rec['check']}/{name}".rstrip("/"), "run_dir": str(run_dir)})
         else:
             expanded.append(rec)
+    planned = would_run = 0
     for rec in expanded:
         if rec.get("planned"):
-            verdict, detail = "PLAN", f"timeout {rec['timeout_s']} s (estimate {rec['estimate_s']} s): {rec['planned']}"
+            planned += 1
+            detail = f"timeout {rec['timeout_s']} s (estimate {rec['estimate_s']} s): {rec['planned']}"
+            if rec.get("missing"):
+                verdict, detail = "WOULD-SKIP", f"preflight found missing: {rec['missing']}; {detail}"
+                ok = False
+            else:
+                verdict = "PLAN"
+                would_run += 1
+        elif dry_run and str(rec.get("check", "")).startswith("preflight") and rec.get("rc", 1) != 0:
+            verdict, detail = "MISSING", rec.get("detail", "")
+            ok = False
         elif rec.get("skipped"):
             verdict, detail = "SKIP", rec["skipped"]
         elif rec.get("slow"):
@@ -319,7 +338,17 @@ def table(records: Iterable[dict[str, Any]]) -> tuple[str, bool]:
     width = max([len(r[0]) for r in rows] + [5])
     lines = [f"{'check':<{width}}  {'result':<6}  {'wall':>5}  detail", "-" * (width + 60)]
     lines += [f"{c:<{width}}  {v:<6}  {w:>5}  {d}" for c, v, w, d in rows]
+    if dry_run:
+        lines.append(
+            f"plan: {would_run}/{planned} checks would run"
+            + ("" if ok else "; the plan would NOT run in full (a prerequisite is missing): exit 1")
+        )
     return "\n".join(lines), ok
+
+
+def defect_not_found(records: Iterable[dict[str, Any]]) -> bool:
+    """True when a repro record ran and its defect finding is not ``reproduced``."""
+    return any(rec.get("check") == "repro" and rec.get("finding") not in (None, "reproduced") for rec in records)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -330,7 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--out", required=True, help="append the record to this JSONL file")
     tab = sub.add_parser("table", help="print the table from a checks JSONL file")
     tab.add_argument("checks")
-    tab.add_argument("--dry-run", action="store_true", help="planned checks: always exit 0")
+    tab.add_argument(
+        "--dry-run", action="store_true", help="planned checks: exit 0 when every one would run, 1 otherwise"
+    )
     pre = sub.add_parser("preflight", help="import preflight of the GPU prerequisites")
     pre.add_argument("--out", required=True, help="append the rows to this JSONL file")
     args = parser.parse_args(argv)
@@ -350,9 +381,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(rec, indent=1))
         return 0
     records = [json.loads(line) for line in Path(args.checks).read_text().splitlines() if line.strip()]
-    text, ok = table(records)
+    text, ok = table(records, dry_run=args.dry_run)
     print(text)
-    return 0 if ok or args.dry_run else 1
+    if args.dry_run:
+        return 0 if ok else 1
+    return (0 if ok else 1) | (4 if defect_not_found(records) else 0)
 
 
 if __name__ == "__main__":

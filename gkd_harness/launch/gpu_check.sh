@@ -2,7 +2,9 @@
 # GPU validation for gkd-harness, for whoever has one CUDA machine (H100/H200).
 #
 #   bash launch/gpu_check.sh                 # preflight, every check, the table; exit 1 if a row FAILs
-#   bash launch/gpu_check.sh --dry-run       # preflight + the planned checks as a table (runs on a CPU too)
+#   bash launch/gpu_check.sh --dry-run       # preflight + the planned checks as a table (runs on a CPU too);
+#                                            # exit 0 when every check would run, 1 when a prerequisite is
+#                                            # missing (its rows say MISSING, its checks WOULD-SKIP)
 #   bash launch/gpu_check.sh --install       # first: pip install -e ".[gpu,bench]" from the registry, keeping
 #                                            # the installed torch (constraint torch==<installed>)
 #   WHEELHOUSE=/path/to/wheels bash launch/gpu_check.sh --install   # the same, offline from a wheelhouse
@@ -29,9 +31,10 @@
 #                                            # carried ms-swift wheel only; the project NOT installed): the
 #                                            # loss-level proof of launch/gpu_bare.py from this checkout with
 #                                            # PYTHONPATH=. -> $GKD_CHECK_DIR/{rows.jsonl,bare_checks.json,bare_checks.md}
-#                                            # rewritten after every row; defect rows are findings, every other
-#                                            # row a check against harness/loss/reference.py
-#                                            # (GKD_CHECK_DEVICE=cpu: a CPU rehearsal). See docs/cluster.md.
+#                                            # rewritten after every row; exit 0 defect reproduced and fix
+#                                            # held, bit 1 a check failed, bit 4 "defect not reproduced"
+#                                            # (GKD_CHECK_DEVICE=cpu: a CPU rehearsal; GKD_UPSTREAM_LOSS=FILE:
+#                                            # judge that gkd_loss.py copy). See docs/cluster.md.
 set -u -o pipefail
 
 DRY=0; INSTALL=0; BARE=0
@@ -40,7 +43,7 @@ for arg in "$@"; do
     --dry-run) DRY=1 ;;
     --install) INSTALL=1 ;;
     --bare) BARE=1 ;;
-    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
@@ -111,8 +114,8 @@ check() {
   echo "+ [$name] timeout ${limit}s: $*"
   local gone; gone=$(missing ${needs//,/ })
   if [[ $DRY == 1 ]]; then
-    printf '{"check": "%s", "planned": "%s", "estimate_s": %d, "timeout_s": %d}\n' "$name" \
-      "$(echo "$*" | tr -d '"\\' | cut -c1-160)" "$estimate" "$limit" >>"$CHECKS"
+    printf '{"check": "%s", "planned": "%s", "estimate_s": %d, "timeout_s": %d, "missing": "%s"}\n' "$name" \
+      "$(echo "$*" | tr -d '"\\' | cut -c1-160)" "$estimate" "$limit" "$gone" >>"$CHECKS"
     return 0
   fi
   if [[ -n $gone ]]; then
@@ -164,7 +167,7 @@ echo
 if [[ $DRY == 1 ]]; then
   echo "== gkd-harness GPU check (dry run): preflight and planned checks, folder $OUT"
   "$PY" -m gkd_harness.launch.gpu_check table --dry-run "$CHECKS"
-  exit 0
+  exit $?  # 0: every planned check would run; 1: a prerequisite is missing, so some would be skipped
 fi
 echo "== gkd-harness GPU check: $(( $(date +%s) - T0 ))s total, folder $OUT"
 "$PY" -m gkd_harness.launch.gpu_check table "$CHECKS"

@@ -27,11 +27,21 @@ def _dry_run(tmp_path, *args, **env):
     )
 
 
+def _cuda_here() -> bool:
+    import torch
+
+    return torch.version.cuda is not None and torch.cuda.is_available()
+
+
 @pytest.fixture(scope="module")
-def dry_run(tmp_path_factory):
-    out = _dry_run(tmp_path_factory.mktemp("chk"))
-    assert out.returncode == 0, out.stderr
-    return out.stdout
+def dry_run_proc(tmp_path_factory):
+    return _dry_run(tmp_path_factory.mktemp("chk"))
+
+
+@pytest.fixture(scope="module")
+def dry_run(dry_run_proc):
+    assert dry_run_proc.returncode in (0, 1), dry_run_proc.stderr
+    return dry_run_proc.stdout
 
 
 @pytest.fixture(scope="module")
@@ -44,34 +54,66 @@ def dry_commands(dry_run):
     return cmds
 
 
-def test_dry_run_prints_the_table_with_preflight_rows(dry_run):
-    """On this CPU machine: one preflight row per prerequisite, each naming what is missing here, then the
-    planned checks with their timeouts; exit 0."""
+def test_dry_run_prints_the_table_with_preflight_rows(dry_run_proc):
+    """On this CPU machine: one preflight row per prerequisite, each naming what is missing here (MISSING, never
+    FAIL), then the planned checks with their timeouts, those whose prerequisites are missing as WOULD-SKIP; the
+    exit status says whether the plan would run (issue 40, item 10: it showed MISSING / FAIL rows and exited 0)."""
+    dry_run = dry_run_proc.stdout
     table_part = dry_run.split("== gkd-harness GPU check (dry run)", 1)[1]
     rows = {
         m.group(1): (m.group(2), m.group(3))
-        for m in re.finditer(r"^(\S+)\s+(PASS|FAIL|PLAN|SKIP|WARN)\s+\S+\s+(.*)$", table_part, re.M)
+        for m in re.finditer(r"^(\S+)\s+(PASS|FAIL|PLAN|SKIP|WARN|MISSING|WOULD-SKIP)\s+\S+\s+(.*)$", table_part, re.M)
     }
     assert [r for r in rows if r.startswith("preflight/")] == [f"preflight/{name}" for name, *_ in PREFLIGHT]
+    assert not [r for r, (verdict, _) in rows.items() if verdict == "FAIL"], table_part
     import torch
 
     verdict, detail = rows["preflight/torch_cuda"]
     if torch.version.cuda is None:
-        assert verdict == "FAIL" and f"torch {torch.__version__} is a CPU build" in detail
+        assert verdict == "MISSING" and f"torch {torch.__version__} is a CPU build" in detail
+        assert dry_run_proc.returncode == 1
+        assert rows["repro"][0] == "WOULD-SKIP" and "preflight found missing: torch_cuda" in rows["repro"][1]
+        assert re.search(r"^plan: 0/5 checks would run; the plan would NOT run in full", table_part, re.M)
     import importlib.util
 
     if importlib.util.find_spec("transformer_engine") is None:
         assert (
-            rows["preflight/transformer_engine"] == ("FAIL", rows["preflight/transformer_engine"][1])
+            rows["preflight/transformer_engine"] == ("MISSING", rows["preflight/transformer_engine"][1])
             and "missing: transformer-engine is not installed" in rows["preflight/transformer_engine"][1]
         )
         if importlib.util.find_spec("mcore_bridge") is not None:  # installed, but its import needs TE
-            assert rows["preflight/mcore_bridge"][0] == "FAIL"
+            assert rows["preflight/mcore_bridge"][0] == "MISSING"
             assert "No module named 'transformer_engine'" in rows["preflight/mcore_bridge"][1]
     if importlib.util.find_spec("vllm") is None:
         assert "missing: vllm is not installed" in rows["preflight/vllm"][1]
     for name in ("repro", "megatron", "hf_bf16", "vllm_colocate", "bench"):
-        assert rows[name][0] == "PLAN" and re.match(r"timeout \d+ s \(estimate \d+ s\)", rows[name][1])
+        assert rows[name][0] in ("PLAN", "WOULD-SKIP") and re.search(r"timeout \d+ s \(estimate \d+ s\)", rows[name][1])
+    would_run = [name for name, (verdict, _) in rows.items() if verdict == "PLAN"]
+    assert dry_run_proc.returncode == (0 if len(would_run) == 5 else 1)
+
+
+def test_the_dry_run_table_exits_by_whether_the_plan_would_run(tmp_path):
+    """The plan's table and exit: every prerequisite there, exit 0; one missing, its preflight row MISSING, the
+    check that needs it WOULD-SKIP, exit 1."""
+    from gkd_harness.launch.gpu_check import main
+
+    plan = {"check": "repro", "planned": "python -m x", "estimate_s": 20, "timeout_s": 100, "missing": ""}
+    here = {"check": "preflight/torch_cuda", "rc": 0, "detail": "torch 2.6, CUDA 12.4, 1 GPU(s)"}
+    gone = {"check": "preflight/vllm", "rc": 1, "detail": "missing: vllm is not installed"}
+    text, ok = table([here, plan], dry_run=True)
+    assert ok and text.endswith("plan: 1/1 checks would run"), text
+    skipped = {**plan, "check": "vllm_colocate", "missing": "vllm"}
+    text, ok = table([here, gone, plan, skipped], dry_run=True)
+    assert not ok and "FAIL" not in text
+    assert re.search(r"^preflight/vllm +MISSING .*vllm is not installed", text, re.M)
+    assert re.search(r"^vllm_colocate +WOULD-SKIP .*preflight found missing: vllm", text, re.M)
+    assert text.endswith(
+        "plan: 1/2 checks would run; the plan would NOT run in full (a prerequisite is missing): exit 1"
+    )
+    for records, code in (([here, plan], 0), ([here, gone, plan, skipped], 1)):
+        path = tmp_path / f"checks{code}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        assert main(["table", "--dry-run", str(path)]) == code
 
 
 def test_timeouts_come_from_the_stated_estimates(dry_run):
@@ -188,11 +230,26 @@ def test_repro_rows_can_fail_and_the_defect_is_a_finding():
     """Upstream not negative is NOT FOUND (a finding, not a pass or a fail); a fix row with a negative loss FAILs
     the table."""
     rec = seed_repro("cpu")
+    assert rec["sign"] and rec["gradient"] and rec["upstream_grad_rel_l2"] > 1e-2
     text, ok = table([{**rec, "upstream": 1e-4, "finding": "not reproduced"}])
     assert ok and re.search(r"^repro/defect +NOT FOUND", text, re.M) and re.search(r"^repro/fix +PASS", text, re.M)
     bad = {**rec, "fix": {**rec["fix"], "ok": False, "loss": -1e-3, "why": "negative loss -1.000e-03"}}
     text, ok = table([bad])
     assert not ok and re.search(r"^repro/fix +FAIL .*negative loss", text, re.M)
+
+
+def test_the_table_exit_says_whether_the_defect_reproduced(tmp_path):
+    """gpu_check.sh's last command: exit 4 when the repro's defect was not found (the fix held), 1 when the fix
+    failed, 0 when both claims hold."""
+    from gkd_harness.launch.gpu_check import main
+
+    rec = seed_repro("cpu")
+    bad = {**rec, "fix": {**rec["fix"], "ok": False, "why": "negative loss"}}
+    cases = ((rec, 0), ({**rec, "finding": "not reproduced"}, 4), (bad, 1), ({**bad, "finding": "not reproduced"}, 5))
+    for i, (record, code) in enumerate(cases):
+        path = tmp_path / f"checks{i}.jsonl"
+        path.write_text(json.dumps(record) + "\n")
+        assert main(["table", str(path)]) == code, record["finding"]
 
 
 def _run(tmp_path, name, precision, neg, dtypes, status="completed"):
