@@ -6,6 +6,9 @@ called from :func:`gkd_harness.harness.config.validate.validate_config`).
   because the later copy would win in ms-swift while wandb and the report record the config's value;
 * a flag or value that looks like a credential (``--hub_token hf_...``) is refused, as credential config keys are:
   it would reach swift.log, config.yaml and the wandb files;
+* a flag that routes the GKD loss past ms-swift's ``gkd_loss`` / ``jsd_loss`` (:data:`LOSS_BYPASS`:
+  ``--use_liger_kernel``, ``--use_ray``) is refused, unless its value is false: the harness would neither patch
+  nor see the loss that trains;
 * no control characters.
 
 Whether ms-swift knows the flag and accepts its value is checked against the table of ms-swift's own argument
@@ -90,6 +93,19 @@ HARNESS_FLAGS: Dict[str, str | None] = {
     "dataloader_num_workers": None,
 }
 _HARNESS_PREFIXES = (("vllm_", "rollout.*"),)
+#: ms-swift 4.6.0 flags under which the GKD loss that trains is not ``gkd_loss`` where the plugin rebinds it, and why.
+LOSS_BYPASS: Dict[str, str] = {
+    # rlhf_trainers/gkd_trainer.py: _prepare_liger_loss, compute_loss -> _compute_liger_loss (never gkd_loss)
+    "use_liger_kernel": "routes ms-swift's GKD loss to Liger's fused JSD (LigerFusedLinearJSDLoss), which never "
+    "calls gkd_loss: the harness could neither patch nor monitor the loss that trains (and Liger rounds the logits "
+    "to the input dtype before its FP32 cast, the seed's defect class)",
+    # ray/megatron/loss/gkd.py: the loss runs in Ray worker actors (swift.ray.megatron.megatron_worker), not in the
+    # process the plugin's callbacks watch; Ray is not installed here, so that path has never been exercised
+    "use_ray": "runs Megatron's GKD loss in Ray worker actors (swift.ray.megatron.loss.gkd), a path on which the "
+    "harness's rebinding and metrics have never been verified",
+}
+#: values that switch a boolean ms-swift flag off (``--use_liger_kernel false`` changes nothing)
+_FALSE = frozenset({"false", "0", "no", "n", "f", "off"})
 #: ``--tuner_type`` is set (``full``) but may be overridden: ``run.extra_args=[--tuner_type,lora,--lora_rank,8]``
 #: trains LoRA adapters (ms-swift takes the last copy; nothing the harness records depends on it)
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
@@ -140,6 +156,8 @@ def validate_extra_args(extra_args: Sequence[str], megatron: bool = False) -> No
                 f"--{name} looks like a credential: pass it through the environment "
                 "(HF_TOKEN, WANDB_API_KEY), never on the command line, where it would reach the logs",
             )
+        if name in LOSS_BYPASS and not (values and values[-1].strip().lower() in _FALSE):
+            raise ConfigError(KEY, f"--{name} {LOSS_BYPASS[name]}; drop the flag")
         key = harness_key(name)
         if key is None:
             raise ConfigError(KEY, f"--{name} is set by the harness and cannot be overridden")
@@ -151,4 +169,4 @@ def validate_extra_args(extra_args: Sequence[str], megatron: bool = False) -> No
         raise ConfigError(KEY, why)
 
 
-__all__ = ["validate_extra_args", "flag_groups", "flag_name", "harness_key", "HARNESS_FLAGS"]
+__all__ = ["validate_extra_args", "flag_groups", "flag_name", "harness_key", "HARNESS_FLAGS", "LOSS_BYPASS"]

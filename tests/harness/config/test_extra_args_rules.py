@@ -53,3 +53,53 @@ def test_the_list_starts_with_a_flag():
 
 def test_free_flags_pass_validation():
     validate_config(base_cfg("run.extra_args=[--tuner_type,lora,--lora_rank,8,--attn_impl,sdpa]"))
+
+
+@pytest.mark.parametrize(
+    "extra,flag",
+    [
+        ("[--use_liger_kernel,true]", "use_liger_kernel"),
+        ("[--use_liger_kernel]", "use_liger_kernel"),
+        ("['--use-liger-kernel=True']", "use_liger_kernel"),
+        ("[--lora_rank,8,--use_liger_kernel,1]", "use_liger_kernel"),
+        ("[--use_ray,true]", "use_ray"),
+    ],
+)
+def test_a_flag_that_routes_the_loss_past_gkd_loss_is_refused(extra, flag):
+    """Issue 41, item 5: ms-swift's HF GKD trainer with --use_liger_kernel trains on Liger's fused JSD and never
+    calls gkd_loss, so the run "completed" with no gkd/* or spot/* metrics; Megatron's --use_ray runs the loss in
+    Ray actors nobody checked. Before the fix both validated."""
+    msg = _error(extra)
+    assert msg.startswith(f"run.extra_args: --{flag} ") and msg.endswith("; drop the flag") and "\n" not in msg
+
+
+def test_a_loss_bypass_flag_switched_off_passes():
+    validate_config(base_cfg("run.extra_args=[--use_liger_kernel,false]"))
+
+
+def test_gkd_train_refuses_liger_in_one_line_with_exit_2(tmp_path):
+    """The issue's command, as typed: one line, exit 2, before any model loads, no run folder."""
+    import os
+    import subprocess
+
+    from tests.conftest import entry_point
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GKD_OUTPUT_ROOT": str(tmp_path / "out")}
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}\n')
+    argv = [
+        entry_point("gkd-train"),
+        "experiment=seed_hf",
+        f"run.dataset={data}",
+        "gkd.topk=null",
+        "run.extra_args=[--use_liger_kernel,true]",
+        "run.device=cuda",
+        "run.dry_run=true",
+    ]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "gkd-train: invalid config: run.extra_args: --use_liger_kernel routes ms-swift's GKD loss to Liger's fused JSD"
+    ), lines
+    assert not list((tmp_path / "out").rglob("*"))
