@@ -2,8 +2,14 @@
 
 Usage (same overrides as ``gkd-train -m``; nothing is submitted, no model loads)::
 
-    python -m gkd_harness.launch.slurm experiment=precision_ab hydra/launcher=submitit_slurm \
+    .venv/bin/python -m gkd_harness.launch.slurm experiment=precision_ab hydra/launcher=submitit_slurm \
         hydra.launcher.nodes=2 hydra.launcher.gpus_per_node=8
+
+It runs on a login node or a laptop, where the nodes' shared storage may not be mounted: a local path
+(``model.student``, ``model.teacher``, ``run.dataset``, ``monitor.eval.dataset``) that does not exist on this
+machine is listed as *unchecked* and the plan is still shown, as a hub id is only named in a dry run; values that
+are still the example's placeholders (``YOUR_...``, ``/path/to/...``) are listed too. ``gkd-train`` on the node
+checks them all.
 
 What it prints is produced by the real parts:
 
@@ -36,6 +42,10 @@ from gkd_harness.harness.launcher.sweep_points import point_name, sweep_points
 
 DRY_JOB_ID = "4242"
 DIST_KEYS = ("NPROC_PER_NODE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
+#: the keys that name a file or folder the nodes read, checked on the node when this machine does not have it
+NODE_PATH_KEYS = ("model.student", "model.teacher", "run.dataset", "monitor.eval.dataset")
+#: what marks a value as the example's placeholder (configs/local/slurm.example.yaml)
+PLACEHOLDER_MARKS = ("YOUR_", "/path/to/")
 
 
 def _slurm_executor_cls():
@@ -143,6 +153,50 @@ def node_plan(
     return make_plan(cfg, run_dir, base_env=node_slurm_env(node, nodes, gpus_per_node, base_env), dry_run=True)
 
 
+def _get(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part, None)
+    return cfg
+
+
+def unchecked_paths(cfg) -> dict[str, str]:
+    """``{key: value}`` of the :data:`NODE_PATH_KEYS` whose value is a local path this machine does not have."""
+    from gkd_harness.harness.config.validate import is_local_path
+
+    values = {key: _get(cfg, key) for key in NODE_PATH_KEYS}
+    return {
+        k: str(v)
+        for k, v in values.items()
+        if isinstance(v, str) and is_local_path(v) and not Path(v.split("#")[0]).expanduser().exists()
+    }
+
+
+def _replace(obj: Any, dotted: str, value: Any) -> Any:
+    """A copy of the dataclass tree ``obj`` with the field at ``dotted`` set to ``value``."""
+    head, _, rest = dotted.partition(".")
+    return dataclasses.replace(obj, **{head: _replace(getattr(obj, head), rest, value) if rest else value})
+
+
+def _as_node_names(cfg, unchecked: dict[str, str]):
+    """``cfg`` with each unchecked path replaced by a name that validation, in a dry run, only names (as a hub id):
+    the rules that need no file still run on every other value."""
+    for key, value in unchecked.items():
+        cfg = _replace(cfg, key, "unchecked/" + Path(value.split("#")[0]).name.replace(".", "-"))
+    return cfg
+
+
+def placeholders(tree: Any, prefix: str = "") -> list[str]:
+    """``key=value`` of every string in ``tree`` (nested dicts and lists) that is still a placeholder
+    (:data:`PLACEHOLDER_MARKS`)."""
+    if isinstance(tree, dict):
+        return [p for k, v in tree.items() for p in placeholders(v, f"{prefix}{k}.")]
+    if isinstance(tree, list):
+        return [p for i, v in enumerate(tree) for p in placeholders(v, f"{prefix}{i}.")]
+    if isinstance(tree, str) and any(m in tree for m in PLACEHOLDER_MARKS):
+        return [f"{prefix.rstrip('.')}={tree}"]
+    return []
+
+
 def dry_run(
     overrides: Sequence[str], max_points: int | None = None, base_env: dict[str, str] | None = None, wrap: bool = False
 ) -> str:
@@ -167,16 +221,24 @@ def dry_run(
     out: list[str] = []
     out.append(f"# SLURM dry run: {len(points)} point(s), {nodes} node(s) x {gpus} GPU(s), one task per node")
     out.append(f"# sweep folder: {sweep_dir}")
+    marked = placeholders({"hydra": {"launcher": launcher}, **_without_hydra(master)})
+    if marked:
+        out.append(f"# placeholders to fill in (configs/local/default.yaml): {', '.join(marked)}")
     out.append("# ---- sbatch script (submitit) ----")
     out.append(sbatch_script(launcher, len(points)).rstrip())
     shown = points if max_points is None else points[:max_points]
     for job in shown:
         name = point_name(job, master)
         cfg, run_dir = point_config(job, run_dir=sweep_dir / name, multirun=True)
-        # the rules gkd-train applies first, as in its own dry run (what the nodes' caches hold is not checked
-        # from here): a bad point fails in one line, naming the key
-        validate_config(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dry_run=True)))
+        # the rules gkd-train applies first, as in its own dry run (what the nodes' caches and storage hold is not
+        # checked from here): a bad point fails in one line, naming the key
+        unchecked = unchecked_paths(cfg)
+        as_dry = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dry_run=True))
+        validate_config(_as_node_names(as_dry, unchecked))
         out.append(f"# ---- point {name or '(no overrides)'}  (run folder {run_dir}) ----")
+        if unchecked:
+            shown_paths = ", ".join(f"{k}={v}" for k, v in unchecked.items())
+            out.append(f"# unchecked (not on this machine; gkd-train checks them on the node): {shown_paths}")
         for node in range(nodes):
             plan = node_plan(cfg, run_dir, node, nodes, gpus, base_env)
             cli, env = plan.argv, plan.process_env(node_slurm_env(node, nodes, gpus, base_env))
@@ -189,6 +251,13 @@ def dry_run(
     if len(shown) < len(points):
         out.append(f"# ... {len(points) - len(shown)} more point(s) not shown")
     return "\n".join(out) + "\n"
+
+
+def _without_hydra(master) -> dict[str, Any]:
+    tree = OmegaConf.to_container(master, resolve=False)
+    assert isinstance(tree, dict)
+    tree.pop("hydra", None)
+    return {str(k): v for k, v in tree.items()}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

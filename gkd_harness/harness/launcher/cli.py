@@ -10,6 +10,9 @@ config -> run folder (config.yaml, summary.json "running") -> plugin settings (t
 Exit codes: 0 completed (or skipped), 1 the run failed (a full disk included), 2 a config or input error (a run
 folder or output root that is read-only or not allowed included), 128 + the signal's number
 when stopped by SIGTERM (143), SIGHUP (129) or SIGINT (130): the run is then recorded as "interrupted".
+
+``--help`` and ``--version`` answer before Hydra, OmegaConf or the launcher are imported (every other import is
+inside the function that needs it): ``--help`` is read from the config files (:func:`help_text`).
 """
 
 from __future__ import annotations
@@ -21,14 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from gkd_harness.harness.config.schema import ConfigError
-from gkd_harness.harness.launcher import run as run_mod
-from gkd_harness.harness.launcher.process import Interrupted, TrainingFailed
-from gkd_harness.harness.launcher.run import _is_multirun, train
-from gkd_harness.harness.store.provenance import version_line
-
 log = logging.getLogger("gkd_harness.train")
 EXIT_FAILED, EXIT_CONFIG = 1, 2
+#: config groups that are not a choice: git-ignored site settings (``local``), Hydra's own (``hydra``)
+_NOT_A_CHOICE = ("local", "hydra")
 
 
 def _verbose(cfg: Any) -> bool:
@@ -52,9 +51,21 @@ class PointFailed:
     refused: bool = False
 
 
+def is_multirun() -> bool:
+    """Is this process a sweep's job (``-m``)? Read from Hydra's public ``HydraConfig``; False outside a Hydra app."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        return HydraConfig.get().mode == RunMode.MULTIRUN
+    except Exception:  # noqa: BLE001 - not inside a Hydra app
+        return False
+
+
 def _exit_code(e: BaseException) -> tuple[int, str]:
     """Exit code and label: 2 for what the user must change (the config, a busy or mismatched folder, a path that
     is read-only or not allowed), 1 where the run itself failed (ms-swift, a full disk)."""
+    from gkd_harness.harness.config.schema import ConfigError
     from gkd_harness.harness.store.files import RunFolderError, os_exit_code
     from gkd_harness.harness.store.fingerprint import ConfigMismatch
     from gkd_harness.harness.store.lock import RunFolderBusy
@@ -74,7 +85,7 @@ def _scrub_sweep_files(cfg) -> None:
     """Credentials out of the sweep's own files (Hydra's multirun.yaml, written before any job starts) and
     ``.hydra/``: values under credential keys and credential-looking values of this job's config, before anything
     else is written (a credential on the command line never gets this far: :func:`main` refuses it)."""
-    if not _is_multirun():
+    if not is_multirun():
         return
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
@@ -114,21 +125,24 @@ def _redact_log_records() -> None:
             record.msg, record.args = clean, ()
         return record
 
-    redacting.gkd_redacting = True
+    setattr(redacting, "gkd_redacting", True)  # noqa: B010 - a mark on a function, for the check above
     logging.setLogRecordFactory(redacting)
 
 
-def _job(cfg) -> Optional[int]:
+def _job(cfg) -> Optional[int] | PointFailed:
     """The Hydra job: :func:`train`, with one-line errors. A single run exits 2 (config error, busy or mismatched
     folder) or 1 (failed run); in a sweep the error is re-raised so Hydra records the point as failed and the
     other points go on."""
+    from gkd_harness.harness.config.schema import ConfigError
+    from gkd_harness.harness.launcher.process import Interrupted, TrainingFailed
+    from gkd_harness.harness.launcher.run import train
     from gkd_harness.harness.launcher.wandb_env import experiment_name
     from gkd_harness.harness.store.files import RunFolderError
 
-    run_mod._TASK_CFG[:] = [cfg]
+    multirun = is_multirun()
     try:
         _scrub_sweep_files(cfg)
-        summary = train(cfg, experiment=experiment_name())
+        summary = train(cfg, experiment=experiment_name(), hydra_task_cfg=cfg, multirun=multirun)
     except (ConfigError, TrainingFailed, RunFolderError, OSError) as e:
         from gkd_harness.harness.store.files import os_error_line
 
@@ -137,7 +151,7 @@ def _job(cfg) -> Optional[int]:
         print(f"gkd-train: {what}: {line}", file=sys.stderr)
         if _verbose(cfg):
             raise
-        if _is_multirun():
+        if multirun:
             return PointFailed(code, f"{type(e).__name__}: {line}", refused=what == "refused")
         sys.exit(code)
     except Interrupted as e:  # preemption, time-out, Ctrl-C: the run is recorded as interrupted; the sweep ends
@@ -150,10 +164,12 @@ def _job(cfg) -> Optional[int]:
     return summary.get("last_step") if summary else None
 
 
-def _one_line_config_errors(run_and_report):
+def _one_line_config_errors(run_and_report, job_started: list):
     """Hydra's ``run_and_report`` with its own config errors (unknown key, unknown group option, bad override
     syntax), raised before any job starts, turned into one line and exit 2 instead of its multi-line message and
-    exit 1; an ``OSError`` of Hydra's own folders and files (read-only: exit 2; full disk: exit 1) likewise. Errors from inside a job, and everything under ``HYDRA_FULL_ERROR=1``, go to Hydra unchanged."""
+    exit 1; an ``OSError`` of Hydra's own folders and files (read-only: exit 2; full disk: exit 1) likewise.
+    Errors from inside a job (``job_started`` not empty), and everything under ``HYDRA_FULL_ERROR=1``, go to
+    Hydra unchanged."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -164,7 +180,7 @@ def _one_line_config_errors(run_and_report):
             try:
                 return func()
             except (HydraException, OmegaConfBaseException) as e:
-                if run_mod._TASK_CFG or os.environ.get("HYDRA_FULL_ERROR") == "1":
+                if job_started or os.environ.get("HYDRA_FULL_ERROR") == "1":
                     raise
                 print(f"gkd-train: invalid config: {composition_error(e)}", file=sys.stderr)
                 sys.exit(EXIT_CONFIG)
@@ -182,7 +198,7 @@ def _one_line_config_errors(run_and_report):
     return guarded_run_and_report
 
 
-def _job_leaving_no_empty_folder(cfg) -> Optional[int]:
+def _job_leaving_no_empty_folder(cfg) -> Optional[int] | PointFailed:
     """:func:`_job`, then the run folder Hydra made for it removed again if the job left nothing in it (a dry
     run, a config error, a refused point; ``gkd_harness.harness.launcher.leftovers``)."""
     from gkd_harness.harness.launcher.leftovers import remove_if_empty
@@ -204,18 +220,90 @@ def _job_leaving_no_empty_folder(cfg) -> Optional[int]:
 
 def _hydra_main() -> None:
     import hydra
-    import hydra._internal.utils as hydra_utils  # Hydra offers no public hook for its composition errors
+
+    # Hydra has no public hook for the errors it raises while composing the config, before any job starts: its
+    # private run_and_report is wrapped for the length of this call (everything else here is public API).
+    import hydra._internal.utils as hydra_utils
 
     from gkd_harness.harness.launcher.compose import CONFIG_NAME, CONFIG_PATH, register
 
     register()
     _redact_log_records()
+    job_started: list = []
+
+    def job(cfg) -> Optional[int] | PointFailed:
+        job_started.append(True)
+        return _job_leaving_no_empty_folder(cfg)
+
     original = hydra_utils.run_and_report
-    hydra_utils.run_and_report = _one_line_config_errors(original)
+    hydra_utils.run_and_report = _one_line_config_errors(original, job_started)
     try:
-        hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name=CONFIG_NAME)(_job_leaving_no_empty_folder)()
+        hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name=CONFIG_NAME)(job)()
     finally:
         hydra_utils.run_and_report = original
+
+
+def _config_files():
+    from importlib.resources import files
+
+    return files("gkd_harness.configs")
+
+
+def _train_defaults() -> dict[str, Optional[str]]:
+    """``train.yaml``'s defaults list as ``{group: default option}``, in its order (``optional local`` as
+    ``local``)."""
+    import yaml
+
+    chosen: dict[str, Optional[str]] = {}
+    for entry in yaml.safe_load(_config_files().joinpath("train.yaml").read_text())["defaults"]:
+        if isinstance(entry, dict):
+            for group, option in entry.items():
+                chosen[str(group).split()[-1]] = option
+    return chosen
+
+
+def _group_choices() -> list[tuple[str, list[str], Optional[str]]]:
+    """``(group, options, default)`` of every config group a user chooses from, read from the config files (no
+    Hydra): groups with more than one preset (not ``gkd: default``, ``signoff: default``), not the git-ignored
+    ``local/`` nor Hydra's own; the typed schemas are not files, so they are no choice either; plus
+    ``hydra/launcher``. The default is ``train.yaml``'s defaults list's."""
+    root, chosen = _config_files(), _train_defaults()
+    groups = []
+    for folder in sorted((f for f in root.iterdir() if f.is_dir()), key=lambda f: f.name):
+        options = sorted(f.name[: -len(".yaml")] for f in folder.iterdir() if f.name.endswith(".yaml"))
+        if folder.name not in _NOT_A_CHOICE and len(options) > 1:
+            groups.append((folder.name, options, chosen.get(folder.name)))
+    launchers = root.joinpath("hydra", "launcher")
+    options = sorted(["basic", *(f.name[: -len(".yaml")] for f in launchers.iterdir() if f.name.endswith(".yaml"))])
+    groups.append(("hydra/launcher", options, "basic"))
+    return groups
+
+
+def help_text() -> str:
+    """``gkd-train --help``, from the config files alone (no Hydra, no composing: Hydra's own help formats every
+    config group by deep-copying its config store once per group, seconds on a loaded machine). The header and
+    footer are ``hydra.help``'s in ``configs/hydra/default.yaml``."""
+    import textwrap
+
+    import yaml
+
+    text = yaml.safe_load(_config_files().joinpath("hydra", "default.yaml").read_text())["help"]
+    lines = ["Config groups (group=option; * the default):"]
+    for group, options, default in _group_choices():
+        shown = ", ".join(f"{o}*" if o == default else o for o in options)
+        line = f"{group}: {shown}{'' if default in options else ' (none by default)'}"
+        lines += textwrap.wrap(line, width=116, initial_indent="  ", subsequent_indent="      ")
+    keys = ["run", *(g for g in _train_defaults() if g not in ("experiment", *_NOT_A_CHOICE))]
+    lines += [
+        "",
+        "Site settings (partition, paths, wandb entity): configs/local/default.yaml, git-ignored; start from",
+        "configs/local/slurm.example.yaml.",
+        "",
+        f"Any key can be overridden (key=value): {', '.join(f'{k}.*' for k in keys)}.",
+        "gkd-train --cfg job [overrides] prints the composed config with every default.",
+        "",
+    ]
+    return f"{text['header'].rstrip()}\n\n" + "\n".join(lines) + "\n" + text["footer"].rstrip() + "\n"
 
 
 def _flag_value(args: Sequence[str], key: str) -> Optional[str]:
@@ -231,8 +319,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ``run.dry_run=true`` composes the config and prints the plan without creating a run folder."""
     args = list(sys.argv[1:] if argv is None else argv)
     if "--version" in args:
+        from gkd_harness.harness.store.provenance import version_line
+
         print(version_line("gkd-train"))
         return
+    if "--help" in args or "-h" in args:
+        sys.stdout.write(help_text())
+        return
+    from gkd_harness.harness.config.schema import ConfigError
     from gkd_harness.harness.config.secrets import secret_overrides, secret_refusal
 
     overrides = [a for a in args if not a.startswith("-")]
@@ -242,6 +336,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         dry = (_flag_value(overrides, "run.dry_run") or "").lower() in ("true", "1", "yes")
         if dry and not any(a in ("-m", "--multirun") or a.startswith("--") for a in args):
             from gkd_harness.harness.launcher.compose import compose_point
+            from gkd_harness.harness.launcher.run import train
 
             point = compose_point(overrides)
             train(point.cfg, experiment=point.experiment)

@@ -85,6 +85,7 @@ def composition_error(e: BaseException) -> ConfigError:
 
 def override_dirname(job_overrides: Iterable[str], hydra_cfg) -> str:
     """Hydra's ``override_dirname`` for one point (same exclusions and separators as ``hydra.job.config``)."""
+    # Hydra has no public function for override_dirname: its own, so a point's folder is the one Hydra gives it
     from hydra._internal.config_loader_impl import get_overrides_dirname
     from hydra.core.override_parser.overrides_parser import OverridesParser
 

@@ -112,8 +112,13 @@ def dry_run(
     return f"# gkd-train dry run: run folder {run_dir}\n" + plan.render()
 
 
-def train(cfg: Any, experiment: Optional[str] = None) -> Dict[str, Any]:
+def train(
+    cfg: Any, experiment: Optional[str] = None, hydra_task_cfg: Any = None, multirun: bool = False
+) -> Dict[str, Any]:
     """Run one GKD training through ms-swift; returns the final ``summary.json`` content.
+
+    ``hydra_task_cfg``: the job's config as Hydra composed it (saved, redacted, as ``.hydra/config.yaml``; None
+    outside a Hydra app); ``multirun``: a sweep point (no live progress line of its own).
 
     Multi-node: every node runs this; only the main node (``gkd_harness.harness.launcher.node.is_main_node``) owns the run folder
     (its lock, config.yaml, summary.json; the rank that computes the loss writes metrics.jsonl from inside
@@ -144,7 +149,7 @@ def train(cfg: Any, experiment: Optional[str] = None) -> Dict[str, Any]:
 
         folder = RunFolder(run_dir)
         with folder.lock():
-            return _train_main_node(cfg, run_dir, folder, experiment)
+            return _train_main_node(cfg, run_dir, folder, experiment, hydra_task_cfg, multirun)
 
 
 def _train_other_node(cfg: TrainConfig, run_dir: Path, experiment: Optional[str]) -> Dict[str, Any]:
@@ -167,7 +172,9 @@ def _train_other_node(cfg: TrainConfig, run_dir: Path, experiment: Optional[str]
     return RunFolder(run_dir).read_summary_quietly() or {}
 
 
-def _train_main_node(cfg: TrainConfig, run_dir: Path, folder, experiment: Optional[str]) -> Dict[str, Any]:
+def _train_main_node(
+    cfg: TrainConfig, run_dir: Path, folder, experiment: Optional[str], hydra_task_cfg: Any, multirun: bool
+) -> Dict[str, Any]:
     from omegaconf import OmegaConf
 
     from gkd_harness.harness.config.flat import flatten
@@ -181,7 +188,7 @@ def _train_main_node(cfg: TrainConfig, run_dir: Path, folder, experiment: Option
     if attempt.action == "skip":
         return attempt.summary
     resume = attempt.resume_args
-    _save_hydra_files(run_dir)
+    _save_hydra_files(run_dir, hydra_task_cfg)
     if resume:
         ckpt_step = attempt.checkpoint_step
         kept = folder.truncate_metrics(ckpt_step)
@@ -216,9 +223,7 @@ def _train_main_node(cfg: TrainConfig, run_dir: Path, folder, experiment: Option
             plan,
             run_dir / SWIFT_LOG,
             stream=cfg.run.verbose,
-            progress_of=None
-            if _is_multirun()
-            else (run_name_for(cfg, run_dir), folder.metrics_path, cfg.run.max_steps),
+            progress_of=None if multirun else (run_name_for(cfg, run_dir), folder.metrics_path, cfg.run.max_steps),
         )
         seen = (folder.read_summary() or {}).get("world_size")
         if seen is None:
@@ -238,29 +243,11 @@ def _train_main_node(cfg: TrainConfig, run_dir: Path, folder, experiment: Option
     return folder.finish_summary("completed", None)
 
 
-def _save_hydra_files(run_dir: Path) -> None:
+def _save_hydra_files(run_dir: Path, hydra_task_cfg: Any) -> None:
     """Hydra's .hydra/ files, written once the run owns its folder and will run (``hydra.output_subdir`` is null,
-    so a skipped point's .hydra/ stays untouched); nothing outside a Hydra app."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        HydraConfig.get()
-    except Exception:  # noqa: BLE001 - not inside a Hydra app
+    so a skipped point's .hydra/ stays untouched); nothing without a Hydra job's config (a direct call)."""
+    if hydra_task_cfg is None:
         return
     from gkd_harness.harness.store.hydra_files import save_hydra_files
 
-    save_hydra_files(run_dir, _TASK_CFG[0] if _TASK_CFG else None)
-
-
-# ------------------------------------------------------------------------------------------------ entry point
-def _is_multirun() -> bool:
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
-        return HydraConfig.get().mode == RunMode.MULTIRUN
-    except Exception:  # noqa: BLE001
-        return False
-
-
-_TASK_CFG: list = []  # the Hydra task config of this job (for .hydra/ files written by the harness)
+    save_hydra_files(run_dir, hydra_task_cfg)
