@@ -75,7 +75,7 @@ def compose(overrides: Sequence[str]):
 
 def composition_error(e: BaseException) -> ConfigError:
     """A Hydra/OmegaConf composition error as one :class:`ConfigError` line naming the key."""
-    cause = e
+    cause: Optional[BaseException] = e
     while cause is not None and getattr(cause, "full_key", None) is None:
         cause = cause.__cause__ or cause.__context__
     key = str(getattr(cause, "full_key", None) or "overrides")
@@ -143,6 +143,8 @@ def _point_from(master, job_overrides: Sequence[str], run_dir: Optional[Path], m
     from omegaconf import OmegaConf
 
     data = OmegaConf.to_container(master, resolve=False)
+    if not isinstance(data, dict):
+        raise ConfigError("config", f"must be a mapping, got {type(data).__name__}")
     data.pop("hydra", None)
     given = str(data["run"].get("output_dir", ""))
     if given and "${" not in given:

@@ -31,7 +31,7 @@ from gkd_harness.harness.fixtures import building
 from gkd_harness.harness.fixtures.building import clock, exclusive, say
 
 log = logging.getLogger("gkd_harness.train")
-_TYPE_NAMES = {int: "int", float: "float", str: "str", dict: "dict"}
+_TYPE_NAMES: Dict[Any, str] = {int: "int", float: "float", str: "str", dict: "dict"}
 
 
 def _swift_parser(megatron: bool) -> argparse.ArgumentParser:

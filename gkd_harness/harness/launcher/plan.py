@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from gkd_harness.harness.config.schema import EMBEDDED, ConfigError, MegatronBackendConfig, TrainConfig
+from gkd_harness.harness.config.schema import EMBEDDED, ConfigError, EmbeddedConfig, MegatronBackendConfig, TrainConfig
 from gkd_harness.harness.contract import PLUGIN_SETTINGS_FILE, SETTINGS_ENV
 from gkd_harness.harness.launcher.extra_args import check_with_swift
 from gkd_harness.harness.launcher.node import NodeLayout, detect_device, node_layout
@@ -110,6 +110,15 @@ def format_command(argv: Sequence[str], wrap: bool = False, indent: str = "") ->
     return indent + (" \\\n" + indent + "    ").join(lines)
 
 
+def _embedded_spec(cfg: TrainConfig) -> EmbeddedConfig:
+    """``model.embedded``: the spec of the embedded models and dataset (needed by either)."""
+    if cfg.model.embedded is None:
+        raise ConfigError(
+            "model.embedded", f"must be set for the embedded models or dataset (model={EMBEDDED} or run.dataset=null)"
+        )
+    return cfg.model.embedded
+
+
 def resolve_inputs(cfg: TrainConfig, build: bool) -> ResolvedInputs:
     """Concrete student / teacher / dataset. With ``build``, the embedded assets are built (or reused from the
     cache); without, their cache paths are named and nothing is built (the dry run)."""
@@ -117,7 +126,7 @@ def resolve_inputs(cfg: TrainConfig, build: bool) -> ResolvedInputs:
     if EMBEDDED in (student, teacher) or dataset is None:
         from gkd_harness.harness.fixtures.embedded import EmbeddedSpec, asset_paths, prepare_embedded
 
-        spec = EmbeddedSpec(**dataclasses.asdict(cfg.model.embedded))
+        spec = EmbeddedSpec(**dataclasses.asdict(_embedded_spec(cfg)))
         if build:
             assets = prepare_embedded(spec, label=_model_choice())  # a build says so: "building the tiny_distill ..."
             paths = (assets.student_dir, assets.teacher_dir, assets.dataset_path)
@@ -156,7 +165,7 @@ def _held_out(cfg: TrainConfig, dataset: str, build: bool) -> Optional[str]:
         )
     from gkd_harness.harness.fixtures.embedded import prepare_validation, validation_path
 
-    seed = cfg.model.embedded.seed
+    seed = _embedded_spec(cfg).seed
     return str(
         prepare_validation(Path(dataset), ev.embedded_samples, seed)
         if build

@@ -11,7 +11,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from types import FrameType
+from typing import Any, Callable, Dict, List, Optional, Union
 
 from gkd_harness.harness.launcher.plan import LaunchPlan
 
@@ -27,6 +28,8 @@ class TrainingFailed(RuntimeError):
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 #: How long ms-swift's process group gets to stop after SIGTERM before it is killed.
 STOP_GRACE_S = 30.0
+#: What ``signal.signal`` takes and returns.
+_Handler = Union[Callable[[int, Optional[FrameType]], Any], int, signal.Handlers, None]
 
 
 class Interrupted(BaseException):
@@ -49,7 +52,7 @@ class stop_signals:
     Outside the main thread it does nothing."""
 
     def __init__(self):
-        self._old: Dict[int, object] = {}
+        self._old: Dict[int, _Handler] = {}
         self._fired = False
 
     def _handle(self, signum, _frame) -> None:
@@ -152,8 +155,10 @@ def _run_subprocess(argv: List[str], env: Dict[str, str], log_path: Path, stream
         # its own session and process group: a stop signal to gkd-train stops the whole tree (stop_group), and a
         # terminal's Ctrl-C reaches gkd-train only, which then stops ms-swift in order
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        out = proc.stdout
+        assert out is not None  # stdout=PIPE
         try:
-            for chunk in iter(lambda: proc.stdout.readline(), b""):
+            for chunk in iter(out.readline, b""):
                 logf.write(chunk)
                 if stream:
                     sys.stdout.buffer.write(chunk)

@@ -20,7 +20,10 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, TextIO, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, TextIO, Tuple
+
+if TYPE_CHECKING:  # rich is imported when a live display starts
+    from rich.live import Live
 
 
 @dataclass(frozen=True)
@@ -123,18 +126,19 @@ class EtaClock:
         busy = []
         for seen in self._seen.values():
             left = seen.remaining(now)
-            if left is None and self._walls:
+            if left is None and self._walls and per_point is not None:  # per_point is the walls' mean
                 left = max(0.0, per_point - (now - seen.started))
             if left is None:
                 return None
             busy.append(left)
         queued = max(0, snap.total - snap.done - snap.failed - len(self._seen))
-        if queued and per_point is None:
-            return None
         slots = sorted(busy + [0.0] * max(0, self._slots - len(busy)))
-        for _ in range(queued):  # each queued point takes the slot that frees first
-            slots[0] += per_point
-            slots.sort()
+        if queued:
+            if per_point is None:
+                return None
+            for _ in range(queued):  # each queued point takes the slot that frees first
+                slots[0] += per_point
+                slots.sort()
         return max(slots) if slots else 0.0
 
 
@@ -181,17 +185,16 @@ class ProgressDisplay:
         self.eta = EtaClock()
         self._last_key: Optional[tuple] = None
         self._last_plain = 0.0
-        self._console = None
-        self._live = None
+        self._live: Optional[Live] = None
 
-    def _ensure_live(self):
+    def _ensure_live(self) -> Live:
         if self._live is None:
             from rich.console import Console
             from rich.live import Live
 
-            self._console = Console(file=self.stream)
-            self._live = Live("", console=self._console, refresh_per_second=4, transient=False)
-            self._live.start()
+            live = Live("", console=Console(file=self.stream), refresh_per_second=4, transient=False)
+            live.start()
+            self._live = live
         return self._live
 
     def text(self, snap: Snapshot) -> str:

@@ -109,6 +109,7 @@ def decide_attempt(folder, flat_config: Mapping[str, Any], *, overwrite: bool, r
     from gkd_harness.harness.store.fingerprint import ConfigMismatch, mismatch_message, summary_diff
 
     summary = folder.read_summary()
+    differing: Tuple[str, ...]
     if summary is None:
         if not folder.has_attempt():
             return Attempt("new")
@@ -138,9 +139,9 @@ def decide_attempt(folder, flat_config: Mapping[str, Any], *, overwrite: bool, r
     notes: List[str] = []
     if action == "resume":
         args = resume_args(True, folder.path)
-        if args:
-            step = int(_CKPT.match(Path(args[1]).name).group(1))
-            return Attempt("resume", summary, args, step)
+        m = _CKPT.match(Path(args[1]).name) if args else None  # resume_args names a checkpoint-<step> folder
+        if m is not None:
+            return Attempt("resume", summary, args, int(m.group(1)))
         notes.append(
             f"run.resume=true but no usable checkpoint under {Path(folder.path) / 'swift'} "
             "(checkpoint-N with trainer_state.json, or Megatron's latest_checkpointed_iteration.txt): the "

@@ -13,12 +13,15 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 
-from gkd_harness.harness.config.schema import TrainConfig, to_dict, to_typed
+from gkd_harness.harness.config.schema import ConfigError, TrainConfig, to_dict, to_typed
 from gkd_harness.harness.contract import PLUGIN_SETTINGS_FILE, SWIFT_LOG, PluginSettings
 from gkd_harness.harness.launcher.plan import LaunchPlan, build_plan, resolve_inputs
 from gkd_harness.harness.launcher.process import Interrupted, TrainingFailed, execute, stop_signals
+
+if TYPE_CHECKING:
+    from gkd_harness.harness.store.run_folder import RunFolder
 
 log = logging.getLogger("gkd_harness.train")
 
@@ -173,7 +176,7 @@ def _train_other_node(cfg: TrainConfig, run_dir: Path, experiment: Optional[str]
 
 
 def _train_main_node(
-    cfg: TrainConfig, run_dir: Path, folder, experiment: Optional[str], hydra_task_cfg: Any, multirun: bool
+    cfg: TrainConfig, run_dir: Path, folder: RunFolder, experiment: Optional[str], hydra_task_cfg: Any, multirun: bool
 ) -> Dict[str, Any]:
     from omegaconf import OmegaConf
 
@@ -185,12 +188,12 @@ def _train_main_node(
     attempt = decide_attempt(folder, flat, overwrite=cfg.run.overwrite, resume=cfg.run.resume)
     for note in attempt.notes:
         log.info(f"{run_dir}: {note}")
-    if attempt.action == "skip":
-        return attempt.summary
+    if attempt.action == "skip":  # decide_attempt skips only a completed run, so its summary is there
+        return attempt.summary or {}
     resume = attempt.resume_args
     _save_hydra_files(run_dir, hydra_task_cfg)
-    if resume:
-        ckpt_step = attempt.checkpoint_step
+    ckpt_step = attempt.checkpoint_step
+    if resume and ckpt_step is not None:  # a resume always names its checkpoint's step (decide_attempt)
         kept = folder.truncate_metrics(ckpt_step)
         log.info(f"{run_dir}: resuming from {resume[1]} (metrics kept up to step {ckpt_step}: {kept} lines)")
         folder.update_summary(status="running", error=None, ended_at=None, resumed_from=resume[1])
@@ -201,6 +204,8 @@ def _train_main_node(
     if cfg.loss.precision == "candidate":  # its source copied into the folder; name and sha256 in summary.json
         from gkd_harness.harness.loss.candidate import keep_in_run_folder
 
+        if not cfg.loss.source:  # validate_config refuses this before; a caller that skipped it gets the same line
+            raise ConfigError("loss.source", "must be set with loss.precision=candidate")
         folder.update_summary(candidate=keep_in_run_folder(cfg.loss.source, cfg.loss.name, str(run_dir)))
     try:
         totals = None

@@ -25,7 +25,8 @@ def sweep_points(config: DictConfig) -> list[list[str]]:
 
     params = config.hydra.sweeper.get("params") or {}
     lines = [f"{k}={v}" for k, v in params.items()]
-    lines += list(OmegaConf.to_container(config.hydra.overrides.task, resolve=False))
+    task = OmegaConf.to_container(config.hydra.overrides.task, resolve=False)
+    lines += [str(t) for t in task] if isinstance(task, list) else []
     overrides = OverridesParser.create().parse_overrides(lines)
     return [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
 

@@ -19,15 +19,37 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
-from gkd_harness.harness.config.schema import HFBackendConfig, MegatronBackendConfig, TrainConfig
+from gkd_harness.harness.config.schema import ConfigError, HFBackendConfig, MegatronBackendConfig, TrainConfig
 from gkd_harness.harness.contract import CALLBACK_NAME, PLUGIN_MODULE
 from gkd_harness.harness.launcher.argv_format import cli_value as _fmt
 from gkd_harness.harness.launcher.node import NodeLayout
 from gkd_harness.harness.launcher.rollout_argv import rollout_args
 from gkd_harness.harness.launcher.swift_version import version_args
 
+
 #: The plugin file ms-swift loads in every rank (found, not imported: gkd-train never imports the rank side).
-PLUGIN_PATH = str(importlib.util.find_spec(PLUGIN_MODULE).origin)
+def _plugin_path() -> str:
+    spec = importlib.util.find_spec(PLUGIN_MODULE)
+    if spec is None or spec.origin is None:
+        raise ImportError(f"{PLUGIN_MODULE}: not found (is gkd-harness installed?)")
+    return spec.origin
+
+
+PLUGIN_PATH = _plugin_path()
+
+
+def _hf_backend(cfg: TrainConfig) -> HFBackendConfig:
+    """``cfg.backend`` as the HF backend's settings (the schema builds the class that ``backend.name`` names)."""
+    if not isinstance(cfg.backend, HFBackendConfig):
+        raise ConfigError("backend.name", f"{cfg.backend.name!r} is not the hf backend")
+    return cfg.backend
+
+
+def _megatron_backend(cfg: TrainConfig) -> MegatronBackendConfig:
+    """``cfg.backend`` as the Megatron backend's settings."""
+    if not isinstance(cfg.backend, MegatronBackendConfig):
+        raise ConfigError("backend.name", f"{cfg.backend.name!r} is not the megatron backend")
+    return cfg.backend
 
 
 @dataclass(frozen=True)
@@ -157,7 +179,7 @@ def hf_argv(
         wandb_mode: the mode after the online->offline fallback (``disabled`` -> ``--report_to none``).
         swift_version: the ms-swift version the argv is for (None: the installed one; ``version_args``).
     """
-    backend: HFBackendConfig = cfg.backend
+    backend = _hf_backend(cfg)
     run = cfg.run
     argv = [
         "swift",
@@ -250,9 +272,7 @@ def check_megatron_layout(cfg: TrainConfig, layout: NodeLayout) -> tuple[int, in
     Raises:
         ConfigError: naming the keys of the impossible layout.
     """
-    from gkd_harness.harness.config.schema import ConfigError
-
-    backend: MegatronBackendConfig = cfg.backend
+    backend = _megatron_backend(cfg)
     if _param_grad_on(cfg) and _flag_true(cfg.run.extra_args, FUSION_FLAG):
         raise ConfigError(
             "monitor.spot_check.param_grad",
@@ -318,7 +338,7 @@ def _param_grad_on(cfg: TrainConfig) -> bool:
 
 def megatron_batch_note(cfg: TrainConfig, layout: NodeLayout) -> str:
     """The plan's line on the global batch (after :func:`check_megatron_layout`)."""
-    backend: MegatronBackendConfig = cfg.backend
+    backend = _megatron_backend(cfg)
     dp, gbs = megatron_batch_sizes(backend, layout, cfg.run.grad_accum, on_policy=cfg.gkd.lmbda > 0)
     if backend.global_batch_size is not None:
         return f"global batch {gbs} (backend.global_batch_size)"
@@ -342,7 +362,7 @@ def megatron_argv(
     swift_version: Optional[str] = None,
 ) -> List[str]:
     """``megatron rlhf --rlhf_type gkd`` argv (Megatron backend: TP/PP/CP, colocated rollout)."""
-    backend: MegatronBackendConfig = cfg.backend
+    backend = _megatron_backend(cfg)
     run = cfg.run
     _, gbs = check_megatron_layout(cfg, layout)
     argv = [
