@@ -4,7 +4,9 @@
   weight sync reaches them (CPU lane only, switched on by ``GKD_VLLM_CPU_NO_PREPACK``).
 - :class:`RolloutStats` and :func:`instrument_rollouts`: the ``rollout/*`` counters and the ``rollout`` block of
   ``summary.json`` for on-policy runs (switched on by ``GKD_ROLLOUT_ENGINE``).
-- :func:`install_rollout_patches`: both of the above, as the environment asks.
+- :func:`continue_megatron_rollout_step` and :func:`continue_hf_rollout_step`: a resumed run continues the rollout
+  step, so its on/off-policy draws are those of a run never stopped (always installed);
+- :func:`install_rollout_patches`: all of the above, as the environment asks.
 
 What runs in ``gkd-train`` (validation, ms-swift arguments, the subprocess environment) is
 ``gkd_harness.harness.launcher.rollout_argv``.
@@ -212,22 +214,129 @@ def instrument_rollouts(engine: str) -> bool:
     return True
 
 
+def _restore_step(self: Any, done: int, per_step: int, spg: int, build: Any, at_boundary: Any) -> None:
+    """Set ``self._step`` (ms-swift's rollout counter, ``per_step`` per training step) for a run resumed after
+    ``done`` training steps, as a run never stopped would have it. When ``done`` falls inside a generation cycle
+    (``spg`` counts per buffer), the buffer is rebuilt now, with the counters of the cycle's first step
+    (``at_boundary(True)`` before ``build()``, ``at_boundary(False)`` after), so its on/off-policy draw is the
+    one the never-stopped run made; its samples are new ones (the data iterator has moved on)."""
+    step = done * per_step
+    r = step % spg
+    self._step = step - r
+    if r:
+        at_boundary(True)
+        try:
+            self._buffered_inputs = build()
+        finally:
+            at_boundary(False)
+        self._step = step
+    from gkd_harness.harness.rank.state import logger
+
+    logger.info(f"resumed rollout step {self._step} after {done} training steps (generation cycle {spg})")
+
+
+def continue_megatron_rollout_step(mixin: Any) -> bool:
+    """Wrap ``mixin._replace_data_iterator`` (ms-swift's ``MegatronRolloutMixin``) so that a resumed run continues
+    the rollout step.
+
+    ms-swift sets ``self._step = 0`` at start and never restores it (``rollout_mixin.py:154``), while the GKD
+    trainer draws on/off-policy with ``random.Random(seed + self._step)`` once per generation cycle: after a resume
+    at iteration k the draws replayed those of steps 0, 1, ... On the first training call of a resumed run
+    (``state.iteration`` > 0, ``_step`` still 0) this sets ``_step`` to the checkpoint's iteration (one step per
+    iteration), rebuilding the buffer when the iteration falls inside a generation cycle. Idempotent.
+    """
+    original = mixin._replace_data_iterator
+    if getattr(original, "_gkd_resume", False):
+        return True
+
+    def _replace_data_iterator(self, data_iterator):
+        if self.unwrapped_models[0].training and not getattr(self, "_gkd_step_restored", False):
+            self._gkd_step_restored = True
+            done = int(self.state.iteration)
+            if done > 0 and self._step == 0:
+                spg = int(self.steps_per_generation)
+                cycle_start = done - done % spg
+
+                def at_boundary(on: bool) -> None:
+                    self._step = cycle_start if on else done
+
+                _restore_step(self, done, 1, spg, lambda: self._build_rollout_buffer(data_iterator), at_boundary)
+        return original(self, data_iterator)
+
+    _replace_data_iterator._gkd_resume = True  # type: ignore[attr-defined]
+    mixin._replace_data_iterator = _replace_data_iterator
+    return True
+
+
+def continue_hf_rollout_step(trainer_cls: Any) -> bool:
+    """Wrap ``trainer_cls._prepare_inputs`` (ms-swift's HF ``GKDTrainer``) so that a resumed run continues the
+    rollout step.
+
+    The HF trainer draws with ``seed + state.global_step`` (restored by transformers on resume) but buffers
+    ``steps_per_generation`` micro-batches by its own ``_step``, which restarts at 0: with ``steps_per_generation``
+    a multiple of the accumulation steps, a resume inside a cycle generated (and drew) at the resumed global step
+    instead of the cycle's. On the first training call of a resumed run this sets ``_step`` to the micro-batches
+    done (``global_step * gradient_accumulation_steps``) and, inside a cycle, rebuilds the buffer under the cycle's
+    first global step. Idempotent.
+    """
+    original = trainer_cls._prepare_inputs
+    if getattr(original, "_gkd_resume", False):
+        return True
+
+    def _prepare_inputs(self, inputs):
+        if self.model.training and not getattr(self, "_gkd_step_restored", False):
+            self._gkd_step_restored = True
+            done = int(self.state.global_step)
+            if done > 0 and self._step == 0:
+                ga = int(self.args.gradient_accumulation_steps)
+                spg = int(self.args.steps_per_generation)
+
+                def at_boundary(on: bool) -> None:
+                    self.state.global_step = (done * ga - (done * ga) % spg) // ga if on else done
+
+                _restore_step(self, done, ga, spg, lambda: self._generate_and_score_completions(inputs), at_boundary)
+        return original(self, inputs)
+
+    _prepare_inputs._gkd_resume = True  # type: ignore[attr-defined]
+    trainer_cls._prepare_inputs = _prepare_inputs
+    return True
+
+
+def continue_rollout_steps() -> list[str]:
+    """:func:`continue_megatron_rollout_step` and :func:`continue_hf_rollout_step` on the trainers importable here."""
+    done = []
+    try:
+        from swift.rlhf_trainers.gkd_trainer import GKDTrainer
+
+        if continue_hf_rollout_step(GKDTrainer):
+            done.append("hf_rollout_step")
+    except Exception:  # noqa: BLE001 - not an HF-backend ms-swift process
+        pass
+    try:
+        from swift.megatron.trainers.rollout_mixin import MegatronRolloutMixin
+
+        if continue_megatron_rollout_step(MegatronRolloutMixin):
+            done.append("megatron_rollout_step")
+    except Exception:  # noqa: BLE001 - Megatron (or Transformer Engine) not importable here
+        pass
+    return done
+
+
 def install_rollout_patches() -> list[str]:
-    """Apply the in-process rollout pieces that :func:`rollout_env` asked for (call from the ms-swift plugin).
+    """Apply the in-process rollout pieces (call from the ms-swift plugin).
 
     Reads the environment of the current rank:
 
     - ``GKD_VLLM_CPU_NO_PREPACK=1`` -> :func:`disable_vllm_cpu_prepack`;
-    - ``GKD_ROLLOUT_ENGINE`` set (on-policy run) -> :func:`instrument_rollouts`.
-
-    Off-policy runs (``rollout=none``) set neither, so nothing changes for them.
+    - ``GKD_ROLLOUT_ENGINE`` set (on-policy run) -> :func:`instrument_rollouts`;
+    - always: :func:`continue_rollout_steps` (a resumed run's rollout step and on/off-policy draws continue).
 
     Returns:
         names of the patches installed.
     """
     import os
 
-    done = []
+    done = continue_rollout_steps()
     if os.environ.get("GKD_VLLM_CPU_NO_PREPACK") == "1" and disable_vllm_cpu_prepack():
         done.append("vllm_cpu_no_prepack")
     engine = os.environ.get(ROLLOUT_ENGINE_ENV)
