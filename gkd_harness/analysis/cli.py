@@ -1,7 +1,7 @@
 """gkd-analyze: turn a sweep into a sign-off report and a verdict.
 
     gkd-analyze SWEEP --report DIR [--criteria FILE] [--source local|wandb|wandb-offline] [--group G] [--wandb]
-                [--allow-mixed]
+                [--allow-mixed] [--junit PATH] [--summary PATH]
     gkd-analyze --verify REPORT_DIR [--criteria FILE] [SWEEP]
 
 Exit codes: 0 the verdict is PASS; 1 the verdict is FAIL; 2 the input cannot be used (missing or corrupt files,
@@ -56,6 +56,7 @@ examples:
   gkd-analyze outputs/multirun/smoke --report report --criteria my_criteria.yaml
   gkd-analyze outputs/multirun/smoke --report report --source wandb-offline --group smoke
   gkd-analyze my-team/gkd-harness --source wandb --group smoke --report report
+  gkd-analyze outputs/multirun/smoke --report report --junit report.xml --summary "$GITHUB_STEP_SUMMARY"
   gkd-analyze --verify report"""
 
 
@@ -121,6 +122,20 @@ def _parser() -> argparse.ArgumentParser:
         help="analyse runs of several groups, copies of one run id, two ms-swift versions, two harness "
         "trees (commits, or dirty and clean) or a variant with two loss sources together (refused "
         "otherwise: exit 2); recorded in verdict.json and shown in the banner",
+    )
+    p.add_argument(
+        "--junit",
+        type=Path,
+        metavar="PATH",
+        default=None,
+        help="also write the verdict as JUnit XML, one test case per criterion (for CI test reports)",
+    )
+    p.add_argument(
+        "--summary",
+        type=Path,
+        metavar="PATH",
+        default=None,
+        help='also append the verdict as a Markdown step summary (e.g. --summary "$GITHUB_STEP_SUMMARY")',
     )
     p.add_argument("--verbose", action="store_true", help="print the Python traceback of an error")
     p.add_argument("--version", action="version", version=version_line("gkd-analyze"))
@@ -199,6 +214,10 @@ def _run(args, own_process: bool = False) -> int:
     if args.allow_mixed and mixed:
         print(f"--allow-mixed: {'; '.join(mixed)}")
     print(f"verdict: {result['verdict'].upper()} ({len(sweep.runs)} runs) -> {args.report / 'report.md'}")
+    if args.junit is not None or args.summary is not None:
+        from gkd_harness.analysis.signoff.ci import write_ci_files
+
+        write_ci_files(result, args.junit, args.summary, args.report)
     if args.wandb:
         from gkd_harness.analysis.signoff.wandb_log import log_analysis_run, wandb_target
 

@@ -109,8 +109,8 @@ def _run(args: list, timeout: float, size: tuple = VIEWPORT) -> subprocess.Compl
     return proc
 
 
-def measure(html_path: Path, timeout: float = 120.0) -> dict:
-    """Render ``html_path`` at :data:`VIEWPORT` and return the page's measurements.
+def measure(html_path: Path, timeout: float = 120.0, size: tuple = VIEWPORT) -> dict:
+    """Render ``html_path`` at ``size`` (default :data:`VIEWPORT`) and return the page's measurements.
 
     Keys: ``innerWidth, clientWidth`` (viewport without / with the vertical scrollbar taken off),
     ``scrollWidth`` (document width: > clientWidth means the page scrolls sideways), ``verdict`` (text of
@@ -126,7 +126,7 @@ def measure(html_path: Path, timeout: float = 120.0) -> dict:
         page = Path(tmp) / html_path.name
         page.write_text(text.replace("</body>", _MEASURE_JS + "</body>", 1), encoding="utf-8")
         # --virtual-time-budget lets the page finish loading before the DOM is dumped.
-        proc = _run(["--virtual-time-budget=10000", "--dump-dom", page.as_uri()], timeout)
+        proc = _run(["--virtual-time-budget=10000", "--dump-dom", page.as_uri()], timeout, size=size)
     m = re.search(r'<pre id="gkd-measure"[^>]*>(.*?)</pre>', proc.stdout, re.S)
     if not m:
         raise RuntimeError(

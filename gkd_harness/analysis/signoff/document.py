@@ -29,7 +29,27 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-__all__ = ["Document", "format_value", "slugify", "constant_settings", "column_parts", "STYLE"]
+__all__ = [
+    "Document",
+    "Link",
+    "format_value",
+    "slugify",
+    "constant_settings",
+    "column_parts",
+    "neutralise_bidi",
+    "STYLE",
+]
+
+#: Unicode's bidirectional controls (embeddings, overrides, isolates, marks): a group or run name holding one
+#: (U+202E RIGHT-TO-LEFT OVERRIDE) would reverse the text after it in a browser, the title included.
+_BIDI_CONTROLS = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def neutralise_bidi(text: str) -> str:
+    """``text`` with every bidirectional control character shown as its code point (``<U+202E>``) instead of
+    acting on the text around it."""
+    return _BIDI_CONTROLS.sub(lambda m: f"<U+{ord(m.group()):04X}>", str(text))
+
 
 #: CSS of the HTML rendering (inline; no external resources).
 STYLE = """
@@ -62,7 +82,7 @@ td.pass{color:#1a7f37;font-weight:bold}
 td.fail,td.not_measured{color:#cf222e;font-weight:bold}
 td.skipped,td.disabled,td.not_applicable{color:#6e7781}
 .banner-failing{flex:1 1 100%;margin:0.2em 0 0;padding-left:1.3em}
-figure{margin:1em 0}
+figure{margin:1em 0;overflow-x:auto}
 img{max-width:100%;height:auto;display:block}
 figcaption{font-size:0.9em;color:#57606a}
 pre{background:#f6f8fa;padding:0.6em;overflow-x:auto;max-width:100%}
@@ -71,6 +91,10 @@ code{background:#f0f2f4;padding:0 0.2em;border-radius:3px;overflow-wrap:anywhere
 """.strip()
 
 _STATUS = ("pass", "fail", "not_measured", "not_applicable", "skipped", "disabled")
+#: The narrowest a plot is shown, as a share of its pixel width: the plots' smallest text (8 pt at 150 dpi, 16.7
+#: px in the PNG) stays >= 9 CSS px. On a narrow screen (a 390 px phone) the plot scrolls sideways inside its
+#: figure instead of shrinking to unreadable text; the page itself does not scroll.
+MIN_PLOT_SCALE = 0.55
 _LONG_CELL = 60  # characters: cells longer than this wrap inside a bounded width
 #: A setting column: a dotted config key (``gkd.beta``, ``run.seed``, ``dtype.student``).
 _SETTING_COLUMN = re.compile(r"^[A-Za-z_]+(\.[A-Za-z_]+)+$")
@@ -144,6 +168,30 @@ def format_value(v) -> str:
     return str(v)
 
 
+@dataclass(frozen=True)
+class Link:
+    """A table cell that links somewhere: ``text`` shown, ``href`` followed (a run folder, relative to the
+    report). Markdown: ``[text](href)``; HTML: ``<a href>``; anywhere else (widths, constants) its text."""
+
+    text: str
+    href: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _png_width(data: bytes) -> Optional[int]:
+    """A PNG's width in pixels (its IHDR chunk), None for anything else."""
+    if data[:8] != b"\x89PNG\r\n\x1a\n" or data[12:16] != b"IHDR":
+        return None
+    return int.from_bytes(data[16:20], "big")
+
+
+def _escape(text, quote: bool = True) -> str:
+    """HTML-escaped text with bidirectional controls neutralised (:func:`neutralise_bidi`)."""
+    return html.escape(neutralise_bidi(str(text)), quote=quote)
+
+
 def slugify(text: str) -> str:
     """GitHub's heading anchor: lower case, punctuation dropped (letters of any script kept), spaces -> '-'.
 
@@ -213,12 +261,16 @@ class Document:
     # -- Markdown -----------------------------------------------------------------------------------
     @staticmethod
     def _md_text(text) -> str:
-        """Raw HTML in names and errors shown as text, not markup (``<script>`` in a run name)."""
-        return html.escape(str(text), quote=False)
+        """Raw HTML in names and errors shown as text, not markup (``<script>`` in a run name); bidirectional
+        controls shown as code points (:func:`neutralise_bidi`)."""
+        return html.escape(neutralise_bidi(str(text)), quote=False)
 
     @classmethod
     def _md_cell(cls, v) -> str:
-        return cls._md_text(format_value(v)).replace("|", "\\|").replace("\n", " ")
+        text = cls._md_text(format_value(v)).replace("|", "\\|").replace("\n", " ")
+        if isinstance(v, Link):
+            return f"[{text.replace(']', '&#93;')}](<{v.href.replace('>', '%3E')}>)"
+        return text
 
     def to_markdown(self) -> str:
         anchors = self._anchors()
@@ -247,14 +299,14 @@ class Document:
                 out += [f"- {self._md_text(x)}" for x in b[1]] + [""]
             elif kind == "code":
                 fence = "`" * max(3, 1 + max((len(m) for m in re.findall(r"`+", b[1])), default=0))
-                out += [fence, b[1], fence, ""]
+                out += [fence, neutralise_bidi(b[1]), fence, ""]
             elif kind == "table":
                 df, max_rows, caption = b[1], b[2], b[3]
+                if df.empty:  # one line, naming the table when it has a caption
+                    out += [f"*{self._md_text(caption)}*: no rows" if caption else "(no rows)", ""]
+                    continue
                 if caption:
                     out += [f"*{self._md_text(caption)}*", ""]
-                if df.empty:
-                    out += ["(no rows)", ""]
-                    continue
                 shown = df.head(max_rows)
                 cols = [str(c) for c in shown.columns]
                 out.append("| " + " | ".join(self._md_text(c).replace("|", "\\|") for c in cols) + " |")
@@ -270,7 +322,7 @@ class Document:
 
     # -- HTML ---------------------------------------------------------------------------------------
     def to_html(self) -> str:
-        e = html.escape
+        e = _escape
         anchors = self._anchors()
         out = [
             "<!DOCTYPE html>",
@@ -316,11 +368,11 @@ class Document:
                 out.append(f"<pre>{e(b[1])}</pre>")
             elif kind == "table":
                 df, max_rows, caption = b[1], b[2], b[3]
+                if df.empty:
+                    out.append(f"<p><em>{e(caption)}</em>: no rows</p>" if caption else "<p>(no rows)</p>")
+                    continue
                 if caption:
                     out.append(f"<p><em>{e(caption)}</em></p>")
-                if df.empty:
-                    out.append("<p>(no rows)</p>")
-                    continue
                 n_tables += 1
                 label = caption or f"table {n_tables}"
                 shown = df.head(max_rows)
@@ -346,9 +398,12 @@ class Document:
                 if len(df) > max_rows:
                     out.append(f"<p>({len(df) - max_rows} more rows not shown)</p>")
             elif kind == "img":
-                data = base64.b64encode(b[1].read_bytes()).decode("ascii")
+                raw = b[1].read_bytes()
+                data = base64.b64encode(raw).decode("ascii")
+                width = _png_width(raw)
+                least = f" style='min-width:{math.ceil(width * MIN_PLOT_SCALE)}px'" if width else ""
                 out.append(
-                    f"<figure><img alt='{e(b[2])}' src='data:image/png;base64,{data}'>"
+                    f"<figure><img alt='{e(b[2])}'{least} src='data:image/png;base64,{data}'>"
                     f"<figcaption>{e(b[2])}</figcaption></figure>"
                 )
         out.append("</body></html>")
@@ -357,14 +412,15 @@ class Document:
     @staticmethod
     def _html_table(df: pd.DataFrame, label: str) -> str:
         """One table inside its own scroll box (keyboard-focusable, labelled for screen readers)."""
-        e = html.escape
+        e = _escape
         rows = ["<tr>" + "".join(f"<th>{e(str(c))}</th>" for c in df.columns) + "</tr>"]
         for row in df.itertuples(index=False, name=None):
             cells = []
             for v in row:
                 text = format_value(v)
                 cls = text if text in _STATUS else ("long" if len(text) > _LONG_CELL else "")
-                cells.append(f"<td class='{cls}'>{e(text)}</td>" if cls else f"<td>{e(text)}</td>")
+                shown = f"<a href='{e(v.href)}'>{e(text)}</a>" if isinstance(v, Link) else e(text)
+                cells.append(f"<td class='{cls}'>{shown}</td>" if cls else f"<td>{shown}</td>")
             rows.append("<tr>" + "".join(cells) + "</tr>")
         return (
             f"<div class='table-wrap' tabindex='0' role='region' aria-label='{e(label)}'>"
@@ -374,7 +430,7 @@ class Document:
     @staticmethod
     def _inline(text: str) -> str:
         """Escape, then render **bold** and `code` spans (the only inline Markdown the report uses)."""
-        t = html.escape(text)
+        t = _escape(text)
         t = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", t)
         t = re.sub(r"`(.+?)`", r"<code>\1</code>", t)
         return t

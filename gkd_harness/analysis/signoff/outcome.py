@@ -19,7 +19,7 @@ that the upper bound of the interval on (patched − original) / original final 
 from __future__ import annotations
 
 import math
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import numpy as np
 import pandas as pd
@@ -57,6 +57,14 @@ def required_here(sweep) -> bool:
         if col in runs.columns:
             groups |= {str(g) for g in runs[col].dropna().unique()}
     return bool(groups & set(REQUIRED_IN_GROUPS))
+
+
+def _seed_text(seed: Any) -> str:
+    """A seed as the config wrote it: ``1``, not the ``1.0`` of a float column (a missing run makes it one)."""
+    try:
+        return str(int(seed)) if float(seed).is_integer() else str(seed)
+    except (TypeError, ValueError):
+        return str(seed)
 
 
 def t_interval(values: Iterable[float], level: float = LEVEL) -> tuple:
@@ -295,7 +303,7 @@ def _measure(sweep, original_precision: str, patched_precisions: Iterable[str], 
         }
     table = pooled(pairs, [EVAL_JSD])
     details = [
-        f"seed {r['seed']}: {r['variant']} {r[EVAL_JSD + ':patched']:.6g} vs original "
+        f"seed {_seed_text(r['seed'])}: {r['variant']} {r[EVAL_JSD + ':patched']:.6g} vs original "
         f"{r[EVAL_JSD + ':original']:.6g} ({r[EVAL_JSD + ':rel']:+.3%})"
         for _, r in pairs.iterrows()
     ]
@@ -385,21 +393,24 @@ def plot_seed_bands(sweep, metric: str, path, title: str):
                 color=line.get_color(),
                 label=f"{variant} − {base}",
             )
+    from matplotlib.ticker import MaxNLocator
+
     ax.set_ylabel(metric)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
+    ax.xaxis.set_major_locator(MaxNLocator(6, integer=True))  # steps are integers: no tick at 22.5
     if dax is not None:
         dax.axhline(0.0, color="#888888", lw=0.8)
-        dax.set_ylabel(f"− {base}")
+        dax.set_ylabel(f"variant − {base}")
         dax.grid(alpha=0.3)
-        dax.legend(fontsize=7)
-        dax.set_xlabel("step")
+        dax.legend(fontsize=9)
+        dax.set_xlabel("optimizer step")
     else:
-        ax.set_xlabel("step")
+        ax.set_xlabel("optimizer step")
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=150)
     plt.close(fig)
     return path
 

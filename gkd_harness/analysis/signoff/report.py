@@ -16,7 +16,7 @@ import shutil
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import pandas as pd
 
@@ -37,12 +37,20 @@ from gkd_harness.analysis.signoff.compare import (
 )
 from gkd_harness.analysis.signoff.criteria import FAILING, Evidence, build_evidence, counts, evaluate_evidence
 from gkd_harness.analysis.signoff.criteria_file import SignoffCriteria
-from gkd_harness.analysis.signoff.document import Document
+from gkd_harness.analysis.signoff.document import Document, Link
 from gkd_harness.analysis.signoff.verdict import EXIT_FAIL, EXIT_PASS, judgement, sweep_inputs
 from gkd_harness.analysis.signoff.verdict import jsonable as _jsonable
 from gkd_harness.analysis.sweep.evidence import precisions_of
 from gkd_harness.analysis.sweep.records import Sweep, UnusableInput
-from gkd_harness.harness.contract import CAPTURES_DIR, ORIGINAL, TRAIN_GRAD_NORM, TRAIN_LOSS
+from gkd_harness.harness.contract import (
+    CAPTURES_DIR,
+    ORIGINAL,
+    PATCHED,
+    SUMMARY_FILE,
+    TRAIN_GRAD_NORM,
+    TRAIN_LOSS,
+    WANDB_DIR,
+)
 from gkd_harness.harness.store.provenance import git_state
 
 __all__ = [
@@ -420,11 +428,17 @@ def _banner(ctx: ReportContext, doc: Document) -> None:
     doc.banner(ctx.verdict, detail, failing=[(f"{r.name} ({r.status})", r.reason()) for r in failing])
 
 
+def _ran(runs: pd.DataFrame) -> pd.Series:
+    """Which runs exist (a planned point without a run folder is ``missing``: it has no variant, no versions)."""
+    return runs["status"].astype(str) != "missing" if "status" in runs.columns else pd.Series(True, index=runs.index)
+
+
 def _versions_table(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per variant: its loss sha256, ms-swift version, harness tree and runs (each sha256 shown with
-    the variant it belongs to)."""
+    the variant it belongs to). Planned runs that never ran have none of these: they are left out here (the
+    Runs section lists them), not shown as a variant of nulls."""
     cols = ["variant_label", "loss_sha256", "ms_swift", "harness_commit", "harness_dirty"]
-    r = runs.reindex(columns=cols + ["run"]).copy()
+    r = runs[_ran(runs)].reindex(columns=cols + ["run"]).copy()
     r["loss_sha256"] = r["loss_sha256"].map(lambda v: str(v)[:16] if isinstance(v, str) else None)
     r["harness_commit"] = r["harness_commit"].map(lambda v: str(v)[:12] if isinstance(v, str) else None)
     key = ["|".join(map(str, row)) for row in r[cols].itertuples(index=False, name=None)]
@@ -442,8 +456,41 @@ def _versions_table(runs: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values("variant").reset_index(drop=True)
 
 
+def _share(numerator: float, denominator: float) -> str:
+    return f"{numerator:.0f}/{denominator:.0f}"
+
+
+def defect_headline(ev: Evidence) -> Optional[str]:
+    """One line with the defect's and the fix's numbers: the original (native) loss's negative loss calls and
+    its worst gradient error against FP64, then the same two for the patched runs, e.g. "Defect: original
+    (native) 20/20 negative loss calls, gradient up to 0.3 off FP64 (relative L2). Fix: patched (fp32) 0/40
+    negative loss calls, gradient within 2e-06 of FP64." None when neither side logged anything."""
+    neg, spots = ev.negatives, ev.spots
+    parts = []
+    for role, what in ((ORIGINAL, "Defect"), (PATCHED, "Fix")):
+        n = neg[neg["variant"] == role] if "variant" in neg.columns else neg.iloc[0:0]
+        s = spots[spots["variant"] == role] if "variant" in spots.columns else spots.iloc[0:0]
+        calls, negative = n["loss_calls"].sum(min_count=1), n["neg_loss_calls"].sum(min_count=1)
+        grad = s["grad_rel_l2"].max() if "grad_rel_l2" in s.columns and s["grad_rel_l2"].notna().any() else None
+        if pd.isna(calls) and grad is None:
+            continue
+        precisions = ", ".join(sorted({str(p) for p in n["loss.precision"].dropna()}))
+        said = [f"{_share(negative, calls)} negative loss calls"] if not pd.isna(calls) else []
+        if grad is not None:
+            said.append(
+                f"gradient up to {grad:.2g} off FP64 (relative L2)"
+                if role == ORIGINAL
+                else f"gradient within {grad:.2g} of FP64"
+            )
+        parts.append(f"{what}: {role} ({precisions}) {', '.join(said)}.")
+    return " ".join(parts) or None
+
+
 def _heading_section(ctx: ReportContext, doc: Document) -> None:
     _banner(ctx, doc)
+    headline = defect_headline(ctx.ev)
+    if headline:  # issue 40: the smoke numbers in one line, not spread over the criteria table
+        doc.para(f"**{headline}**")
     doc.table(_versions_table(ctx.runs), caption="variants: the loss code each ran (sha256), ms-swift, harness tree")
     effect = outcome.headline(ctx.sweep, precisions_of(ORIGINAL)[0], ctx.ev.patched_precisions)
     if effect:  # issue 20: the held-out effect in one sentence on the first screen
@@ -486,6 +533,90 @@ def _runs_section(ctx: ReportContext, doc: Document) -> None:
     )
     runs = ctx.runs
     doc.table(runs[[c for c in _RUN_COLS if c in runs.columns]], max_rows=250)
+
+
+def _cuda_of_torch(version: Optional[str]) -> Optional[str]:
+    """The CUDA version a torch build names in its local tag (``2.8.0+cu128`` -> ``12.8``; ``+cpu`` -> ``none``);
+    None for an untagged build (the registry's wheels), whose CUDA the tag does not say."""
+    tag = str(version or "").partition("+")[2]
+    if tag == "cpu":
+        return "none"
+    if tag.startswith("cu") and tag[2:].isdigit() and len(tag) >= 5:
+        return f"{tag[2:-1]}.{tag[-1]}"
+    return None
+
+
+def _json_quietly(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _mapping(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _wandb_run_id(folder: Path, command: dict) -> Optional[str]:
+    """The run's wandb id: the ``WANDB_RUN_ID`` gkd-train gave ms-swift (command.json), else the id in the name
+    of the newest run folder wandb wrote (``wandb/offline-run-<time>-<id>``)."""
+    env = _mapping(command.get("env"))
+    if env.get("WANDB_RUN_ID"):
+        return str(env["WANDB_RUN_ID"])
+    runs = sorted((folder / WANDB_DIR).glob("*run-*-*")) if (folder / WANDB_DIR).is_dir() else []
+    return runs[-1].name.rsplit("-", 1)[-1] if runs else None
+
+
+def _device_text(summary: dict, command: dict) -> Optional[str]:
+    """``cpu``, or ``cuda: 8 x NVIDIA H100 80GB HBM3`` from what the run recorded (its plan's device, the rank's
+    GPU); an older run folder without them: ``cpu`` when its ms-swift command says ``--use_cpu true``."""
+    runtime = _mapping(summary.get("runtime"))
+    device = summary.get("device")
+    argv = [str(a) for a in command.get("argv") or []]
+    if device is None and "--use_cpu" in argv[:-1] and argv[argv.index("--use_cpu") + 1] == "true":
+        device = "cpu"
+    if device == "cuda" and runtime.get("gpu"):
+        return f"cuda: {runtime.get('gpus') or 1} x {runtime['gpu']}"
+    return device
+
+
+def provenance_table(runs: pd.DataFrame, report_dir: Path) -> pd.DataFrame:
+    """One row per run: its folder (a link, relative to the report folder), status, the wandb run id, torch and
+    the CUDA it was built with, the device, the world size and the harness commit, read from the run folder
+    (summary.json, command.json, wandb/). A planned run that never ran: its name and status only."""
+    rows = []
+    for row in runs.to_dict(orient="records"):
+        path = row.get("path") if isinstance(row.get("path"), str) else None
+        folder = Path(path) if path else None
+        summary = _json_quietly(folder / SUMMARY_FILE) if folder else {}
+        command = _json_quietly(folder / "command.json") if folder else {}
+        runtime = _mapping(summary.get("runtime"))
+        torch = runtime.get("torch") or _mapping(summary.get("versions")).get("torch") or row.get("version.torch")
+        commit = row.get("harness_commit")
+        rows.append(
+            {
+                "run": Link(str(row["run"]), os.path.relpath(folder, report_dir)) if folder else str(row["run"]),
+                "status": row.get("status"),
+                "wandb run id": _wandb_run_id(folder, command) if folder else None,
+                "torch": torch,
+                "CUDA": (runtime["cuda"] or "none") if "cuda" in runtime else _cuda_of_torch(torch),
+                "device": _device_text(summary, command),
+                "world size": summary.get("world_size"),
+                "harness commit": str(commit)[:12] if isinstance(commit, str) else None,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _provenance_section(ctx: ReportContext, doc: Document) -> None:
+    doc.heading("Run provenance")
+    doc.para(
+        "Each run's folder (linked, relative to this report), its wandb run id, the torch build and the CUDA it "
+        "was built with, and the device it trained on, as the run folder recorded them."
+    )
+    # the report is built in a folder beside its final one: a link relative to it is the same from the final one
+    doc.table(provenance_table(ctx.runs, ctx.report_dir), max_rows=250)
 
 
 def _outcome_section(ctx: ReportContext, doc: Document) -> None:
@@ -578,12 +709,14 @@ def _agreement_section(ctx: ReportContext, doc: Document) -> None:
         + "} (runs equal in every other config key): largest divergence "
         + _divergence_text(largest_divergence(ctx.forms))
     )
-    doc.table(ctx.forms, max_rows=100)
+    if not ctx.forms.empty:  # "not measured (no pairs)" says it; no "(no rows)" under it
+        doc.table(ctx.forms, max_rows=100)
     doc.para(
         "Native vs fp32 precision where both sides reach the loss in FP32 (shown, not judged: the criterion "
         "judges each side against FP64): largest divergence " + _divergence_text(largest_divergence(ctx.precs))
     )
-    doc.table(ctx.precs, max_rows=100)
+    if not ctx.precs.empty:
+        doc.table(ctx.precs, max_rows=100)
 
 
 def _seed_section(ctx: ReportContext, doc: Document) -> None:
@@ -613,6 +746,7 @@ SECTIONS = (
     _heading_section,
     _criteria_section,
     _runs_section,
+    _provenance_section,
     _outcome_section,
     _curves_section,
     _negatives_section,
@@ -631,6 +765,7 @@ def _verdict(ctx: ReportContext) -> dict:
     return {
         "schema_version": VERDICT_SCHEMA_VERSION,
         **judgement(ctx.ev, ctx.verdict, ctx.results, ctx.allow_mixed, ctx.mixed),
+        "headline": defect_headline(ctx.ev),
         "not_applicable": {r.name: r.measured for r in ctx.results if r.status == "not_applicable"},
         "sweep": ctx.sweep.source,
         "groups": ctx.sweep.groups,

@@ -222,6 +222,7 @@ def _train_main_node(
             wandb_mode=plan.env.get("WANDB_MODE", "disabled"),
             experiment=experiment,
             inputs={"student": plan.inputs.student, "teacher": plan.inputs.teacher, "dataset": plan.inputs.dataset},
+            device=plan.device,  # cpu or cuda, as planned (the rank adds its torch build's CUDA and GPU: "runtime")
         )
         folder.write_json("command.json", {"argv": plan.argv, "env": plan.shown_env()})
         execute(

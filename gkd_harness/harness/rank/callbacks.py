@@ -22,11 +22,28 @@ def _run_folder():
     return RunFolder(state.STATE.settings.run_dir)
 
 
+def _runtime() -> Dict[str, Any]:
+    """This rank's torch build and accelerator, for the report's provenance table: ``torch`` (version), ``cuda``
+    (the CUDA version torch was built with, None for a CPU build), ``gpu`` (the first visible GPU's name, None
+    without one), ``gpus`` (how many this rank sees)."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name(0) if gpus else None,
+        "gpus": gpus,
+    }
+
+
 def _record_start(world_size: int, is_writer: bool) -> None:
     """Summary fields and the harness config on the wandb run; only on the rank that owns the wandb run."""
     if not is_writer:
         return
-    _run_folder().update_summary(world_size=world_size, train_pid=os.getpid(), plugin={"rebound": state.STATE.rebound})
+    _run_folder().update_summary(
+        world_size=world_size, train_pid=os.getpid(), plugin={"rebound": state.STATE.rebound}, runtime=_runtime()
+    )
     try:
         from gkd_harness.harness.rank.wandb_run import attach_to_wandb_run
         from gkd_harness.harness.store.provenance import package_versions
