@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from gkd_harness.analysis.cli import main
-from gkd_harness.analysis.signoff.document import MIN_PLOT_SCALE, Document, Link, neutralise_bidi
+from gkd_harness.analysis.signoff.document import Document
 
 RLO = "\u202e"
 
@@ -117,6 +117,8 @@ def test_a_planned_run_that_never_ran_is_no_variant_of_nulls(sweep_copy, tmp_pat
 
 # ------------------------------------------------------------------------------------------------ document
 def test_bidi_controls_are_shown_not_obeyed():
+    from gkd_harness.analysis.signoff.document import neutralise_bidi
+
     doc = Document(f"GKD loss sign-off: grp{RLO}evil")
     doc.heading(f"runs of {RLO}x")
     doc.para(f"group {RLO}abc")
@@ -144,6 +146,8 @@ def test_smoke_like_report_has_no_repeated_no_rows(synthetic_sweep_dir, tmp_path
 
 
 def test_links_render_in_both_formats():
+    from gkd_harness.analysis.signoff.document import Link
+
     doc = Document("t")
     doc.table(pd.DataFrame({"run": [Link("gkd.beta=0.5,loss=fp32", "../sweep/gkd.beta=0.5,loss=fp32")]}))
     assert "[gkd.beta=0.5,loss=fp32](<../sweep/gkd.beta=0.5,loss=fp32>)" in doc.to_markdown()
@@ -157,6 +161,8 @@ def test_plots_keep_a_readable_minimum_width(synthetic_sweep_dir, tmp_path):
     import re
 
     from PIL import Image
+
+    from gkd_harness.analysis.signoff.document import MIN_PLOT_SCALE
 
     _report(synthetic_sweep_dir, tmp_path / "r")
     html = (tmp_path / "r" / "report.html").read_text()
