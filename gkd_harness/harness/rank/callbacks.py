@@ -5,11 +5,13 @@ dtypes and last step, and the harness config on the wandb run."""
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import math
 import os
 import sys
-from typing import Any, Dict
+import time
+from typing import Any, Dict, Optional
 
 from gkd_harness.harness.contract import CALLBACK_NAME, SUMMARY_FILE, WANDB_DIR
 from gkd_harness.harness.rank import state
@@ -19,7 +21,7 @@ from gkd_harness.harness.rank.state import logger
 def _run_folder():
     from gkd_harness.harness.store.run_folder import RunFolder
 
-    return RunFolder(state.STATE.settings.run_dir)
+    return RunFolder(state.current().settings.run_dir)
 
 
 def _runtime() -> Dict[str, Any]:
@@ -42,7 +44,7 @@ def _record_start(world_size: int, is_writer: bool) -> None:
     if not is_writer:
         return
     _run_folder().update_summary(
-        world_size=world_size, train_pid=os.getpid(), plugin={"rebound": state.STATE.rebound}, runtime=_runtime()
+        world_size=world_size, train_pid=os.getpid(), plugin={"rebound": state.current().rebound}, runtime=_runtime()
     )
     try:
         from gkd_harness.harness.rank.wandb_run import attach_to_wandb_run
@@ -50,8 +52,8 @@ def _record_start(world_size: int, is_writer: bool) -> None:
 
         attach_to_wandb_run(
             {
-                **state.STATE.settings.config,
-                "experiment": state.STATE.settings.experiment,
+                **state.current().settings.config,
+                "experiment": state.current().settings.experiment,
                 "world_size": world_size,
                 "versions": package_versions(),
             }
@@ -105,49 +107,133 @@ def check_run_folder_shared() -> None:
 
 def _check_finite_logs(logs: Dict[str, Any], step: int) -> None:
     """With ``monitor.fail_on_nonfinite``: stop at a non-finite logged loss or grad_norm (every rank sees them)."""
-    if not state.STATE.fail_on_nonfinite:
+    if not state.current().fail_on_nonfinite:
         return
     for key in ("loss", "grad_norm"):
-        value = logs.get(key)
         try:
-            value = float(value)
-        except (TypeError, ValueError):
+            value = float(logs[key])
+        except (KeyError, TypeError, ValueError):
             continue
         if not math.isfinite(value):
             from gkd_harness.harness.rank.instrument import NonFiniteError
+
+            flush_records()  # the failure path: what was logged is on disk before the run stops
 
             raise NonFiniteError(
                 f"non-finite {key} ({value}) at step {step}; monitor.fail_on_nonfinite=true stops the run"
             )
 
 
+#: Seconds between two ``summary.json`` updates of the last step during training. ``metrics.jsonl`` gets every
+#: record at once (fsynced on the same clock, :class:`~gkd_harness.harness.store.metrics_io.MetricsAppender`); the
+#: summary is written at once when its dtypes change, at train end and on the failure and exit paths, and its
+#: ``last_step`` is read from ``metrics.jsonl`` by ``gkd-train`` when the run ends (so nothing is lost when a rank
+#: dies between two updates).
+SUMMARY_INTERVAL_S = 10.0
+
+
+class RunRecorder:
+    """The writer rank's records of one run folder: ``metrics.jsonl`` lines as they come, ``summary.json`` fields
+    merged in memory and written on a clock (:data:`SUMMARY_INTERVAL_S`) or at once when ``urgent``.
+
+    Before (every logging step): a fsynced append to ``metrics.jsonl`` and a read + atomic rewrite + fsync of
+    ``summary.json`` (about 1.8 ms of CPU and 15 ms of wall per step on a local disk).
+    """
+
+    def __init__(self, folder, interval_s: float = SUMMARY_INTERVAL_S):
+        from gkd_harness.harness.store.metrics_io import MetricsAppender
+
+        self.folder = folder
+        self.interval_s = float(interval_s)
+        self.metrics = MetricsAppender(folder.metrics_path, interval_s)
+        self.pending: Dict[str, Any] = {}
+        self.summary_writes = 0
+        self.dtypes: Optional[tuple] = None  # (seen, arrived) last written to the summary
+        self._written_at = time.monotonic()
+
+    def log(self, record: Optional[Dict[str, Any]], fields: Dict[str, Any], urgent: bool = False) -> None:
+        """Write ``record`` (None: none) to ``metrics.jsonl`` now; merge ``fields`` into the pending summary."""
+        if record is not None:
+            self.metrics.write(record)
+        self.pending.update(fields)
+        if urgent or time.monotonic() - self._written_at >= self.interval_s:
+            self.flush(sync=False)
+
+    def flush(self, sync: bool = True) -> None:
+        """Write the pending summary fields (and fsync ``metrics.jsonl`` when ``sync``)."""
+        if sync:
+            self.metrics.sync()
+        if self.pending:
+            pending, self.pending = self.pending, {}
+            self.folder.update_summary(**pending)
+            self.summary_writes += 1
+        self._written_at = time.monotonic()
+
+    def close(self) -> None:
+        """Flush everything and close ``metrics.jsonl`` (idempotent)."""
+        try:
+            self.flush()
+        finally:
+            self.metrics.close()
+
+
+_RECORDER: Optional[RunRecorder] = None
+
+
+def recorder() -> RunRecorder:
+    """This process's :class:`RunRecorder` for the installed run folder (made on first use; flushed at exit)."""
+    global _RECORDER
+    run_dir = os.path.abspath(state.current().settings.run_dir)
+    if _RECORDER is None or os.path.abspath(_RECORDER.folder.path) != run_dir:
+        if _RECORDER is None:
+            atexit.register(flush_records)
+        else:
+            flush_records()
+        _RECORDER = RunRecorder(_run_folder())
+    return _RECORDER
+
+
+def flush_records() -> None:
+    """Write everything buffered to the run folder and close ``metrics.jsonl`` (train end, failure and exit
+    paths); never raises (a tracking failure never hides the run's own error)."""
+    if _RECORDER is None:
+        return
+    try:
+        _RECORDER.close()
+    except Exception as e:  # noqa: BLE001
+        logger.warning(f"could not write the run folder's records: {e}")
+
+
 def _record_log(logs: Dict[str, Any], step: int, is_writer: bool) -> None:
-    """One ``metrics.jsonl`` record and the summary's last step / dtypes; only on the rank that owns the wandb run."""
+    """One ``metrics.jsonl`` record and the summary's last step / dtypes; only on the rank that owns the wandb run.
+
+    The record is in the file at once; the summary fields are written on a clock, or at once when the dtypes
+    seen at the loss boundary change (:class:`RunRecorder`)."""
     if not is_writer:
         return
     from gkd_harness.harness.rank.wandb_run import design_record, update_wandb_config
-    from gkd_harness.harness.store.metrics_io import MetricsWriter
 
-    rec = design_record(logs, step)
-    if rec is not None:
-        MetricsWriter(_run_folder().metrics_path).write(rec)
+    rec, rec_ = design_record(logs, step), recorder()
     fields: Dict[str, Any] = {"last_step": int(step)}
-    if state.STATE.boundary.seen:
-        fields.update(dtypes_seen=state.STATE.boundary.seen, dtypes_arrived=state.STATE.boundary.arrived)
-        if not state.STATE.dtypes_sent:
-            state.STATE.dtypes_sent = True
+    urgent = False
+    if state.current().boundary.seen:
+        seen, arrived = state.current().boundary.seen, state.current().boundary.arrived
+        if (seen, arrived) != rec_.dtypes:
+            rec_.dtypes = (dict(seen), dict(arrived))
+            fields.update(dtypes_seen=dict(seen), dtypes_arrived=dict(arrived))
+            urgent = True
+        if not state.current().dtypes_sent:
+            state.current().dtypes_sent = True
             try:
-                update_wandb_config(
-                    {"dtypes_seen": state.STATE.boundary.seen, "dtypes_arrived": state.STATE.boundary.arrived}
-                )
+                update_wandb_config({"dtypes_seen": seen, "dtypes_arrived": arrived})
             except Exception as e:  # noqa: BLE001
                 logger.warning(f"could not add dtypes to the wandb run: {e}")
-    _run_folder().update_summary(**fields)
+    rec_.log(rec, fields, urgent=urgent)
 
 
 def _close_captures() -> None:
     """Write the instrument's queued captures (``gkd_harness.harness.rank.capture``) before the process ends."""
-    inst = state.STATE.instrument if state.STATE is not None else None
+    inst = state.current().instrument if state.STATE is not None else None
     if inst is not None:
         for err in inst.close():
             logger.warning(err)
@@ -170,7 +256,7 @@ def _finish_wandb_run() -> None:
 
 def _eval_on() -> bool:
     """``monitor.eval.every_n_steps > 0`` in this run's config."""
-    return bool(state.STATE.config.monitor.eval.every_n_steps)
+    return bool(state.current().config.monitor.eval.every_n_steps)
 
 
 def _make_hf_callback():
@@ -185,7 +271,7 @@ def _make_hf_callback():
             from gkd_harness.harness.rank.call_site import check_rebound
 
             check_rebound()  # never train on upstream's loss unnoticed
-            inst = state.STATE.instrument
+            inst = state.current().instrument
             if inst is not None:
                 inst.where.bind_rank_device(args.device)  # the rank's device, known by now (never at import)
                 self.trainer.custom_metrics["train"].update(inst.metrics)
@@ -201,8 +287,8 @@ def _make_hf_callback():
             _record_start(world, is_writer=tstate.is_world_process_zero)
 
         def on_step_begin(self, args, tstate, control, **kwargs):
-            if state.STATE.instrument is not None:
-                state.STATE.instrument.step = tstate.global_step + 1
+            if state.current().instrument is not None:
+                state.current().instrument.step = tstate.global_step + 1
 
         def on_step_end(self, args, tstate, control, **kwargs):
             # the held-out evaluation also at the end of the run (ms-swift's loop runs it every eval_steps)
@@ -217,6 +303,7 @@ def _make_hf_callback():
                 _check_finite_logs(logs, tstate.global_step)
 
         def on_train_end(self, args, tstate, control, **kwargs):
+            flush_records()
             _close_captures()
             # Reporting callbacks (wandb's among them) come first in the trainer's list, so they are done here.
             _finish_wandb_run()
@@ -306,7 +393,7 @@ def _make_megatron_callback():
             from gkd_harness.harness.rank.call_site import check_rebound
 
             check_rebound()  # never train on upstream's loss unnoticed
-            inst = state.STATE.instrument
+            inst = state.current().instrument
             if inst is not None:
                 inst.where.bind_rank_device(get_current_device())  # set per rank by now
                 if inst.param_grad:  # the model for monitor.spot_check.param_grad, as on HF
@@ -316,13 +403,13 @@ def _make_megatron_callback():
             _record_start(world, is_writer=_megatron_writer())
 
         def on_step_begin(self):
-            if state.STATE.instrument is not None:
-                state.STATE.instrument.step = int(self.state.iteration) + 1
+            if state.current().instrument is not None:
+                state.current().instrument.step = int(self.state.iteration) + 1
 
         def on_eval_begin(self):
             from gkd_harness.harness.rank.evaluation import find_tap
 
-            tap = find_tap(state.STATE.boundary)
+            tap = find_tap(state.current().boundary)
             if tap is not None:
                 tap.sums = None
 
@@ -330,28 +417,29 @@ def _make_megatron_callback():
             # every rank: the sums' all-reduce is a collective; logged as their own record at this iteration
             from gkd_harness.harness.rank.evaluation import find_tap
 
-            tap = find_tap(state.STATE.boundary)
+            tap = find_tap(state.current().boundary)
             values = tap.finish() if tap is not None else {}
             if values:
                 self.trainer.on_log(logs={**values, "n_steps": 1})
 
         def on_log(self, logs):
-            if state.STATE.instrument is not None and not _eval_only(logs):
+            if state.current().instrument is not None and not _eval_only(logs):
                 # every rank: the metrics' all-reduce is a collective
                 from swift.trainers.mixin import SwiftMixin
 
-                logs.update(SwiftMixin.compute_custom_metrics(state.STATE.instrument.metrics))
+                logs.update(SwiftMixin.compute_custom_metrics(state.current().instrument.metrics))
             _record_log(logs, int(self.state.iteration), is_writer=_megatron_writer())
             _check_finite_logs(logs, int(self.state.iteration))
 
         def on_train_end(self):
+            flush_records()
             _close_captures()
             _finish_wandb_run()
 
     return HarnessMegatronCallback
 
 
-def _make_megatron_wandb_callback(base):
+def _make_megatron_wandb_callback(base: Any) -> Any:
     """ms-swift's Megatron wandb callback (``base``, ``swift/megatron/callbacks/wandb.py``) with its files in the run
     folder's ``wandb/``, where the HF backend's go (``<run>/wandb/wandb/offline-run-*``).
 

@@ -26,9 +26,10 @@ ms-swift's ``cp_reduce`` computes), on every CP rank alike.
 **Metric reductions.** Values go into metric objects (:class:`SumMetric`, :class:`CumulativeSumMetric`,
 :class:`MinMetric`, :class:`MaxMetric`, :class:`RatioMetric`, :class:`MeanMetric`) that follow ms-swift's
 ``Metric`` protocol. The plugin puts them into the trainer's ``custom_metrics``; ms-swift computes them at each
-logging step on every rank, and ``compute`` all-reduces over all ranks (sums for counts, min/max for extremes;
-NaN survives min/max), dividing counts by the ranks that replicate one call (TP × CP), so every rank logs
-values of the whole job. The collectives run on :class:`MetricDevice`: the device of the loss inputs (bound on
+logging step on every rank, and the first ``compute`` of a logging step gathers every metric's window state over
+all ranks in **one** collective with one host copy (:class:`MetricReducer`); each metric then reduces its columns
+(sums for counts, min/max for extremes; NaN survives min/max), dividing counts by the ranks that replicate one
+call (TP × CP), so every rank logs values of the whole job. The collectives run on :class:`MetricDevice`: the device of the loss inputs (bound on
 the first loss call) or the rank's device bound by the trainer callback at train begin; nothing queries a device
 when the module is imported or the metrics are built.
 """
@@ -108,38 +109,117 @@ class MetricDevice:
         return torch.device(get_current_device())
 
 
-def _all_reduce(values: Iterable[float], op, where: Optional[MetricDevice]) -> list[float]:
-    """All-reduce a few floats (FP64 on the wire, on ``where``'s device) when a process group exists."""
-    values = list(values)
-    if dist.is_available() and dist.is_initialized():
-        t = torch.tensor(values, dtype=torch.float64, device=(where or MetricDevice()).resolve())
-        dist.all_reduce(t, op=op)
-        values = t.tolist()
-    return values
+class MetricReducer:
+    """One collective per logging step for every metric that shares it (all those :func:`build_metrics` makes).
+
+    ms-swift computes each metric of ``custom_metrics`` in turn (``compute`` then ``reset``). The first
+    ``compute`` of a round takes every member's window state (a few floats each, FP64), all-gathers them over the
+    ranks in one collective (``all_gather_into_tensor``; ``all_gather`` on gloo) and copies the ``[world, K]``
+    result to the host once; each member then reduces its own columns (sum, min or max over ranks). A round ends
+    when every member has been computed; an ``update`` in between makes the next ``compute`` take a fresh snapshot
+    (the ``reset`` that follows each ``compute`` in a round does not). Before: one ``all_reduce`` + a host copy per metric (15 per logging step).
+    """
+
+    def __init__(self, where: Optional[MetricDevice] = None):
+        self.where = where if where is not None else MetricDevice()
+        self.members: list = []
+        self.collectives = 0  # collectives issued (tests and benchmarks read it)
+        self.version = 0  # bumped by every update of a member
+        self._cache: Optional[list] = None
+        self._cache_version = -1
+        self._consumed: set = set()
+
+    def register(self, metric: "_HarnessMetric") -> None:
+        self.members.append(metric)
+
+    def values(self, metric: "_HarnessMetric") -> list:
+        """``metric``'s window state reduced over all ranks (its :meth:`_HarnessMetric.local` order)."""
+        i = next(k for k, m in enumerate(self.members) if m is metric)
+        if self._cache is None or i in self._consumed or self._cache_version != self.version:
+            self._cache, self._cache_version, self._consumed = self._reduce(), self.version, set()
+        self._consumed.add(i)
+        out = self._cache[i]
+        if len(self._consumed) == len(self.members):
+            self._cache = None
+        return out
+
+    def _reduce(self) -> list:
+        local = [m.local() for m in self.members]
+        flat = [float(x) for values in local for x in values]
+        rows = [flat]
+        if dist.is_available() and dist.is_initialized():
+            t = torch.tensor(flat, dtype=torch.float64, device=self.where.resolve())
+            world = dist.get_world_size()
+            if dist.get_backend() == "gloo":  # no all_gather_into_tensor on gloo
+                parts = [torch.empty_like(t) for _ in range(world)]
+                dist.all_gather(parts, t)
+                gathered = torch.stack(parts)
+            else:
+                gathered = t.new_empty((world, t.numel()))
+                dist.all_gather_into_tensor(gathered, t)
+            self.collectives += 1
+            rows = gathered.tolist()  # the one host copy
+        out, col = [], 0
+        for m, values in zip(self.members, local):
+            cols = [[r[col + j] for r in rows] for j in range(len(values))]
+            out.append([_REDUCE[op](c) for op, c in zip(m.ops(), cols)])
+            col += len(values)
+        return out
+
+
+def _nan_aware(fn):
+    def reduce(values):
+        return math.nan if any(math.isnan(v) for v in values) else fn(values)
+
+    return reduce
+
+
+#: How a column is reduced over ranks: sums propagate NaN by themselves; min and max keep a NaN as NaN.
+_REDUCE = {"sum": math.fsum, "min": _nan_aware(min), "max": _nan_aware(max)}
 
 
 class _HarnessMetric(Metric):
-    """ms-swift ``Metric`` whose collectives run on a shared :class:`MetricDevice`."""
+    """ms-swift ``Metric`` reduced over ranks by a :class:`MetricReducer` (shared, or its own when not given).
 
-    def __init__(self, where: Optional[MetricDevice] = None):
+    Subclasses give their window state (:meth:`local`) and how each entry reduces over ranks (:meth:`ops`)."""
+
+    def __init__(self, where: Optional[MetricDevice] = None, reducer: Optional[MetricReducer] = None):
         super().__init__()
-        self.where = where if where is not None else MetricDevice()
+        self.reducer = reducer if reducer is not None else MetricReducer(where)
+        self.where = self.reducer.where
+        self.reducer.register(self)
+
+    def local(self) -> list:
+        raise NotImplementedError
+
+    def ops(self) -> tuple:
+        raise NotImplementedError
+
+    def _reduced(self) -> list:
+        return self.reducer.values(self)
 
 
 class SumMetric(_HarnessMetric):
     """Sum over the logging window and over ranks (``None`` when nothing was recorded anywhere)."""
 
-    def __init__(self, where: Optional[MetricDevice] = None):
-        super().__init__(where)
+    def __init__(self, where: Optional[MetricDevice] = None, reducer: Optional[MetricReducer] = None):
+        super().__init__(where, reducer)
         self.add_state("value", default=0.0)
         self.add_state("count", default=0)
 
     def update(self, value) -> None:
         self.value += float(value)
         self.count += 1
+        self.reducer.version += 1
+
+    def local(self) -> list:
+        return [self.value, self.count]
+
+    def ops(self) -> tuple:
+        return ("sum", "sum")
 
     def _window(self):
-        value, count = _all_reduce([self.value, self.count], dist.ReduceOp.SUM, self.where)
+        value, count = self._reduced()
         replicas = loss_replicas()
         return value / replicas, count / replicas
 
@@ -151,8 +231,8 @@ class SumMetric(_HarnessMetric):
 class CumulativeSumMetric(SumMetric):
     """Running total since the start of training, summed over ranks (reset() only clears the window)."""
 
-    def __init__(self, where: Optional[MetricDevice] = None):
-        super().__init__(where)
+    def __init__(self, where: Optional[MetricDevice] = None, reducer: Optional[MetricReducer] = None):
+        super().__init__(where, reducer)
         self.total = 0.0
 
     def compute(self):
@@ -164,17 +244,24 @@ class CumulativeSumMetric(SumMetric):
 class MeanMetric(_HarnessMetric):
     """Mean over the window and over ranks (``None`` when empty; NaN/Inf propagate as themselves)."""
 
-    def __init__(self, where: Optional[MetricDevice] = None):
-        super().__init__(where)
+    def __init__(self, where: Optional[MetricDevice] = None, reducer: Optional[MetricReducer] = None):
+        super().__init__(where, reducer)
         self.add_state("state", default=0.0)
         self.add_state("count", default=0)
 
     def update(self, value) -> None:
         self.state += float(value)
         self.count += 1
+        self.reducer.version += 1
+
+    def local(self) -> list:
+        return [self.state, self.count]
+
+    def ops(self) -> tuple:
+        return ("sum", "sum")
 
     def compute(self):
-        state, count = _all_reduce([self.state, self.count], dist.ReduceOp.SUM, self.where)
+        state, count = self._reduced()
         return state / count if count else None
 
 
@@ -182,9 +269,11 @@ class MinMetric(_HarnessMetric):
     """Minimum over the window and over ranks (``None`` when empty, NaN when any recorded value was NaN)."""
 
     _op_name, _init = "MIN", math.inf
+    value: float  # states (add_state)
+    nan: float
 
-    def __init__(self, where: Optional[MetricDevice] = None):
-        super().__init__(where)
+    def __init__(self, where: Optional[MetricDevice] = None, reducer: Optional[MetricReducer] = None):
+        super().__init__(where, reducer)
         self.add_state("value", default=self._init)
         self.add_state("nan", default=0.0)
 
@@ -194,11 +283,16 @@ class MinMetric(_HarnessMetric):
             self.nan = 1.0
         else:
             self.value = min(self.value, value) if self._op_name == "MIN" else max(self.value, value)
+        self.reducer.version += 1
+
+    def local(self) -> list:
+        return [self.value, self.nan]
+
+    def ops(self) -> tuple:
+        return (self._op_name.lower(), "max")
 
     def compute(self):
-        # one collective: the NaN flag travels with the same op (negated for MIN so that any NaN wins)
-        sign = -1.0 if self._op_name == "MIN" else 1.0
-        value, nan = _all_reduce([self.value, sign * self.nan], getattr(dist.ReduceOp, self._op_name), self.where)
+        value, nan = self._reduced()
         if nan != 0:
             return math.nan
         return None if math.isinf(value) and value == self._init else value
@@ -213,17 +307,24 @@ class MaxMetric(MinMetric):
 class RatioMetric(_HarnessMetric):
     """``sum(numerator) / sum(denominator)`` over the window and over ranks (``None`` when the denominator is 0)."""
 
-    def __init__(self, where: Optional[MetricDevice] = None):
-        super().__init__(where)
+    def __init__(self, where: Optional[MetricDevice] = None, reducer: Optional[MetricReducer] = None):
+        super().__init__(where, reducer)
         self.add_state("num", default=0.0)
         self.add_state("den", default=0.0)
 
     def update(self, num, den) -> None:  # noqa: D401 - Metric protocol
         self.num += float(num)
         self.den += float(den)
+        self.reducer.version += 1
+
+    def local(self) -> list:
+        return [self.num, self.den]
+
+    def ops(self) -> tuple:
+        return ("sum", "sum")
 
     def compute(self):
-        num, den = _all_reduce([self.num, self.den], dist.ReduceOp.SUM, self.where)
+        num, den = self._reduced()
         return num / den if den else None
 
 
@@ -233,6 +334,7 @@ def build_metrics(param_grad: bool = False, where: Optional[MetricDevice] = None
     Queries no device: the collectives' device is bound when training begins or on the first loss call.
     """
     where = where if where is not None else MetricDevice()
+    reducer = MetricReducer(where)  # one collective per logging step for all of them
     kinds = {
         JSD_LOSS: MeanMetric,
         SFT_LOSS: MeanMetric,
@@ -252,7 +354,7 @@ def build_metrics(param_grad: bool = False, where: Optional[MetricDevice] = None
     }
     if param_grad:
         kinds[SPOT_PARAM_GRAD_REL_L2] = MaxMetric
-    return {name: kind(where) for name, kind in kinds.items()}
+    return {name: kind(where, reducer) for name, kind in kinds.items()}
 
 
 # ----------------------------------------------------------------------------------------------------------
