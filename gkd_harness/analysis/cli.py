@@ -142,29 +142,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _load(source: str, sweep: str, group):
-    from gkd_harness.analysis.sweep.offline import load_wandb_offline
-    from gkd_harness.analysis.sweep.records import UnusableInput
-    from gkd_harness.analysis.sweep.runs import load_sweep
-    from gkd_harness.analysis.sweep.wandb_api import load_wandb_sweep
-
-    if source == "local":
-        return load_sweep(sweep)
-    if source == "wandb-offline":
-        return load_wandb_offline(sweep, group)
-    if not group:
-        raise UnusableInput("--source wandb needs --group (the sweep's wandb group)")
-    return load_wandb_sweep(sweep, group)
-
-
-def _mixed(sweep) -> list:
-    """Why the loaded runs are not one comparison (gkd_harness.analysis.sweep.records and gkd_harness.analysis.sweep.evidence)."""
-    from gkd_harness.analysis.sweep.evidence import mixed_evidence
-    from gkd_harness.analysis.sweep.records import mixed_sweep_problems
-
-    return mixed_sweep_problems(sweep) + mixed_evidence(sweep)
-
-
 def _freeze_imported_heap() -> None:
     """In a gkd-analyze process of its own: import the report's modules (pandas and matplotlib are in by now;
     torch and the harness's loss variants, which the seed defect table and the FP64 β-curve run), then move every
@@ -179,41 +156,49 @@ def _freeze_imported_heap() -> None:
     gc.freeze()
 
 
+def _missing_path(args) -> Optional[str]:
+    """A local SWEEP or a --verify folder that does not exist, as the one line gkd-analyze prints (checked before
+    anything heavy is imported); None when there is nothing to say."""
+    if args.verify is not None and not args.verify.exists():
+        return f"report folder {args.verify} does not exist"
+    if args.sweep is not None and args.source in ("local", "wandb-offline") and not Path(args.sweep).exists():
+        return f"sweep folder {args.sweep} does not exist"
+    if args.verify is None and args.sweep is not None and args.report is None:
+        return "give --report DIR (the report folder to write), or --verify REPORT_DIR"
+    return None
+
+
 def _run(args, own_process: bool = False) -> int:
-    from gkd_harness.analysis.signoff.criteria import build_evidence
-    from gkd_harness.analysis.signoff.criteria_file import load_criteria
+    from gkd_harness.analysis.signoff.judge import judge, load_runs, margin_line
     from gkd_harness.analysis.signoff.report import build_report
     from gkd_harness.analysis.sweep.records import UnusableInput
 
     if args.sweep is None or args.report is None:
         raise UnusableInput("give SWEEP and --report DIR (or --verify REPORT_DIR)")
-    cfg = load_criteria(args.criteria)
-    sweep = _load(args.source, args.sweep, args.group)
-    mixed = _mixed(sweep)
-    if mixed and not args.allow_mixed:
-        raise UnusableInput(
-            f"{args.sweep} is not one comparison: {'; '.join(mixed)} (--allow-mixed analyses them together)"
-        )
-    ev = build_evidence(sweep, cfg)
+    sweep = load_runs(args.source, args.sweep, args.group)
+    j = judge(sweep, args.criteria, args.allow_mixed, label=args.sweep)
     if own_process:
         _freeze_imported_heap()
     result = build_report(
         sweep,
         args.report,
-        cfg,
+        j.cfg,
         allow_mixed=args.allow_mixed,
-        mixed=mixed,
+        mixed=tuple(j.mixed),
         criteria_file=args.criteria,
-        evidence=ev,
+        evidence=j.ev,
         source={"source": args.source, "sweep": args.sweep, "group": args.group},
+        judged=(j.verdict, j.results),
     )
     for c in result["criteria"]:
         print(f"[{c['status']:>12}] {c['title']}: {c['measured']}")
     for name, why in result.get("failed_reasons", {}).items():
         print(f"FAIL {name}: {why}")
-    if args.allow_mixed and mixed:
-        print(f"--allow-mixed: {'; '.join(mixed)}")
-    print(f"verdict: {result['verdict'].upper()} ({len(sweep.runs)} runs) -> {args.report / 'report.md'}")
+    if args.allow_mixed and j.mixed:
+        print(f"--allow-mixed: {'; '.join(j.mixed)}")
+    print(
+        f"verdict: {result['verdict'].upper()} ({len(sweep.runs)} runs{margin_line(j)}) -> {args.report / 'report.md'}"
+    )
     if args.junit is not None or args.summary is not None:
         from gkd_harness.analysis.signoff.ci import write_ci_files
 
@@ -227,31 +212,38 @@ def _run(args, own_process: bool = False) -> int:
 
 
 def _verify(args) -> int:
-    """``--verify REPORT_DIR``: recompute the judgement from the run folders; 0 match, 1 the first difference."""
-    from gkd_harness.analysis.signoff.criteria import build_evidence, evaluate_evidence
-    from gkd_harness.analysis.signoff.criteria_file import load_criteria
-    from gkd_harness.analysis.signoff.verdict import criteria_digest, first_difference, judgement, read_verdict
+    """``--verify REPORT_DIR``: recompute the judgement from the run folders and their plan (the same
+    :func:`gkd_harness.analysis.signoff.judge.judge` as gkd-analyze); 0 match, 1 the first difference."""
+    from gkd_harness.analysis.signoff.judge import judge, load_runs
+    from gkd_harness.analysis.signoff.verdict import (
+        criteria_digest,
+        first_difference,
+        judgement,
+        read_verdict,
+        report_files_difference,
+    )
 
     recorded = read_verdict(args.verify)
     inputs = recorded["inputs"]
-    cfg = load_criteria(args.criteria)
-    sweep = _load(inputs.get("source") or "local", args.sweep or inputs.get("sweep"), inputs.get("group"))
-    mixed = _mixed(sweep)
-    allow_mixed = bool(recorded.get("allow_mixed"))
-    ev = build_evidence(sweep, cfg)
-    verdict, results = evaluate_evidence(ev, cfg)
-    fresh = judgement(ev, verdict, results, allow_mixed, mixed)
-    md = args.verify / "report.md"
+    where = args.sweep or inputs.get("sweep")
+    sweep = load_runs(inputs.get("source") or "local", where, inputs.get("group"))
+    j = judge(sweep, args.criteria, bool(recorded.get("allow_mixed")), label=where)
+    fresh = judgement(j.ev, j.verdict, j.results, j.allow_mixed, j.mixed)
+    md, html = args.verify / "report.md", args.verify / "report.html"
     diff = first_difference(
-        recorded, fresh, criteria_digest(cfg, args.criteria), md.read_text() if md.exists() else None
-    )
+        recorded,
+        fresh,
+        criteria_digest(j.cfg, args.criteria),
+        md.read_text() if md.exists() else None,
+        html.read_text() if html.exists() else None,
+    ) or report_files_difference(recorded, args.verify)
     if diff is not None:
         print(f"gkd-analyze --verify {args.verify}: DIFFERS: {diff}")
         return 1
     print(
-        f"gkd-analyze --verify {args.verify}: matches: verdict {verdict.upper()} recomputed from "
+        f"gkd-analyze --verify {args.verify}: matches: verdict {j.verdict.upper()} recomputed from "
         f"{len(sweep.runs)} runs ({sum(len(v) for v in fresh['run_files'].values())} run files) with the same "
-        "criteria"
+        "criteria and plan; report.md and report.html unchanged"
     )
     return 0
 
@@ -264,6 +256,10 @@ def main(argv: Optional[list] = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # argparse's exits: --help, --version, a usage error
         return e.code if isinstance(e.code, int) else EXIT_UNUSABLE
+    missing = _missing_path(args)
+    if missing is not None:  # before anything heavy is imported: one line, at once
+        print(f"gkd-analyze: unusable input: {missing}", file=sys.stderr)
+        return EXIT_UNUSABLE
     from gkd_harness.analysis.sweep.records import UnusableInput
 
     try:

@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -41,7 +43,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from gkd_harness.harness.contract import METRICS_FILE, SUMMARY_FILE, SWEEP_MANIFEST_FILE
+from gkd_harness.harness.contract import HYDRA_DIR, METRICS_FILE, SUMMARY_FILE, SWEEP_MANIFEST_FILE
 from gkd_harness.harness.launcher.cli import EXIT_CONFIG, PointFailed
 from gkd_harness.harness.launcher.progress import ProgressDisplay, Running, Snapshot, render
 from gkd_harness.harness.launcher.sweep_points import point_name, sweep_points
@@ -51,25 +53,118 @@ STATUS_FILE = "job_return.json"
 REFUSED_LOG = "refused_points.log"
 
 
-def write_manifest(sweep_dir: Path, names: list[str], group: str, launcher: str) -> Path:
-    """Write ``sweep_manifest.json`` (planned point names, in launch order, plus those of an earlier manifest
-    in the same folder) atomically; returns its path."""
+#: The keys a plan declares for each point (from the sweep's config and the point's own overrides): what the
+#: sign-off needs to know before any run exists (the seeds to pair, the steps and the final held-out evaluation).
+DECLARED_KEYS = ("run.seed", "run.max_steps", "run.logging_steps", "monitor.eval.every_n_steps")
+MANIFEST_SCHEMA = 2
+
+
+def _select(config: Any, key: str) -> Any:
+    try:
+        from omegaconf import OmegaConf
+
+        return OmegaConf.select(config, key, default=None)
+    except Exception:  # noqa: BLE001 - an interpolation that only resolves inside a job
+        return None
+
+
+def declared_point(job_overrides: list[str], config: Any) -> dict:
+    """What the plan declares for one point: :data:`DECLARED_KEYS` from the sweep's config, each replaced by the
+    point's own ``key=value`` override where it has one, and ``overrides`` (the point's override list; the keys
+    it sweeps are what may differ between runs)."""
+    out: dict = {}
+    for key in DECLARED_KEYS:
+        v = _select(config, key)
+        out[key] = int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    for line in job_overrides:
+        key, sep, value = str(line).lstrip("+~").partition("=")
+        if sep and key in DECLARED_KEYS:
+            try:
+                out[key] = int(float(value))
+            except ValueError:
+                out[key] = None
+    out["overrides"] = [str(x) for x in job_overrides]
+    return out
+
+
+def write_manifest(
+    sweep_dir: Path,
+    names: list[str],
+    group: str,
+    launcher: str,
+    declared: dict | None = None,
+    signoff: dict | None = None,
+) -> tuple[Path, dict]:
+    """Append this launch to the sweep's plan, ``sweep_manifest.json`` (atomically); returns its path and this
+    launch's entry.
+
+    The plan is append-only: ``launches`` keeps every launch (``id`` 1, 2, ..., ``at``, ``launcher``, ``points``,
+    and what it ``adds`` to the plan, ``drops`` from it (points of earlier launches that are not in this one and
+    never ran) and ``keeps`` (points of earlier launches that are not in this one but ran: they stay planned, their
+    runs are evidence)). ``points`` is the plan now: this launch's points and the kept ones. ``declared``: point
+    name -> :func:`declared_point`; ``signoff``: criteria values the experiment preset declares
+    (``hydra.callbacks.sweep_status.plan``, e.g. the non-inferiority margin), merged by gkd-analyze over the
+    shipped criteria. A manifest of the first layout (``points`` only) counts as launch 1."""
     import os
 
-    path = Path(sweep_dir) / SWEEP_MANIFEST_FILE
-    earlier = _read_json(path) or {}
-    planned = list(dict.fromkeys([str(n) for n in (earlier.get("points") or [])] + list(names)))
+    sweep_dir = Path(sweep_dir)
+    path = sweep_dir / SWEEP_MANIFEST_FILE
+    earlier: dict = _read_json(path) or {}
+    before = [str(n) for n in (earlier.get("points") or [])]
+    launches = [dict(x) for x in (earlier.get("launches") or []) if isinstance(x, dict)]
+    if before and not launches:  # the first layout: one launch whose declarations were not recorded
+        launches = [{"id": 1, "at": earlier.get("written_at"), "launcher": earlier.get("launcher"), "points": before}]
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    new = [str(n) for n in dict.fromkeys(names)]
+    keeps = [n for n in before if n not in new and holds_a_run(sweep_dir / n)]
+    entry = {
+        "id": len(launches) + 1,
+        "at": now,
+        "launcher": launcher,
+        "points": new,
+        "adds": [n for n in new if n not in before],
+        "drops": [n for n in before if n not in new and n not in keeps],
+        "keeps": keeps,
+        "signoff": dict(signoff or {}),
+    }
+    got = earlier.get("declared")
+    old_declared: dict = got if isinstance(got, dict) else {}
+    plan_declared = {n: old_declared[n] for n in keeps if n in old_declared}
+    plan_declared.update({n: v for n, v in (declared or {}).items() if n in new})
     body = {
+        "schema": MANIFEST_SCHEMA,
         "group": group,
         "launcher": launcher,
-        "points": planned,
-        "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "points": [n for n in before if n in keeps] + new,
+        "declared": plan_declared,
+        "signoff": dict(signoff or {}),
+        "launches": [*launches, entry],
+        "written_at": now,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(body, indent=1))
     os.replace(tmp, path)
-    return path
+    return path, entry
+
+
+def launch_line(entry: dict) -> str | None:
+    """What a relaunch adds to or drops from the plan, in one line; None for the first launch."""
+    if int(entry.get("id") or 1) <= 1:
+        return None
+
+    def few(names: list) -> str:
+        return ", ".join(names[:4]) + (f" ... ({len(names)})" if len(names) > 4 else "")
+
+    parts = [f"launch {entry['id']} of this sweep's plan"]
+    parts.append(f"adds {len(entry['adds'])} point(s)" + (f" ({few(entry['adds'])})" if entry["adds"] else ""))
+    parts.append(
+        f"drops {len(entry['drops'])} planned earlier that never ran"
+        + (f" ({few(entry['drops'])})" if entry["drops"] else "")
+    )
+    if entry["keeps"]:
+        parts.append(f"keeps {len(entry['keeps'])} that ran earlier ({few(entry['keeps'])})")
+    return ", ".join(parts)
 
 
 @dataclass
@@ -96,6 +191,18 @@ class PointStatus:
     wall_s: float | None = None
 
 
+def _plain(x: Any) -> Any:
+    """A DictConfig (Hydra hands callback arguments as one) as plain dicts and lists."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(x, (DictConfig, ListConfig)):
+            return OmegaConf.to_container(x, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    return x
+
+
 def _read_json(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text())
@@ -111,7 +218,7 @@ def holds_a_run(run_dir: Path) -> bool:
     except OSError:
         return False
     for p in entries:
-        if p.name == ".hydra" and p.is_dir():
+        if p.name == HYDRA_DIR and p.is_dir():
             if any(q.name != STATUS_FILE for q in p.iterdir()):
                 return True
         elif p.is_dir() or p.is_symlink() or p.stat().st_size > 0:
@@ -130,7 +237,7 @@ def read_point(name: str, run_dir: Path) -> PointStatus:
     """Status of one point from its run folder (see the module docstring for the order of trust)."""
     point = PointStatus(name=name, run_dir=run_dir)
     summary = _read_json(run_dir / SUMMARY_FILE)
-    verdict = _read_json(run_dir / ".hydra" / STATUS_FILE)
+    verdict = _read_json(run_dir / HYDRA_DIR / STATUS_FILE)
     if summary:
         point.status = str(summary.get("status", "missing"))
         point.error = summary.get("error")
@@ -167,9 +274,20 @@ class SweepStatusCallback(Callback):
         stream: where to print (default stdout).
     """
 
-    def __init__(self, progress_interval_s: float = 30, stream: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        progress_interval_s: float = 30,
+        stream: TextIO | None = None,
+        plan: Any = None,
+        launch_id: str | None = None,
+    ) -> None:
         self.progress_interval_s = float(progress_interval_s)
         self.stream = stream
+        #: criteria values the experiment preset declares (``hydra.callbacks.sweep_status.plan``)
+        self.plan = _plain(plan) if plan is not None else {}
+        #: this multirun's id: its refusals are told apart from another launch's in the same folder
+        self.launch_tag = launch_id or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._launch_id = 0
         self._points: list[tuple[str, Path]] = []
         self._completed_before: set[str] = set()
         self._group = ""
@@ -183,7 +301,7 @@ class SweepStatusCallback(Callback):
 
     # submitit launchers pickle the Hydra context (callbacks included) into every job: ship settings only
     def __getstate__(self) -> dict:
-        return {"progress_interval_s": self.progress_interval_s}
+        return {"progress_interval_s": self.progress_interval_s, "plan": self.plan, "launch_id": self.launch_tag}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state)
@@ -217,7 +335,14 @@ class SweepStatusCallback(Callback):
         self._points = [(n, self._sweep_dir / n) for n in names]
         try:
             launcher = str((config.hydra.get("launcher") or {}).get("_target_") or "basic")
-            write_manifest(self._sweep_dir, names, self._group, launcher)
+            if not (config.get("run") or {}).get("dry_run", False):  # a dry run plans nothing
+                jobs = sweep_points(config)
+                declared = {n: declared_point(job, config) for n, job in zip(names, jobs)}
+                _, entry = write_manifest(self._sweep_dir, names, self._group, launcher, declared, self.plan)
+                self._launch_id = int(entry["id"])
+                line = launch_line(entry)
+                if line:
+                    self._print(f"[sweep {self._group}] {line}")
         except OSError as e:
             self._print(
                 f"[sweep {self._group}] cannot write {SWEEP_MANIFEST_FILE} ({e}); gkd-analyze will fall "
@@ -267,7 +392,7 @@ class SweepStatusCallback(Callback):
         if job_return.status == JobStatus.COMPLETED and not run_dir.exists():
             self._at_start.pop(run_dir, None)
             return  # the job left nothing and removed its folder (a dry run): no verdict file brings it back
-        out = run_dir / ".hydra"
+        out = run_dir / HYDRA_DIR
         error, status = None, job_return.status.name
         ret = getattr(job_return, "_return_value", None)
         if job_return.status == JobStatus.FAILED:
@@ -290,35 +415,43 @@ class SweepStatusCallback(Callback):
             pass
 
     def _refused(self, run_dir: Path, error: str) -> None:
-        """A refused point: one line on the console and in ``<sweep folder>/refused_points.log``."""
+        """A refused point: one line on the console and in ``<sweep folder>/refused_points.log``, tagged with
+        this multirun's :attr:`launch_tag` (two sweeps of one group at once each read back only their own)."""
         line = f"refused: {run_dir.name}: {error}"
         self._print(f"[sweep {self._group}] {line}")
         try:
             with open(run_dir.parent / REFUSED_LOG, "a") as f:
-                f.write(time.strftime("%Y-%m-%dT%H:%M:%SZ ", time.gmtime()) + line + "\n")
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ ", time.gmtime())
+                f.write(f"{stamp}[launch {self.launch_tag}] {line}\n")
         except OSError:
             pass
 
     def refusals(self) -> list[str]:
-        """Lines of :data:`REFUSED_LOG` written since this multirun started (any process wrote them)."""
+        """Lines of :data:`REFUSED_LOG` written by this multirun (its launch tag; the worker processes of a
+        submitit launcher carry the same tag), without the tag."""
         try:
             lines = (self._sweep_dir / REFUSED_LOG).read_text().splitlines()
         except OSError:
             return []
-        since = getattr(self, "_started_wall", "")
-        return [ln for ln in lines if ln[:20] >= since]
+        tag = f"[launch {self.launch_tag}] "
+        return [ln[:21] + ln[21 + len(tag) :] for ln in lines if ln[21 : 21 + len(tag)] == tag]
 
     def refused_points(self) -> dict[str, str]:
-        """Point name -> its refusal (the error's last line), from :meth:`refusals`."""
+        """Point name -> its refusal (the error's last line), from :meth:`refusals`; a point refused because
+        another launch's run held its folder, and which completed there by now, is not refused: it trained once,
+        by the other launch (:meth:`statuses` shows it completed)."""
         out = {}
         for line in self.refusals():
             name, _, error = line.split(" ", 1)[-1].removeprefix("refused: ").partition(": ")
+            if "Busy" in error.split(":", 1)[0] and read_point(name, self._sweep_dir / name).status == "completed":
+                continue
             out[name] = error.strip().splitlines()[-1][:200] if error.strip() else "refused"
         return out
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        """The summary table; the sweep exits 2 when any point had an invalid config (as a single ``gkd-train`` does),
-        otherwise 1 when any point failed or was refused (each was one line already)."""
+        """The summary table; the sweep exits 2 when any point had an invalid config or was refused (its folder
+        holds another config's completed run, or a live run: as a single ``gkd-train`` does), otherwise 1 when any
+        point failed, was interrupted or is incomplete (each was one line already)."""
         self._report()
         if (config.get("run") or {}).get("dry_run", False) and self._sweep_dir is not None:
             from gkd_harness.harness.launcher.leftovers import remove_dry_sweep_folder  # a dry run leaves no folder
@@ -337,7 +470,9 @@ class SweepStatusCallback(Callback):
                 f"(first: {invalid[0].error.split(': ', 1)[-1]})"
             )
             sys.exit(EXIT_CONFIG)
-        if refused or any(p.status in ("failed", "incomplete") for p in points):
+        if any(p.status == "refused" for p in points):  # as gkd-train refusing one folder (README: exit 2)
+            sys.exit(EXIT_CONFIG)
+        if any(p.status in ("failed", "incomplete", "interrupted") for p in points):
             sys.exit(1)
 
     # -- progress and final report
@@ -375,9 +510,11 @@ class SweepStatusCallback(Callback):
         for p in points:  # nothing runs any more: a point still marked running died without a verdict
             if p.status == "running":
                 p.status = "incomplete"
-        counts = {
-            s: sum(p.status == s for p in points) for s in ("completed", "failed", "refused", "incomplete", "missing")
-        }
+        order = ("completed", "failed", "interrupted", "refused", "incomplete", "missing")
+        counts = {s: sum(p.status == s for p in points) for s in order}
+        for p in points:  # a status this table does not know still counts (issue 40: an interrupted point)
+            if p.status not in counts:
+                counts[p.status] = sum(q.status == p.status for q in points)
         self._print(
             f"[sweep {self._group}] summary, {len(points)} points: "
             + ", ".join(f"{v} {k}" for k, v in counts.items() if v or k in ("completed", "failed"))

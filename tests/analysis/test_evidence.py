@@ -49,6 +49,7 @@ def _run(
     sha: str | None = None,
     loss_name: str | None = None,
     group: str = "g",
+    rank: str = "c" * 64,
 ) -> Path:
     run = write_run(
         root / name,
@@ -67,6 +68,7 @@ def _run(
         "harness_commit": commit,
         "harness_dirty": dirty,
         "loss_sha256": sha or (SHA_UPSTREAM if precision == "native" else SHA_HARNESS),
+        "rank_sha256": rank,
     }
     if loss_name is not None:
         s["config"]["loss.name"] = loss_name
@@ -207,17 +209,27 @@ def test_repro4_candidate_is_judged_alone_not_pooled_with_the_harness_runs(tmp_p
     "second, named",
     [
         (dict(ms_swift="4.7.0"), "two ms-swift versions: 4.6.0"),
-        (dict(commit="deadbeef" * 5), "two harness trees"),
-        (dict(dirty=True), "dirty"),
+        (dict(rank="d" * 64), "two rank-side codes (harness/rank): sha256 cccccccc"),
     ],
 )
-def test_repro5_mixed_versions_or_trees_exit_2_naming_them(tmp_path, capsys, second, named):
+def test_repro5_mixed_versions_or_rank_code_exit_2_naming_them(tmp_path, capsys, second, named):
     _run(tmp_path / "s", "loss=original", precision="native")
     _run(tmp_path / "s", "loss=fp32", precision="fp32", **second)
     assert main([str(tmp_path / "s"), "--report", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert named in err and "--allow-mixed" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("second", [dict(commit="deadbeef" * 5), dict(dirty=True)])
+def test_issue38_a_commit_during_a_sweep_does_not_split_it(tmp_path, capsys, second):
+    """Issue 38 item 9: a docs-only commit (or a dirty tree) between two points changed the tree's commit and the
+    sweep was refused as "two harness trees" (exit 2). What decides a result is the loss code, the rank-side code,
+    ms-swift and the resolved config, which are equal here: one comparison, PASS."""
+    _run(tmp_path / "s", "loss=original", precision="native")
+    _run(tmp_path / "s", "loss=fp32", precision="fp32", **second)
+    assert main([str(tmp_path / "s"), "--report", str(tmp_path / "r")]) == 0, capsys.readouterr().err
+    assert "harness trees" not in capsys.readouterr().out
 
 
 def test_repro6_one_variant_with_two_sources_exits_2(tmp_path, capsys):

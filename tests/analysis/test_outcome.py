@@ -45,7 +45,14 @@ def _add_eval(folder, final_jsd):
             )
 
 
-def _sweep(root, values=FINAL, with_eval=True, **kw):
+def _declare_eval(folder, every=5):
+    """The run's config as gkd-train records it with the held-out evaluation on (monitor.eval.every_n_steps)."""
+    s = json.loads((folder / "summary.json").read_text())
+    s["config"]["monitor.eval.every_n_steps"] = every
+    (folder / "summary.json").write_text(json.dumps(s))
+
+
+def _sweep(root, values=FINAL, with_eval=True, declare_eval=True, **kw):
     for (prec, seed), v in values.items():
         folder = write_run(
             root / f"loss={prec},run.seed={seed}",
@@ -59,6 +66,8 @@ def _sweep(root, values=FINAL, with_eval=True, **kw):
         )
         if with_eval:
             _add_eval(folder, v)
+        if declare_eval:
+            _declare_eval(folder)
     return load_sweep(root)
 
 
@@ -99,39 +108,57 @@ def test_variant_means_and_paired_differences_match_hand_computation(tmp_path):
     assert (pool["rel_mean"], pool["rel_low"], pool["rel_high"]) == pytest.approx(_hand_mean_ci(rels), rel=1e-9)
 
 
-def _criterion(sweep):
-    _, results = evaluate(sweep, load_criteria())
+def _criterion(sweep, margin=None):
+    plan = {"patched_not_worse": {"margin": margin}} if margin is not None else None
+    _, results = evaluate(sweep, load_criteria(None, plan))
     return next(r for r in results if r.name == "patched_not_worse")
 
 
 def test_patched_not_worse_passes_and_fails_on_the_interval_bound(tmp_path):
-    # rel = -5%, -1.67%, -5.45%: mean -4.04%, upper bound -4.04% + 4.303 * 2.14% / sqrt(3) = +1.27% <= 5%
-    r = _criterion(_sweep(tmp_path / "good"))
+    # rel = -5%, -1.67%, -5.45%: mean -4.04%, upper bound -4.04% + 4.303 * 2.14% / sqrt(3) = +1.27%: within a 5%
+    # margin, beyond the shipped 1% one
+    sweep = _sweep(tmp_path / "good")
+    r = _criterion(sweep, margin=0.05)
     assert r.status == "pass", r.measured
     rels = [(FINAL[("fp32", s)] - FINAL[("native", s)]) / FINAL[("native", s)] for s in (1, 2, 3)]
     upper = _hand_mean_ci(rels)[2]
-    assert f"{upper:+.3%}" in r.measured and "3 seeds" in r.measured
+    assert f"{upper:+.3%}" in r.measured and "3 seeds" in r.measured and "margin +5.00%" in r.measured
+    assert _criterion(sweep).status == "fail"  # the shipped margin, 1%
     worse = {k: (v * 1.08 if k[0] == "fp32" else v) for k, v in FINAL.items()}  # +8% on every seed
-    assert _criterion(_sweep(tmp_path / "bad", worse)).status == "fail"
+    assert _criterion(_sweep(tmp_path / "bad", worse), margin=0.05).status == "fail"
 
 
-def test_patched_not_worse_not_applicable_without_seed_pairs_and_skipped_without_eval(tmp_path):
+@pytest.mark.parametrize("n_seeds", [3, 8, 30])
+def test_a_2_percent_harm_fails_at_any_number_of_seeds_with_the_shipped_margin(tmp_path, n_seeds):
+    """Issue 38 item 5: with the 5% margin a candidate 4.9% worse failed at 3 seeds and passed at 8 or more. The
+    shipped margin (1%, from the measured seed spread) fails a 2% harm at any number of seeds, since the interval's
+    upper bound is never below its mean; the margin is printed with the measurement."""
+    base = {("native", s): 0.010 + 0.0001 * s for s in range(1, n_seeds + 1)}
+    values = {**base, **{("fp32", s): v * (1.02 + 0.0001 * (s % 3)) for (_, s), v in base.items()}}
+    r = _criterion(_sweep(tmp_path / "harm", values))
+    assert r.status == "fail" and "margin +1.00%" in r.measured, r.measured
+    assert load_criteria().patched_not_worse.margin == 0.01
+
+
+def test_every_planned_seed_must_pair_and_without_held_out_evaluation_it_does_not_apply(tmp_path):
     unpaired = {("native", 1): 0.01, ("fp32", 2): 0.01, ("fp32", 3): 0.01}
-    assert _criterion(_sweep(tmp_path / "unpaired", unpaired)).status == "not_applicable"
-    r = _criterion(_sweep(tmp_path / "noeval", with_eval=False))
-    assert r.status == "skipped" and "eval/jsd" in r.measured  # not required by default: reported, not failed
+    r = _criterion(_sweep(tmp_path / "unpaired", unpaired))
+    assert r.status == "not_measured" and "seed 1: no fp32/paper run" in r.details, r.details
+    assert "seed 2: 0 original runs pair with fp32/paper" in r.measured or any("seed 2" in d for d in r.details)
+    r = _criterion(_sweep(tmp_path / "noeval", with_eval=False, declare_eval=False))
+    assert r.status == "not_applicable" and "no held-out evaluation" in r.measured
 
 
-@pytest.mark.parametrize("group", ["outcome", "precision_ab"])
-def test_patched_not_worse_is_required_in_the_outcome_experiments(tmp_path, group):
-    """experiment=outcome / precision_ab (their wandb groups): without held-out evidence the sign-off fails, although
-    the shipped criteria file leaves the criterion not required."""
+@pytest.mark.parametrize("group", ["outcome", "my-candidate"])
+def test_patched_not_worse_is_required_where_the_held_out_evaluation_is_configured(tmp_path, group):
+    """Issue 38 item 4: the criterion gated only in groups named outcome or precision_ab. It is required because
+    the evaluation is configured (whatever the group's name): without its evidence the sign-off fails."""
     assert not load_criteria().patched_not_worse.required
     sweep = _sweep(tmp_path / group, with_eval=False, group=group)
     verdict, results = evaluate(sweep, load_criteria())
     r = next(r for r in results if r.name == "patched_not_worse")
     assert r.status == "not_measured" and "required" in r.applies and verdict == "fail"
-    assert _criterion(_sweep(tmp_path / (group + "-eval"), group=group)).status == "pass"
+    assert _criterion(_sweep(tmp_path / (group + "-eval"), group=group), margin=0.05).status == "pass"
 
 
 def test_report_section_states_the_effect_and_plots_the_seed_band(tmp_path):

@@ -269,7 +269,7 @@ def test_an_invalid_rerun_writes_nothing_into_the_completed_folders(app):
     assert second.returncode == 2, out2
     assert {n: _files(sweep / n) for n in names} == before  # not a byte changed in either completed folder
     log = (sweep / "refused_points.log").read_text().splitlines()
-    assert [line.split(" ", 1)[1] for line in log] == [
+    assert [line.split("] ", 1)[1] for line in log] == [
         f"refused: {n}: ConfigError: run.dataset: b: row 1 has no assistant turn" for n in names
     ]
     assert "[sweep unit] refused: gkd.beta=0.1: ConfigError: run.dataset" in out2
@@ -449,3 +449,49 @@ def test_a_skipped_point_leaves_the_completed_folder_byte_for_byte(app):
     assert second.returncode == 0, out2
     assert "completed earlier with the same config, skipping" in out2  # on the console
     assert ours() == before
+
+
+def _summary(folder: Path, status: str, last: int = 2) -> None:
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(
+        json.dumps({"status": status, "error": None, "last_step": last, "config": {"run.max_steps": 4}})
+    )
+
+
+def test_the_sweep_summary_counts_an_interrupted_point(tmp_path):
+    """Issue 40 item 6: after Ctrl-C the summary read "6 points: 0 completed, 0 failed, 5 missing": the point whose
+    summary.json says interrupted was in no count."""
+    import io
+
+    from gkd_harness.launch.sweep import SweepStatusCallback
+
+    out = io.StringIO()
+    cb = SweepStatusCallback(progress_interval_s=0, stream=out)
+    cb._sweep_dir, cb._group = tmp_path, "g"
+    cb._points = [(n, tmp_path / n) for n in ("a", "b", "c")]
+    _summary(tmp_path / "a", "completed", 4)
+    _summary(tmp_path / "b", "interrupted")
+    cb._report()
+    head = out.getvalue().splitlines()[0]
+    assert "summary, 3 points: 1 completed, 0 failed, 1 interrupted, 1 missing" in head, head
+
+
+def test_two_sweeps_of_one_group_at_once_each_read_back_only_their_own_refusals(tmp_path):
+    """Issue 38 item 10: two sweeps of one group at once both printed "0 completed, 2 refused" and exited 1, though
+    each point trained once: each read the other's refusals from the shared log. A refusal is tagged with its
+    launch; a point refused because the other launch held its folder, which completed there, is not refused."""
+    import io
+
+    from gkd_harness.launch.sweep import SweepStatusCallback
+
+    a, b = (SweepStatusCallback(progress_interval_s=0, stream=io.StringIO()) for _ in range(2))
+    for cb in (a, b):
+        cb._sweep_dir, cb._group = tmp_path, "g"
+        cb._points = [(n, tmp_path / n) for n in ("p1", "p2")]
+    _summary(tmp_path / "p1", "completed", 4)
+    _summary(tmp_path / "p2", "completed", 4)
+    b._refused(tmp_path / "p1", "RunFolderBusy: p1 is owned by a live run (pid 1)")
+    b._refused(tmp_path / "p2", "ConfigMismatch: the folder holds a run of another config")
+    assert a.refused_points() == {} and [p.status for p in a.statuses()] == ["completed", "completed"]
+    assert b.refused_points() == {"p2": "ConfigMismatch: the folder holds a run of another config"}
+    assert [p.status for p in b.statuses()] == ["completed", "refused"]

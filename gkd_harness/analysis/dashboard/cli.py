@@ -9,7 +9,8 @@ logged are left out, with a note.
 
 Exit codes: 0 the spec was written or the dashboard saved; 1 saving to wandb failed (not logged in, server
 unreachable, no access); 2 unusable input (a missing or unreadable sweep, a bad criteria file, a bad option).
-The sign-off verdict is shown in the report, not in the exit code (gkd-analyze gives that).
+The sign-off verdict is shown in the report, not in the exit code (gkd-analyze gives that); it is gkd-analyze's
+verdict, computed by the same function from the same runs and plan (gkd_harness.analysis.signoff.judge).
 """
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ def _parser() -> argparse.ArgumentParser:
         help="criteria YAML merged over configs/signoff/default.yaml (tolerance lines, verdict)",
     )
     p.add_argument("--name", help="workspace name (default: 'gkd-harness GROUP')")
+    p.add_argument(
+        "--allow-mixed",
+        action="store_true",
+        help="judge runs that are not one comparison together (runs outside the plan, several groups, ...), "
+        "as gkd-analyze --allow-mixed; refused otherwise (exit 2)",
+    )
     p.add_argument("--version", action="version", version=_version_line())
     return p
 
@@ -83,7 +90,8 @@ def main(argv: Optional[list] = None) -> int:
         _parser().error("give --out FILE, --push, or both")
     from gkd_harness.analysis.dashboard.build import build_report, build_workspace, push, spec_dict
     from gkd_harness.analysis.dashboard.panels import keep_available, standard_sections
-    from gkd_harness.analysis.signoff.criteria import evaluate, load_criteria
+    from gkd_harness.analysis.signoff.criteria import load_criteria
+    from gkd_harness.analysis.signoff.judge import judge, load_runs
     from gkd_harness.analysis.sweep.records import UnusableInput
 
     try:
@@ -101,11 +109,13 @@ def main(argv: Optional[list] = None) -> int:
     sections, left_out = keep_available(standard_sections(criteria), facts.metric_keys)
     for note in left_out:
         print(f"left out: {note}", file=sys.stderr)
-    try:
-        verdict, results = evaluate(facts.sweep, criteria)
+    try:  # the verdict of gkd-analyze: the same runs, the same plan, the same criteria, computed in one place
+        judged = judge(load_runs(args.source, args.sweep, args.group), args.criteria, args.allow_mixed, args.sweep)
     except UnusableInput as e:
         print(f"gkd-dashboard: unusable input: {e}", file=sys.stderr)
         return EXIT_UNUSABLE
+    verdict, results = judged.verdict, judged.results
+    n_judged = len(judged.sweep.runs)
     workspace = build_workspace(sections, facts, args.name)
     n_panels = sum(len(s.panels) for s in sections)
     if args.out:
@@ -119,7 +129,7 @@ def main(argv: Optional[list] = None) -> int:
             return EXIT_UNUSABLE
         print(
             f"spec: {n_panels} panels in {len(sections)} sections, {facts.n_runs} runs of group "
-            f"{facts.group}, verdict {verdict.upper()} -> {args.out}"
+            f"{facts.group}, verdict {verdict.upper()} ({n_judged} runs judged, as gkd-analyze) -> {args.out}"
         )
     if args.push:
         if not facts.entity:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Dict
 
 import numpy as np
 import pandas as pd
@@ -31,7 +31,14 @@ from gkd_harness.analysis.signoff.compare import (
 from gkd_harness.analysis.signoff.criteria_file import CRITERIA_NAMES, SignoffCriteria, load_criteria
 from gkd_harness.analysis.sweep.evidence import annotate, judged_runs, low_precision_fix_claimed, precisions_of
 from gkd_harness.analysis.sweep.records import Sweep
-from gkd_harness.harness.contract import CANDIDATE, ORIGINAL, PATCHED, SPOT_GRAD_REL_L2_DTYPE_FLOOR
+from gkd_harness.harness.contract import (
+    BETA_FORMS,
+    CANDIDATE,
+    FAILING_STATUSES,
+    ORIGINAL,
+    PATCHED,
+    SPOT_GRAD_REL_L2_DTYPE_FLOOR,
+)
 
 __all__ = [
     "Result",
@@ -42,11 +49,8 @@ __all__ = [
     "evaluate_evidence",
     "CRITERIA",
     "SignoffCriteria",
-    "FAILING",
     "counts",
 ]
-
-FAILING = ("fail", "not_measured")  # never "not_applicable": a subject the design lacks is not a failure
 
 
 @dataclass
@@ -490,8 +494,8 @@ def beta_forms_unchanged(ev: Evidence, c: Any) -> Result:
     runs = sweep.runs[sweep.runs["gkd.beta"].isin(c.betas)]
     betas = ", ".join(f"{b:g}" for b in c.betas)
     forms = set(runs["loss.beta_form"].dropna())
-    if not {"paper", "continuous"} <= forms:
-        lacking = " and ".join(f for f in ("paper", "continuous") if f not in forms)
+    if not set(BETA_FORMS) <= forms:
+        lacking = " and ".join(f for f in BETA_FORMS if f not in forms)
         res = _not_applicable(
             "beta_forms_unchanged",
             title,
@@ -596,6 +600,11 @@ def precisions_unchanged_in_fp32(ev: Evidence, c: Any) -> Result:
     return Result("precisions_unchanged_in_fp32", title, status, thr, measured, details, applies)
 
 
+def _said(x: Any) -> bool:
+    """Whether a table cell holds text to show (not None, NaN or blank)."""
+    return isinstance(x, str) and bool(x.strip())
+
+
 def no_failed_runs(ev: Evidence, c: Any) -> Result:
     """Applies to every sweep: every planned run completed (all its steps)."""
     title = "No failed runs"
@@ -605,10 +614,12 @@ def no_failed_runs(ev: Evidence, c: Any) -> Result:
     bad = r[~r["outcome"].isin(allowed)]
     counts = r["outcome"].value_counts().to_dict()
     details = [
-        f"{x.run}: {x.outcome}" + (f" — {x.error}" if x.error else "") + (f" ({x.problems})" if x.problems else "")
+        f"{x.run}: {x.outcome}"
+        + (f" — {x.error}" if _said(x.error) else "")  # an empty cell is NaN, never shown as "nan"
+        + (f" ({x.problems})" if _said(x.problems) else "")
         for x in bad.itertuples()
     ]
-    noted = r[r["outcome"].isin(allowed) & r["problems"].fillna("").astype(bool)]
+    noted = r[r["outcome"].isin(allowed) & r["problems"].map(_said)]
     details += [f"{x.run}: note: {x.problems}" for x in noted.itertuples()]
     measured = ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + f" of {len(r)} runs"
     missing = r[r["outcome"] == "missing"]
@@ -635,7 +646,10 @@ def patched_not_worse(ev: Evidence, c: Any) -> Result:
     from gkd_harness.analysis.signoff.outcome import patched_not_worse as measure
 
     name, title = "patched_not_worse", "Patched loss distills no worse on held-out data"
-    thr = f"upper 95% bound of (patched − original)/original final eval/jsd <= {c.margin:g}"
+    thr = (
+        f"upper 95% bound of (patched − original)/original eval/jsd at the final planned step <= {c.margin:.2%} "
+        "(non-inferiority margin; same seed, same step; every planned seed)"
+    )
     m = measure(ev.sweep, precisions_of(ORIGINAL)[0], ev.patched_precisions, c.margin)
     status = m["status"]
     if status == "not_measured" and not (c.required or m["required"]):  # required in the outcome experiments
@@ -694,7 +708,7 @@ def evaluate_evidence(ev: Evidence, cfg: SignoffCriteria) -> tuple:
             )
             continue
         results.append(fn(ev, c))
-    verdict = "fail" if any(r.status in FAILING for r in results) else "pass"
+    verdict = "fail" if any(r.status in FAILING_STATUSES for r in results) else "pass"
     return verdict, results
 
 
@@ -708,11 +722,11 @@ def counts(results: list) -> dict:
     (not required, nothing measured), and turned off by the criteria file (``disabled``), and which."""
     by = {
         "passed": ("pass",),
-        "failed": FAILING,
+        "failed": FAILING_STATUSES,
         "not_applicable": ("not_applicable",),
         "skipped": ("skipped",),
         "disabled": ("disabled",),
     }
-    out = {k: sum(r.status in v for r in results) for k, v in by.items()}
+    out: Dict[str, Any] = {k: sum(r.status in v for r in results) for k, v in by.items()}
     out["names"] = {k: [r.name for r in results if r.status in v] for k, v in by.items()}
     return out

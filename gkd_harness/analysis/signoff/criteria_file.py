@@ -249,7 +249,7 @@ def _build(cls: type, data: Any, prefix: str, src: str) -> Any:
         if name not in data:
             raise UnusableInput(f"{src}: criteria key {key!r} missing")
         tp = hints[name]
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             values[name] = _build(tp, data[name], key + ".", src)
         else:
             values[name] = _value(data[name], tp, dict(f.metadata), key, src)
@@ -274,7 +274,7 @@ def default_criteria_text() -> tuple:
 
     for package in _CONFIG_PACKAGES:
         try:
-            res = files(package).joinpath("signoff", "default.yaml")
+            res = files(package).joinpath("signoff").joinpath("default.yaml")  # one part a call: Python 3.10
             if res.is_file():
                 return str(res), res.read_text()
         except (ModuleNotFoundError, TypeError, ValueError, OSError):
@@ -309,10 +309,19 @@ def _merge(base: dict, override: dict) -> dict:
     return out
 
 
-def load_criteria(path: Optional[Path] = None) -> SignoffCriteria:
-    """The shipped criteria with the file at ``path`` (if any) merged over them, validated and typed."""
+def load_criteria(
+    path: Optional[Path] = None, plan: Optional[dict] = None, plan_src: str = "the plan"
+) -> SignoffCriteria:
+    """The shipped criteria, with the values the sweep's plan declares (``plan``: the experiment preset's
+    ``hydra.callbacks.sweep_status.plan``, recorded in ``sweep_manifest.json``) merged over them, and the file at
+    ``path`` (if any) over both; validated and typed (an unknown or bad key of the plan is named like a file's)."""
     src, text = default_criteria_text()
     data = _parse_yaml(text, src)
+    if plan:
+        if not isinstance(plan, dict):
+            raise UnusableInput(f"{plan_src}: the declared criteria ('signoff') must be a mapping")
+        data = _merge(data, plan)
+        src = plan_src
     cfg = criteria_from_dict(data, src)
     if path is None:
         return cfg

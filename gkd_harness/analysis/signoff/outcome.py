@@ -43,20 +43,20 @@ PAIR_COLUMNS = (
     "backend.name",
 )
 LEVEL = 0.95
-#: wandb groups of the experiments that ask the outcome question (``experiment=outcome``, ``experiment=precision_ab``,
-#: their ``tracking.wandb.group``): there ``patched_not_worse`` is required whatever the criteria file says (missing
-#: held-out evidence is ``not_measured``, which fails the sign-off); elsewhere it is reported.
-REQUIRED_IN_GROUPS = ("outcome", "precision_ab")
 
 
-def required_here(sweep) -> bool:
-    """True when the sweep's runs belong to one of :data:`REQUIRED_IN_GROUPS` (their ``tracking.wandb.group``)."""
-    runs = sweep.runs
-    groups = set()
-    for col in ("tracking.wandb.group", "group"):
-        if col in runs.columns:
-            groups |= {str(g) for g in runs[col].dropna().unique()}
-    return bool(groups & set(REQUIRED_IN_GROUPS))
+def held_out_declared(sweep) -> bool:
+    """Whether the sweep's plan configures the held-out evaluation (``monitor.eval.every_n_steps`` > 0 for its
+    points); without a plan that declares it (a hand-made folder, a plan of names only, a wandb source): whether
+    a run's own config does. What makes ``patched_not_worse`` apply and required: the plan, never the group's name."""
+    plan = getattr(sweep, "plan", None)
+    if plan is not None and plan.declared:
+        return bool(plan.eval_declared)
+    col = "monitor.eval.every_n_steps"
+    if col not in sweep.runs.columns:
+        return False
+    every = pd.to_numeric(sweep.runs[col], errors="coerce")
+    return bool((every > 0).any())
 
 
 def _seed_text(seed: Any) -> str:
@@ -65,6 +65,14 @@ def _seed_text(seed: Any) -> str:
         return str(int(seed)) if float(seed).is_integer() else str(seed)
     except (TypeError, ValueError):
         return str(seed)
+
+
+def planned_seeds(sweep, runs: pd.DataFrame) -> list:
+    """The seeds the plan declares; without declarations, the seeds of ``runs``."""
+    plan = getattr(sweep, "plan", None)
+    if plan is not None and plan.seeds:
+        return list(plan.seeds)
+    return sorted({int(x) for x in pd.to_numeric(runs["run.seed"], errors="coerce").dropna()})
 
 
 def t_interval(values: Iterable[float], level: float = LEVEL) -> tuple:
@@ -90,11 +98,15 @@ def variant_of(run: pd.Series) -> str:
 
 
 def final_values(sweep, metrics: Iterable[str] = OUTCOME_METRICS) -> pd.DataFrame:
-    """One row per run with the last logged value of each metric (``[run, variant, role, seed, step, *metrics]``;
-    runs without any of them are left out). ``step`` is the step of the last ``eval/jsd``."""
+    """One row per run with each metric's value at the run's final planned step (its ``run.max_steps``; the last
+    logged value where the run declares no steps), ``[run, variant, role, seed, step, *metrics]``, NaN where that
+    step did not log it; runs with none of them are left out. ``step`` is the step of ``eval/jsd``'s value. Both
+    sides of a pair are so read at the same step: a run whose final evaluation is missing has NaN, never an
+    earlier evaluation's value."""
     metrics = list(metrics)
     hist = sweep.history
-    last = {m: _last_logged(hist, m) for m in dict.fromkeys(metrics) if m in hist.columns}
+    finals = _final_steps(sweep.runs)
+    last = {m: _at_final(hist, m, finals) for m in dict.fromkeys(metrics) if m in hist.columns}
     rows = []
     for _, r in sweep.runs.iterrows():
         row = {
@@ -122,6 +134,34 @@ def final_values(sweep, metrics: Iterable[str] = OUTCOME_METRICS) -> pd.DataFram
             rows.append(row)
     cols = ["run", "variant", "role", "precision", "beta_form", "seed", "step", *metrics, *PAIR_COLUMNS]
     return pd.DataFrame(rows, columns=cols)
+
+
+def _final_steps(runs: pd.DataFrame) -> dict:
+    """``{run: its final planned step}`` (``run.max_steps``), for the runs that declare it."""
+    steps = pd.to_numeric(runs["run.max_steps"], errors="coerce") if "run.max_steps" in runs.columns else None
+    if steps is None:
+        return {}
+    return {str(r): int(s) for r, s in zip(runs["run"], steps) if pd.notna(s)}
+
+
+def _at_final(hist: pd.DataFrame, metric: str, finals: dict) -> dict:
+    """``{run: (step, value)}``: ``metric`` at each run's final planned step (``finals``), or its last logged value
+    for a run that declares none."""
+    last = _last_logged(hist, metric)
+    sub = hist.loc[hist[metric].notna(), ["run", "step", metric]]
+    at = {
+        (str(run), int(step)): float(v)
+        for run, step, v in zip(sub["run"], sub["step"], sub[metric])
+        if finals.get(str(run)) == int(step)
+    }
+    out = {}
+    for run, sv in last.items():
+        f = finals.get(str(run))
+        if f is None:
+            out[run] = sv
+        elif (str(run), f) in at:
+            out[run] = (f, at[(str(run), f)])
+    return out
 
 
 def _last_logged(hist: pd.DataFrame, metric: str) -> dict:
@@ -199,7 +239,7 @@ def paired_differences(
 def pooled(pairs: pd.DataFrame, metrics: Iterable[str] = OUTCOME_METRICS, level: float = LEVEL) -> pd.DataFrame:
     """Per patched variant and metric: mean of the per-seed ``diff`` and ``rel`` with their t intervals
     (``[variant, metric, n, diff_mean, diff_low, diff_high, rel_mean, rel_low, rel_high]``)."""
-    out = []
+    out: list = []
     if pairs.empty:
         return pd.DataFrame(
             out,
@@ -257,50 +297,101 @@ def ratio_decimals(width: float) -> int:
 
 
 def patched_not_worse(sweep, original_precision: str, patched_precisions: Iterable[str], margin: float) -> dict:
-    """The criterion's measurement: ``{"status", "measured", "details", "applies", "required"}`` (``required``:
-    :func:`required_here`, the sweep is an outcome experiment).
+    """The criterion's measurement: ``{"status", "measured", "details", "applies", "required"}``.
 
-    ``not_applicable`` when no original and patched runs pair by seed; ``not_measured`` when they pair but lack
-    ``eval/jsd`` or have a single seed (no interval); else ``pass`` iff for every patched variant the upper
-    bound of the 95% t interval on (patched − original) / original final ``eval/jsd`` is ≤ ``margin``.
-    """
+    Applies, and is required, because the plan configures the held-out evaluation (:func:`held_out_declared`)
+    and the sweep has original and patched runs; never because of the group's name. Pairing: same seed, same
+    training config and β form, values at the same step (each run's final planned step, :func:`final_values`).
+    Completeness: every planned seed (:func:`planned_seeds`) has, for every patched variant, both runs with
+    ``eval/jsd`` at that step; a gap is ``not_measured`` (a failure, since required), naming it. Else ``pass`` iff
+    for every patched variant the upper bound of the 95% t interval on (patched − original) / original is ≤
+    ``margin``."""
     out = _measure(sweep, original_precision, patched_precisions, margin)
-    required = required_here(sweep)
-    if required:
-        out["applies"] += f" (required: the sweep's group is one of {list(REQUIRED_IN_GROUPS)})"
-    return {**out, "required": required}
+    return {**out, "required": out["status"] != "not_applicable" and held_out_declared(sweep)}
+
+
+def _pair_gaps(sweep, orig: pd.DataFrame, pats: pd.DataFrame, seeds: list, finals: pd.DataFrame) -> list:
+    """What the planned pairs lack, one line each: a seed without a run of a patched variant, without its original
+    twin, or a run without ``eval/jsd`` at its final planned step."""
+    value = {str(r): (s, v) for r, s, v in zip(finals["run"], finals["step"], finals[EVAL_JSD])}
+    last = _last_logged(sweep.history, EVAL_JSD) if EVAL_JSD in sweep.history.columns else {}
+    steps = _final_steps(sweep.runs)
+
+    def lacks(run: str, label: str, seed: Any) -> Optional[str]:
+        v = value.get(run, (math.nan, math.nan))[1]
+        if v == v:  # a value at the final step (NaN != NaN)
+            return None
+        at = last.get(run)
+        return f"seed {seed}: {label} ({run}) has no {EVAL_JSD} at its final planned step {steps.get(run, '?')}" + (
+            f" (its last is at step {at[0]})" if at else " (none logged)"
+        )
+
+    gaps = []
+    labels = pd.Series([variant_of(r) for _, r in pats.iterrows()], index=pats.index, dtype=object)
+    for label in sorted(set(labels)):
+        runs = pats[labels == label]
+        for seed in seeds:
+            mine = runs[pd.to_numeric(runs["run.seed"], errors="coerce") == seed]
+            if mine.empty:
+                gaps.append(f"seed {seed}: no {label} run")
+                continue
+            for _, p in mine.iterrows():
+                twins = orig[
+                    (pd.to_numeric(orig["run.seed"], errors="coerce") == seed)
+                    & (orig["loss.beta_form"] == p["loss.beta_form"])
+                ]
+                twins = twins[[_key(o) == _key(p) for _, o in twins.iterrows()]]
+                if len(twins) != 1:
+                    gaps.append(f"seed {seed}: {len(twins)} original runs pair with {label} ({p['run']}), not 1")
+                    continue
+                gaps += [
+                    g
+                    for g in (
+                        lacks(str(p["run"]), label, seed),
+                        lacks(str(twins.iloc[0]["run"]), variant_of(twins.iloc[0]), seed),
+                    )
+                    if g
+                ]
+    return gaps
 
 
 def _measure(sweep, original_precision: str, patched_precisions: Iterable[str], margin: float) -> dict:
     patched = [p for p in patched_precisions if role_of(p) == "patched"]
     runs = sweep.runs
-    orig = runs[runs["loss.precision"] == original_precision]
-    pats = runs[runs["loss.precision"].isin(patched)]
-    seeds = set(orig["run.seed"].dropna()) & set(pats["run.seed"].dropna())
-    if orig.empty or pats.empty or not seeds:
+    ran = runs[runs["outcome"] != "missing"] if "outcome" in runs.columns else runs
+    orig = ran[ran["loss.precision"] == original_precision]
+    pats = ran[ran["loss.precision"].isin(patched)]
+    if orig.empty or pats.empty:
         return {
             "status": "not_applicable",
-            "measured": "no original and patched runs with a common seed",
+            "measured": "no original and patched runs to pair",
             "details": [],
-            "applies": "not applicable: the sweep does not pair original and patched runs by seed",
+            "applies": "not applicable: the sweep has no original and patched runs to pair by seed",
         }
-    applies = f"original and patched runs share seeds {sorted(seeds)}"
+    if not held_out_declared(sweep):
+        return {
+            "status": "not_applicable",
+            "measured": "the plan configures no held-out evaluation (monitor.eval.every_n_steps = 0)",
+            "details": [],
+            "applies": "not applicable: the plan configures no held-out evaluation (monitor.eval.every_n_steps = 0)",
+        }
+    seeds = planned_seeds(sweep, pd.concat([orig, pats]))
+    applies = (
+        f"applies and required: the plan configures the held-out evaluation; original and patched runs paired by "
+        f"seed ({', '.join(map(str, seeds))}) at their final planned step"
+    )
     finals = final_values(sweep, [EVAL_JSD])
     if finals.empty:
+        finals = pd.DataFrame(columns=["run", "step", EVAL_JSD])
+    gaps = _pair_gaps(sweep, orig, pats, seeds, finals)
+    if gaps:
         return {
             "status": "not_measured",
-            "measured": f"no {EVAL_JSD} logged (monitor.eval.every_n_steps=0?)",
-            "details": [],
+            "measured": f"held-out evidence incomplete ({len(gaps)} gap(s)): {gaps[0]}",
+            "details": gaps,
             "applies": applies,
         }
     pairs = paired_differences(finals, original_precision, patched, [EVAL_JSD])
-    if pairs.empty:
-        return {
-            "status": "not_measured",
-            "measured": f"no seed pair with {EVAL_JSD} on both sides",
-            "details": [],
-            "applies": applies,
-        }
     table = pooled(pairs, [EVAL_JSD])
     details = [
         f"seed {_seed_text(r['seed'])}: {r['variant']} {r[EVAL_JSD + ':patched']:.6g} vs original "
@@ -308,7 +399,7 @@ def _measure(sweep, original_precision: str, patched_precisions: Iterable[str], 
         for _, r in pairs.iterrows()
     ]
     sentences = [outcome_sentence(r) for _, r in table.iterrows()]
-    if (table["n"] < 2).any():
+    if table.empty or (table["n"] < 2).any():
         return {
             "status": "not_measured",
             "measured": " ".join(sentences) + " An interval needs 2 or more seeds.",
@@ -320,7 +411,7 @@ def _measure(sweep, original_precision: str, patched_precisions: Iterable[str], 
     return {
         "status": status,
         "measured": f"upper 95% bound of (patched − original)/original {worst:+.3%} "
-        f"(margin {margin:+.1%}). " + " ".join(sentences),
+        f"(non-inferiority margin {margin:+.2%}). " + " ".join(sentences),
         "details": details,
         "applies": applies,
     }
@@ -482,8 +573,8 @@ __all__ = [
     "pooled",
     "outcome_sentence",
     "patched_not_worse",
-    "REQUIRED_IN_GROUPS",
-    "required_here",
+    "held_out_declared",
+    "planned_seeds",
     "ratio_decimals",
     "seed_band",
     "plot_seed_bands",

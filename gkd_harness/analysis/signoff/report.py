@@ -35,15 +35,16 @@ from gkd_harness.analysis.signoff.compare import (
     run_summary,
     spot_distribution,
 )
-from gkd_harness.analysis.signoff.criteria import FAILING, Evidence, build_evidence, counts, evaluate_evidence
+from gkd_harness.analysis.signoff.criteria import Evidence, build_evidence, counts, evaluate_evidence
 from gkd_harness.analysis.signoff.criteria_file import SignoffCriteria
 from gkd_harness.analysis.signoff.document import Document, Link
-from gkd_harness.analysis.signoff.verdict import EXIT_FAIL, EXIT_PASS, judgement, sweep_inputs
+from gkd_harness.analysis.signoff.verdict import EXIT_FAIL, EXIT_PASS, judgement, report_digests, sweep_inputs
 from gkd_harness.analysis.signoff.verdict import jsonable as _jsonable
 from gkd_harness.analysis.sweep.evidence import precisions_of
 from gkd_harness.analysis.sweep.records import Sweep, UnusableInput
 from gkd_harness.harness.contract import (
     CAPTURES_DIR,
+    FAILING_STATUSES,
     ORIGINAL,
     PATCHED,
     SUMMARY_FILE,
@@ -272,13 +273,15 @@ def build_report(
     criteria_file: Optional[Path] = None,
     evidence: Optional[Evidence] = None,
     source: Optional[dict] = None,
+    judged: Optional[tuple] = None,
 ) -> dict:
     """Evaluate the criteria and write the report folder ``report_dir``, completely or not at all.
 
     ``allow_mixed``/``mixed``: the sweep was analysed with --allow-mixed and what that let through (recorded in
     verdict.json and shown in the banner); ``criteria_file``: the file given with --criteria (its sha256 is
     recorded); ``source``: how the runs were loaded (``source``, ``sweep``, ``group``: what --verify reloads);
-    ``evidence``: the sweep's :class:`~gkd_harness.analysis.signoff.criteria.Evidence` when the caller built it.
+    ``evidence``: the sweep's :class:`~gkd_harness.analysis.signoff.criteria.Evidence` when the caller built it;
+    ``judged``: ``(verdict, results)`` when the caller evaluated them on it (:mod:`gkd_harness.analysis.signoff.judge`).
 
     Returns the verdict dict (also written as ``verdict.json``); ``verdict["exit_code"]`` is 0 (pass) or 1
     (fail). Raises :class:`UnusableInput` when ``report_dir`` is a folder that is not an earlier report."""
@@ -289,7 +292,7 @@ def build_report(
     tmp = report_dir.with_name(f".{report_dir.name}.tmp-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     try:
-        out = _write_report(ev, tmp, cfg, captures, allow_mixed, list(mixed), criteria_file, source)
+        out = _write_report(ev, tmp, cfg, captures, allow_mixed, list(mixed), criteria_file, source, judged)
         _replace_dir(tmp, report_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -311,7 +314,7 @@ class ReportContext:
     allow_mixed: bool
     criteria_file: Optional[Path]
     source: Optional[dict] = None
-    shown: Sweep = None
+    shown: Optional[Sweep] = None
     summary: pd.DataFrame = None
     spot_dist: pd.DataFrame = None
     forms: pd.DataFrame = None
@@ -368,7 +371,10 @@ def _tables(ctx: ReportContext, captures: Optional[list]) -> None:
 
 def _plots(ctx: ReportContext) -> None:
     rcfg, st, d = ctx.cfg.report, ctx.cfg.spot_tolerance, ctx.report_dir
-    shown, plotted = ctx.shown, set(ctx.shown.runs["run"])
+    shown = ctx.shown
+    if shown is None:  # chosen with the tables, before the plots
+        raise RuntimeError("report: the runs to show are chosen before the plots are drawn")
+    plotted = set(shown.runs["run"])
     neg, spots = ctx.ev.negatives, ctx.ev.spots
     ctx.png = {
         "loss": plots.plot_curves(shown, TRAIN_LOSS, d / "loss_curves.png", rcfg.max_curve_panels),
@@ -424,7 +430,7 @@ def _banner(ctx: ReportContext, doc: Document) -> None:
         f" {len(runs)} runs ({', '.join(f'{v} {k}' for k, v in sorted(outcome_counts.items()))}); judged: "
         f"{ctx.ev.judged_why}. Generated {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M UTC}."
     )
-    failing = [r for r in ctx.results if r.status in FAILING]
+    failing = [r for r in ctx.results if r.status in FAILING_STATUSES]
     doc.banner(ctx.verdict, detail, failing=[(f"{r.name} ({r.status})", r.reason()) for r in failing])
 
 
@@ -809,9 +815,10 @@ def _write_report(
     mixed: list,
     criteria_file: Optional[Path],
     source: Optional[dict],
+    judged: Optional[tuple] = None,
 ) -> dict:
     """Write every report file into the (new, empty) folder ``report_dir``; returns the verdict dict."""
-    verdict, results = evaluate_evidence(ev, cfg)
+    verdict, results = judged if judged is not None else evaluate_evidence(ev, cfg)
     ctx = ReportContext(ev, cfg, report_dir, verdict, results, list(mixed), allow_mixed, criteria_file, source)
     _tables(ctx, captures)
     _plots(ctx)
@@ -821,6 +828,7 @@ def _write_report(
     out = _verdict(ctx)
     (report_dir / "report.md").write_text(doc.to_markdown())
     (report_dir / "report.html").write_text(doc.to_html())
+    out["report_files"] = report_digests(report_dir, ["report.md", "report.html", *out["files"]["plots"]])
     (report_dir / "verdict.json").write_text(json.dumps(_jsonable(out), indent=1, default=str))
     out["_tables"] = {
         "runs": ctx.runs,

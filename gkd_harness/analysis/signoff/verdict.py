@@ -25,7 +25,7 @@ from typing import Any, Optional
 import numpy as np
 
 from gkd_harness.analysis.sweep.records import UnusableInput
-from gkd_harness.harness.contract import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
+from gkd_harness.harness.contract import CONFIG_FILE, FAILING_STATUSES, METRICS_FILE, SUMMARY_FILE
 
 __all__ = [
     "RUN_FILES",
@@ -38,13 +38,14 @@ __all__ = [
     "sweep_inputs",
     "read_verdict",
     "first_difference",
+    "report_digests",
+    "report_files_difference",
     "jsonable",
 ]
 
 EXIT_PASS, EXIT_FAIL = 0, 1
 #: The files of a run folder whose sha256 the verdict records.
 RUN_FILES = (METRICS_FILE, SUMMARY_FILE, CONFIG_FILE)
-_FAILING = ("fail", "not_measured")
 
 
 def jsonable(x: Any) -> Any:
@@ -66,8 +67,11 @@ def jsonable(x: Any) -> Any:
 def file_sha256(path: Path) -> Optional[str]:
     """sha256 of a file's bytes, None when it does not exist."""
     try:
-        with open(path, "rb") as f:
-            return hashlib.file_digest(f, "sha256").hexdigest()
+        h = hashlib.sha256()
+        with open(path, "rb") as f:  # in blocks: hashlib.file_digest is Python 3.11+, the package supports 3.10
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        return h.hexdigest()
     except FileNotFoundError:
         return None
 
@@ -102,13 +106,14 @@ def judgement(ev, verdict: str, results: list, allow_mixed: bool, mixed: list) -
         {
             "verdict": verdict,
             "exit_code": EXIT_PASS if verdict == "pass" else EXIT_FAIL,
-            "failed_criteria": [r.name for r in results if r.status in _FAILING],
-            "failed_reasons": {r.name: r.reason() for r in results if r.status in _FAILING},
+            "failed_criteria": [r.name for r in results if r.status in FAILING_STATUSES],
+            "failed_reasons": {r.name: r.reason() for r in results if r.status in FAILING_STATUSES},
             "counts": {k: v for k, v in n.items() if k != "names"},
             "criteria": [r.to_dict() for r in results],
             "allow_mixed": bool(allow_mixed),
             "mixed": list(mixed),
             "judged": ev.judged_why,
+            "plan": ev.sweep.plan.summary() if getattr(ev.sweep, "plan", None) is not None else None,
             "n_runs": int(len(runs)),
             "runs_by_outcome": {str(k): int(v) for k, v in runs["outcome"].value_counts().sort_index().items()},
             "run_files": run_files(runs),
@@ -151,9 +156,29 @@ def _short(v: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def first_difference(recorded: dict, fresh: dict, criteria: dict, report_md: Optional[str]) -> Optional[str]:
+def report_digests(report_dir: Path, names: list) -> dict:
+    """``{name: sha256}`` of the report's own files (report.md, report.html, the plots), recorded in verdict.json
+    as ``report_files``."""
+    return {str(n): file_sha256(Path(report_dir) / n) for n in names}
+
+
+def report_files_difference(recorded: dict, report_dir: Path) -> Optional[str]:
+    """The first of the report's files (``report_files`` in verdict.json) whose bytes changed since the report was
+    written, as one line; None when all match or the report recorded none. Drift, not tampering: the digests sit
+    beside the files they seal, so whoever edits both is not caught (docs/signoff.md)."""
+    for name, sha in sorted((recorded.get("report_files") or {}).items()):
+        now = file_sha256(Path(report_dir) / name)
+        if now != sha:
+            return f"{name} changed since the report (sha256 {str(sha)[:12]} recorded, {str(now)[:12]} now)"
+    return None
+
+
+def first_difference(
+    recorded: dict, fresh: dict, criteria: dict, report_md: Optional[str], report_html: Optional[str] = None
+) -> Optional[str]:
     """The first difference between a recorded verdict.json and the judgement recomputed from the runs with
-    ``criteria`` (:func:`criteria_digest`), as one line; None when they match."""
+    ``criteria`` (:func:`criteria_digest`), as one line; None when they match. ``report_md`` / ``report_html``: the
+    report's text, whose banner must show the recomputed verdict."""
     was = recorded["inputs"].get("criteria") or {}
     if was.get("sha256") != criteria["sha256"]:
         return (
@@ -190,4 +215,9 @@ def first_difference(recorded: dict, fresh: dict, criteria: dict, report_md: Opt
         word = f"**Verdict: {str(fresh['verdict']).upper()}**"
         if word not in report_md:
             return f"report.md: its banner does not say {word.strip('*')} (the runs give {fresh['verdict'].upper()})"
+    if report_html is not None:
+        v = str(fresh["verdict"])
+        word = f"<div id='verdict-banner' class='banner {v}' role='status'><span id='verdict'>{v.upper()}</span>"
+        if word not in report_html:
+            return f"report.html: its banner does not say {v.upper()} (the runs give {v.upper()})"
     return None

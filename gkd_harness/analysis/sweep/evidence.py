@@ -4,15 +4,17 @@ One home for what a run *is*. :func:`annotate` adds these columns to ``sweep.run
 
 * identity: ``role`` (:func:`gkd_harness.harness.contract.role_of` of ``loss.precision``, the only definition of
   original / patched / reference), ``loss_sha256`` (the loss code the run used, summary.json provenance),
-  ``candidate`` (``loss.name`` of a ``loss=candidate`` run, else None), ``harness_commit``, ``harness_dirty``,
-  ``ms_swift``, and, already in the table, ``loss.precision``, ``loss.beta_form``, ``gkd.*`` and the dtypes at
+  ``candidate`` (``loss.name`` of a ``loss=candidate`` run, else None), ``rank_sha256`` (the rank-side code),
+  ``ms_swift``, the training keys (data, optimiser, steps: :data:`gkd_harness.analysis.sweep.records.TRAINING_KEYS`)
+  and, already in the table, ``loss.precision``, ``loss.beta_form``, ``gkd.*`` and the dtypes at
   the loss boundary (``dtype.student``, ``dtype.teacher``);
 * ``variant_key``: the identity without the seed (:data:`VARIANT_KEYS`); runs sharing it are one variant;
 * completeness: ``planned_steps`` (``run.max_steps``), ``train_steps`` (steps that logged ``train/loss``) and
   ``eval_records`` (held-out evaluation records, counted apart from the training steps).
 
-:func:`mixed_evidence` says why runs do not belong in one comparison: two ms-swift versions, two harness trees
-(two commits, or a dirty and a clean tree), or one variant run from two loss sources (two ``loss_sha256``).
+:func:`mixed_evidence` says why runs do not belong in one comparison: two ms-swift versions, two rank-side
+codes, runs without provenance, or one variant run from two loss sources (two ``loss_sha256``). The harness
+commit is shown, not judged: a docs-only commit during a sweep does not split it.
 ``gkd-analyze`` refuses such a sweep (exit 2) unless ``--allow-mixed``.
 
 :func:`judged_runs` picks the runs a sign-off judges: a sweep holding a candidate fix (``loss=candidate``)
@@ -27,7 +29,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from gkd_harness.analysis.sweep.records import Sweep
+from gkd_harness.analysis.sweep.records import TRAINING_KEYS, Sweep
 from gkd_harness.harness.contract import (
     CANDIDATE,
     EVAL_METRICS,
@@ -51,31 +53,36 @@ __all__ = [
 ]
 
 #: The identity of a variant: every key of a run's identity except the seed.
-VARIANT_KEYS = (
-    "role",
-    "loss.precision",
-    "loss.beta_form",
-    "candidate",
-    "loss_sha256",
-    "gkd.beta",
-    "gkd.temperature",
-    "gkd.topk",
-    "gkd.sft_alpha",
-    "gkd.lmbda",
-    "gkd.seq_kd",
-    "run.max_steps",
-    "backend.name",
-    "model.student",
-    "model.teacher",
-    "dtype.student",
-    "dtype.teacher",
-    "harness_commit",
-    "harness_dirty",
-    "ms_swift",
+VARIANT_KEYS = tuple(
+    dict.fromkeys(
+        (
+            "role",
+            "loss.precision",
+            "loss.beta_form",
+            "candidate",
+            "loss_sha256",
+            "gkd.beta",
+            "gkd.temperature",
+            "gkd.topk",
+            "gkd.sft_alpha",
+            "gkd.lmbda",
+            "gkd.seq_kd",
+            "run.max_steps",
+            "backend.name",
+            "model.student",
+            "model.teacher",
+            "dtype.student",
+            "dtype.teacher",
+            "rank_sha256",
+            "ms_swift",
+            *TRAINING_KEYS,
+        )
+    )
 )
 #: The identity columns that come from the run's recorded versions (summary.json ``versions``/``provenance``).
 VERSION_KEYS = {
     "loss_sha256": "version.loss_sha256",
+    "rank_sha256": "version.rank_sha256",
     "harness_commit": "version.harness_commit",
     "harness_dirty": "version.harness_dirty",
     "ms_swift": "version.ms-swift",
@@ -170,25 +177,35 @@ def _listing(runs: pd.DataFrame, col: str, shown=lambda v: _text(v)) -> str:
 def mixed_evidence(sweep: Sweep) -> list:
     """Why the runs of ``sweep`` (annotated or not) are not one comparison, one line each; empty when they are.
 
-    * two ms-swift versions;
-    * two harness trees: two commits, or a dirty and a clean tree of one commit;
-    * one variant (:data:`VARIANT_KEYS` without ``loss_sha256``) run from two loss sources (two sha256): a
-      candidate file edited between seeds, or a harness loss changed between runs.
+    A run's identity is what decides its result: the loss code (``loss_sha256``), the rank-side code
+    (``rank_sha256``), the ms-swift version and the resolved config's training keys (:data:`VARIANT_KEYS`); not
+    the harness tree's commit, which a docs-only commit during a sweep changes (shown in the report, not judged).
 
-    Runs that recorded no value for a key (a failed point, an older run) are not counted for it."""
+    * two ms-swift versions, or two rank-side codes;
+    * one variant (:data:`VARIANT_KEYS` without ``loss_sha256``) run from two loss sources (two sha256): a
+      candidate file edited between seeds, or a harness loss changed between runs;
+    * runs that recorded no provenance (no ms-swift version or loss sha256 in summary.json): nothing says they
+      ran the same code. A point that failed before it recorded a config, and a missing point, are not counted."""
     r = sweep.runs if "role" in sweep.runs.columns else annotate(sweep).runs
     out = []
     known = r[r["ms_swift"].notna()]
     if known["ms_swift"].map(_text).nunique() > 1:
         out.append("runs of two ms-swift versions: " + _listing(known, "ms_swift"))
-    trees = r[r["harness_commit"].notna()].copy()
-    if len(trees):
-        trees["tree"] = [
-            f"{str(c)[:12]} {'dirty' if d is True else 'clean' if d is False else 'dirty unknown'}"
-            for c, d in zip(trees["harness_commit"], trees["harness_dirty"])
-        ]
-        if trees["tree"].nunique() > 1:
-            out.append("runs of two harness trees: " + _listing(trees, "tree"))
+    ranks = r[r["rank_sha256"].notna()]
+    if ranks["rank_sha256"].map(_text).nunique() > 1:
+        out.append(
+            "runs of two rank-side codes (harness/rank): "
+            + _listing(ranks, "rank_sha256", lambda v: f"sha256 {str(v)[:8]}")
+        )
+    ran = r[(r["outcome"] != "missing") & r["loss.precision"].notna()] if "outcome" in r.columns else r
+    bare = ran[ran["ms_swift"].isna() | ran["loss_sha256"].isna()]
+    if len(bare) and sweep.source.startswith("local:"):  # a run folder records its provenance when it starts
+        names = list(bare["run"].astype(str))
+        out.append(
+            f"{len(names)} run(s) without provenance (no ms-swift version or loss sha256 in summary.json): "
+            + ", ".join(names[:3])
+            + (", ..." if len(names) > 3 else "")
+        )
     keys = [k for k in VARIANT_KEYS if k not in ("loss_sha256",)]
     shas = r[r["loss_sha256"].notna()].copy()
     if len(shas):

@@ -123,16 +123,42 @@ def _why_untyped(obj: Mapping) -> Optional[str]:
     return None
 
 
-def _numbers(obj: Mapping, dropped: Dict[str, str]) -> dict:
+def _numbers(obj: Mapping, dropped: Dict[str, str]) -> Dict[str, Any]:
     """The record's numeric entries (``step`` first as it came); non-numeric values of keys outside the contract
     are dropped and named once in ``dropped``; null is not logged."""
-    out = {}
+    out: Dict[str, Any] = {}
     for k, v in obj.items():
         if type(v) in (int, float):
             out[k] = v
         elif v is not None and k not in dropped:
             dropped[k] = type(v).__name__
     return out
+
+
+#: The largest ``metrics.jsonl`` the reader accepts (bytes; ``GKD_ANALYZE_MAX_METRICS_BYTES`` overrides it). A run
+#: of 200,000 logged steps with every harness metric is about 150 MB; 4 GiB is far beyond any real run and keeps a
+#: wrong file (a disk image, ``/dev/zero``) from filling memory.
+MAX_METRICS_BYTES = 4 * 1024**3
+
+
+def metrics_file_problem(path: os.PathLike) -> Optional[str]:
+    """One line when ``path`` cannot be a metrics stream: not a regular file (a FIFO would block the reader, a
+    device such as ``/dev/zero`` never ends), or larger than :data:`MAX_METRICS_BYTES`; None when it can."""
+    import stat
+
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        return f"{os.fspath(path)}: cannot be read ({e.strerror or e})"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{os.fspath(path)}: not a regular file (a metrics stream is a file gkd-train writes)"
+    limit = int(os.environ.get("GKD_ANALYZE_MAX_METRICS_BYTES") or MAX_METRICS_BYTES)
+    if st.st_size > limit:
+        return (
+            f"{os.fspath(path)}: {st.st_size:,} bytes, over the reader's limit of {limit:,} "
+            "(GKD_ANALYZE_MAX_METRICS_BYTES raises it)"
+        )
+    return None
 
 
 def read_metrics_file(path: os.PathLike, completed: bool) -> MetricsTable:
@@ -148,6 +174,9 @@ def read_metrics_file(path: os.PathLike, completed: bool) -> MetricsTable:
     decode, DecodeError = _DECODE, _DecodeError
     n = 0
     lineno = 0
+    bad = metrics_file_problem(path)
+    if bad is not None:
+        return _unusable(bad)
     with open(path, "rb") as f:
         for raw in f:
             lineno += 1
@@ -182,7 +211,7 @@ def read_metrics_file(path: os.PathLike, completed: bool) -> MetricsTable:
                 ks = sets[keys] = _KeySet(keys)
             ks.rows.append(n)
             ks.values.extend(obj.values())
-            steps.append(step)
+            steps.append(int(step))  # an int on both paths (checked above); int() for the type checker
             n += 1
     if dropped:
         problems.append(

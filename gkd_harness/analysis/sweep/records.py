@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 import numpy as np
 import pandas as pd
@@ -42,6 +42,7 @@ from gkd_harness.harness.contract import (
     NEG_LOSS_CALLS_TOTAL,
     NEG_TOKEN_FRAC,
     NONFINITE_CALLS_TOTAL,
+    ROLE_BY_PRECISION,
     SPOT_GRAD_REL_L2,
     SPOT_LOSS_ABS_ERR,
     SPOT_LOSS_REL_ERR,
@@ -55,6 +56,7 @@ __all__ = [
     "Sweep",
     "CONFIG_COLUMNS",
     "TRACKING_COLUMNS",
+    "TRAINING_KEYS",
     "int_step",
     "tabulate",
     "expected_steps",
@@ -81,6 +83,22 @@ CONFIG_COLUMNS = (
     "model.teacher",
     "model.student_dtype",
     "model.teacher_dtype",
+)
+#: Config keys that change what a run learns besides the loss variant and its gkd.* settings: the data, the
+#: optimiser, the steps and the held-out evaluation. Runs of one plan agree on each unless the plan sweeps it
+#: (:func:`gkd_harness.analysis.sweep.plan.plan_problems`); they are part of a variant's identity.
+TRAINING_KEYS = (
+    "run.dataset",
+    "run.learning_rate",
+    "run.per_device_batch_size",
+    "run.grad_accum",
+    "run.max_length",
+    "run.max_steps",
+    "run.logging_steps",
+    "model.student",
+    "model.teacher",
+    "monitor.eval.dataset",
+    "monitor.eval.every_n_steps",
 )
 #: wandb target of the runs (used to put the analysis run next to them).
 TRACKING_COLUMNS = ("tracking.wandb.project", "tracking.wandb.entity", "tracking.wandb.group", "tracking.wandb.mode")
@@ -141,6 +159,8 @@ class Sweep:
     evals: pd.DataFrame = field(
         default_factory=lambda: pd.DataFrame({"run": pd.Series([], dtype=object), "step": pd.Series([], dtype="int64")})
     )
+    #: the sweep's plan (:class:`gkd_harness.analysis.sweep.plan.Plan`), None when the source has none
+    plan: Any = None
 
     def run_history(self, run: str) -> pd.DataFrame:
         """History of one run, indexed by step ``[steps, metrics]``."""
@@ -153,10 +173,13 @@ class Sweep:
 
 
 def mixed_sweep_problems(sweep: "Sweep") -> list:
-    """Why ``sweep`` is not one sweep: runs of more than one wandb group, or several runs with one run id
-    (a folder copied twice). Empty when it is one sweep."""
+    """Why ``sweep`` is not one sweep: runs of more than one wandb group, several runs with one run id (a folder
+    copied twice), runs outside the plan or differing in a training key it does not sweep
+    (:func:`gkd_harness.analysis.sweep.plan.plan_problems`). Empty when it is one sweep."""
+    from gkd_harness.analysis.sweep.plan import plan_problems
+
     r = sweep.runs
-    out = []
+    out = plan_problems(r, sweep.plan)
     groups = r["group"].dropna().value_counts()
     if len(groups) > 1:
         out.append("runs of more than one group: " + ", ".join(f"{g} ({n} runs)" for g, n in groups.items()))
@@ -325,7 +348,7 @@ def step_gaps(logged: Iterable[int], cfg: Mapping, status: str, last_step: Optio
     all of them; a failed or running one: those up to its last logged step)."""
     max_steps = _int_or_none(cfg.get("run.max_steps"))
     every = _int_or_none(cfg.get("run.logging_steps"))
-    logged = np.unique(
+    have = np.unique(
         np.fromiter((int(s) for s in logged), dtype=np.int64)
         if not isinstance(logged, np.ndarray)
         else logged.astype(np.int64)
@@ -333,14 +356,14 @@ def step_gaps(logged: Iterable[int], cfg: Mapping, status: str, last_step: Optio
     if status == "completed":
         want = expected_steps(max_steps, every)
     else:
-        want = expected_steps(max_steps, every, last=int(logged[-1]) if len(logged) else None)
-    want = np.asarray(want, dtype=np.int64)
-    return [int(s) for s in want[~np.isin(want, logged, assume_unique=True)]]
+        want = expected_steps(max_steps, every, last=int(have[-1]) if len(have) else None)
+    want_arr = np.asarray(want, dtype=np.int64)
+    return [int(s) for s in want_arr[~np.isin(want_arr, have, assume_unique=True)]]
 
 
 def _outcome(rec: RunRecord, cfg: Mapping, last_step: Optional[int], n_logged: int, tampered: bool = False) -> tuple:
     """-> (outcome, extra problems) from the reported status, the steps logged and ``run.max_steps``."""
-    problems = []
+    problems: List[str] = []
     max_steps = cfg.get("run.max_steps")
     if rec.status == "missing":
         return "missing", problems
@@ -371,7 +394,11 @@ def _outcome(rec: RunRecord, cfg: Mapping, last_step: Optional[int], n_logged: i
 
 def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
     """RunRecords -> :class:`Sweep` (runs, history and non-finite tables). Run names are made unique."""
-    rows, frames, evals, bad, seen = [], [], [], [], {}
+    rows: List[dict] = []
+    frames: List[Any] = []
+    evals: List[Any] = []
+    bad: List[Any] = []
+    seen: Dict[str, int] = {}
     for rec in records:
         name, copy_of = rec.name, None
         if name in seen:
@@ -430,7 +457,7 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
             "wall_s": rec.wall_s,
             "copy_of": copy_of,
         }
-        for col in CONFIG_COLUMNS + TRACKING_COLUMNS:
+        for col in CONFIG_COLUMNS + TRACKING_COLUMNS + TRAINING_KEYS:
             row[col] = cfg.get(col)
         for k, v in (rec.versions or {}).items():
             row[f"version.{k}"] = v
@@ -440,11 +467,7 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
     runs = pd.DataFrame(rows)
     for col in ("gkd.beta", "gkd.temperature", "gkd.sft_alpha", "gkd.lmbda"):
         runs[col] = pd.to_numeric(runs[col], errors="coerce")
-    runs["variant"] = (
-        runs["loss.precision"]
-        .map({"native": "original", "fp32": "patched", "fp64": "reference", "candidate": "patched"})
-        .fillna("unknown")
-    )
+    runs["variant"] = runs["loss.precision"].map(ROLE_BY_PRECISION).fillna("unknown")
     history = pd.concat(frames, ignore_index=True, sort=False)
     history["step"] = history["step"].astype("int64")
     # 400k copies of 200 names: every run-keyed step works on codes. Group by it with observed=True (pandas 2's

@@ -19,42 +19,32 @@ from pathlib import Path
 from typing import Any
 
 from gkd_harness.analysis.sweep.metrics import read_metrics_file
+from gkd_harness.analysis.sweep.plan import apply_plan, planned_by, read_plan
 from gkd_harness.analysis.sweep.records import RunRecord, Sweep, UnusableInput, tabulate
 from gkd_harness.harness.config.flat import flatten
-from gkd_harness.harness.contract import ARCHIVE_DIR, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, SWEEP_MANIFEST_FILE
+from gkd_harness.harness.contract import (
+    ARCHIVE_DIR,
+    CAPTURES_DIR,
+    CONFIG_FILE,
+    HYDRA_DIR,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    SWIFT_DIR,
+    WANDB_DIR,
+)
 
 __all__ = ["find_run_folders", "load_run_folder", "load_sweep", "planned_points"]
 
-_SKIP_DIRS = {"wandb", "swift", "captures", ".hydra", "__pycache__", ".submitit", "report", ARCHIVE_DIR}
+_SKIP_DIRS = {WANDB_DIR, SWIFT_DIR, CAPTURES_DIR, HYDRA_DIR, "__pycache__", ".submitit", "report", ARCHIVE_DIR}
 _HYDRA_VERDICT = "job_return.json"  # written by gkd_harness.launch.sweep's Hydra callback for every sweep point
 _MARKERS = (SUMMARY_FILE, METRICS_FILE, CONFIG_FILE)
-_MULTIRUN_FILE = "multirun.yaml"  # Hydra's record of the multirun's config, in the sweep folder
 
 
 def planned_points(sweep: os.PathLike) -> tuple:
-    """``(point names, where)``: what the sweep planned, from ``sweep_manifest.json`` (written by gkd_harness.launch.sweep
-    before the first point starts), else expanded from Hydra's ``multirun.yaml`` as Hydra's basic sweeper does;
-    ``([], None)`` when the folder holds neither (a copied or hand-made sweep)."""
-    root = Path(sweep)
-    manifest = root / SWEEP_MANIFEST_FILE
-    if manifest.is_file():
-        data = _read_json(manifest)
-        points = data.get("points") if isinstance(data, dict) else None
-        if not isinstance(points, list) or not all(isinstance(p, str) for p in points):
-            raise UnusableInput(f"{manifest}: 'points' must be a list of point names")
-        return list(points), manifest.name
-    multirun = root / _MULTIRUN_FILE
-    if not multirun.is_file():
-        return [], None
-    try:
-        from omegaconf import OmegaConf
-
-        from gkd_harness.harness.launcher.sweep_points import point_name, sweep_points
-
-        config = OmegaConf.load(multirun)
-        return [point_name(job, config) for job in sweep_points(config)], multirun.name
-    except Exception as e:  # noqa: BLE001 - a sweeper the basic expansion does not know
-        raise UnusableInput(f"{multirun}: cannot list the sweep's planned points ({type(e).__name__}: {e})") from None
+    """``(point names, where)``: what the sweep plans now (:func:`gkd_harness.analysis.sweep.plan.read_plan`:
+    ``sweep_manifest.json``, else Hydra's ``multirun.yaml``); ``([], None)`` when the folder holds neither."""
+    plan = read_plan(sweep)
+    return (list(plan.points), plan.where) if plan is not None else ([], None)
 
 
 def _read_json(path: Path) -> Any:
@@ -81,14 +71,25 @@ def find_run_folders(sweep: os.PathLike) -> list:
         raise UnusableInput(f"sweep {root} is not a folder")
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
-        hydra_verdict = ".hydra" in dirnames and (Path(dirpath) / ".hydra" / _HYDRA_VERDICT).exists()
+        hydra_verdict = HYDRA_DIR in dirnames and (Path(dirpath) / HYDRA_DIR / _HYDRA_VERDICT).exists()
         dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
+        for d in dirnames:  # os.walk does not enter a linked folder: a linked run folder is said, never skipped
+            link = Path(dirpath) / d
+            if link.is_symlink() and any((link / m).exists() for m in _MARKERS):
+                raise UnusableInput(
+                    f"run folder {link} is a symbolic link (to {os.readlink(link)}): copy the run folder into the "
+                    "sweep, or analyse the folder it links to"
+                )
         if hydra_verdict or any(m in filenames for m in _MARKERS):
             found.append(Path(dirpath))
             dirnames[:] = []  # a run folder's subfolders are its own (captures, swift, wandb)
     if not found:
-        raise UnusableInput(f"no run folders under {root}: expected sub-folders with summary.json and metrics.jsonl")
+        raise _NoRunFolders(f"no run folders under {root}: expected sub-folders with summary.json and metrics.jsonl")
     return found
+
+
+class _NoRunFolders(UnusableInput):
+    """The sweep folder exists and holds no run folder (every planned point may still be missing)."""
 
 
 def _read_config_yaml(path: Path) -> dict:
@@ -108,23 +109,24 @@ def _provenance(summary: dict) -> dict:
     prov = summary.get("provenance")
     if not isinstance(prov, dict):
         return {}
-    return {k: prov.get(k) for k in ("harness_commit", "harness_dirty", "loss_sha256") if k in prov}
+    return {k: prov.get(k) for k in ("harness_commit", "harness_dirty", "loss_sha256", "rank_sha256") if k in prov}
 
 
 def load_run_folder(path: os.PathLike) -> RunRecord:
     """Read one run folder. Raises :class:`UnusableInput` on missing/corrupt files."""
     path = Path(path)
     summary_path = path / SUMMARY_FILE
-    verdict_path = path / ".hydra" / _HYDRA_VERDICT
+    verdict_path = path / HYDRA_DIR / _HYDRA_VERDICT
     hydra_verdict = _read_json(verdict_path) if verdict_path.exists() else None
     hydra_failed = isinstance(hydra_verdict, dict) and hydra_verdict.get("status") == "FAILED"
+    hydra_error = hydra_verdict.get("error") if isinstance(hydra_verdict, dict) else None
     if not summary_path.exists():
         if hydra_failed:
             # The point failed before the harness wrote anything (e.g. a config error): a failed run.
             return RunRecord(
                 name=path.name,
                 status="failed",
-                error=hydra_verdict.get("error"),
+                error=hydra_error,
                 config={},
                 history=[],
                 path=str(path),
@@ -142,7 +144,7 @@ def load_run_folder(path: os.PathLike) -> RunRecord:
         raise UnusableInput(f"{summary_path}: 'config' must be an object")
     config = flatten(config)
     if hydra_failed and status != "failed":
-        summary = dict(summary, error=summary.get("error") or hydra_verdict.get("error"))
+        summary = dict(summary, error=summary.get("error") or hydra_error)
         status = "failed"
     cfg_yaml = path / CONFIG_FILE
     if cfg_yaml.exists():
@@ -150,6 +152,7 @@ def load_run_folder(path: os.PathLike) -> RunRecord:
             config.setdefault(k, v)
     metrics_path = path / METRICS_FILE
     problems = []
+    history: Any
     if metrics_path.exists():
         history = read_metrics_file(metrics_path, completed=status == "completed")
         if history.unusable:
@@ -186,17 +189,19 @@ def load_sweep(sweep: os.PathLike) -> Sweep:
         sw.run_history(sw.runs["run"][0])["train/loss"]
     """
     root = Path(sweep)
-    planned, where = planned_points(root) if root.is_dir() else ([], None)
+    plan = read_plan(root) if root.is_dir() else None
+    planned = list(plan.points) if plan is not None else []
     try:
         folders = find_run_folders(sweep)
-    except UnusableInput:
+    except _NoRunFolders:
         if not planned:
             raise
         folders = []  # the sweep planned points and none started (every array task cancelled): all missing
     records = [load_run_folder(p) for p in folders]
     have = {str(p.relative_to(root)) for p in folders if p != root} | {p.name for p in folders}
     for name in planned:
-        if name not in have:
+        if name not in have and plan is not None:
+            launch = planned_by(plan, name)
             records.append(
                 RunRecord(
                     name=name,
@@ -204,8 +209,8 @@ def load_sweep(sweep: os.PathLike) -> Sweep:
                     config={},
                     history=[],
                     path=None,
-                    error=f"planned by the sweep ({where}) but has no run folder",
+                    error=f"planned by launch {launch} of {len(plan.launches)} ({plan.where}) but has no run folder",
                     problems=["never started, cancelled while pending, or its folder was deleted"],
                 )
             )
-    return tabulate(records, source=f"local:{root}")
+    return apply_plan(tabulate(records, source=f"local:{root}"), plan, root)
