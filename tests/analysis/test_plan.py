@@ -372,3 +372,14 @@ def test_issue40_a_missing_sweep_folder_is_one_line_before_heavy_imports(tmp_pat
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.stdout.split() == ["2", "False", "False"], proc
     assert proc.stderr.strip() == "gkd-analyze: unusable input: sweep folder /no/such/folder does not exist"
+
+
+def test_summary_json_says_what_was_hashed():
+    """Issue 38 item 9: identity by what changes results; summary.json's provenance says what each hash covers."""
+    from gkd_harness.harness.store.provenance import _HARNESS_DIR, provenance, sha256_path
+
+    prov = provenance("fp32")
+    assert prov["rank_sha256"] == sha256_path(_HARNESS_DIR / "rank")
+    assert prov["loss_sha256"] == sha256_path(_HARNESS_DIR / "loss")
+    assert set(prov["hashed"]) == {"loss_sha256", "rank_sha256", "not_hashed"}
+    assert "harness_commit" in prov["hashed"]["not_hashed"]
