@@ -4,9 +4,9 @@ No browser driver package is needed: :func:`measure` copies the page, appends a 
 measurements as JSON into a ``<pre id="gkd-measure">`` once the page has loaded, and reads them back from
 ``chromium --dump-dom``. Chromium is Debian's ``chromium`` package (``apt-get install -y chromium``).
 
-Regenerate the README screenshot::
+Regenerate the README screenshot (and ``docs/img/report.json``: the sections and criteria it shows)::
 
-    python -m tests.analysis.browser screenshot REPORT_DIR/report.html docs/img/report.png
+    .venv/bin/python -m tests.analysis.browser screenshot REPORT_DIR/report.html docs/img/report.png 1800
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["find_chromium", "measure", "screenshot", "VIEWPORT"]
+__all__ = ["find_chromium", "measure", "screenshot", "report_counts", "VIEWPORT"]
 
 #: Window size of every rendering (a common laptop width).
 VIEWPORT = (1366, 900)
@@ -36,7 +36,8 @@ window.addEventListener('load', function () {
   var ids = {};
   Array.prototype.forEach.call(document.querySelectorAll('[id]'), function (e) { ids[e.id] = true; });
   var external = [];
-  Array.prototype.forEach.call(document.querySelectorAll('[src],[href]'), function (e) {
+  // what the page loads (src, stylesheets); a link the reader may follow (a run folder) loads nothing
+  Array.prototype.forEach.call(document.querySelectorAll('[src],link[href]'), function (e) {
     var u = e.getAttribute('src') || e.getAttribute('href');
     if (!/^(data:|#)/.test(u)) external.push(u);
   });
@@ -157,16 +158,33 @@ def screenshot(html_path: Path, png_path: Path, height: int = 1400, timeout: flo
     return png_path
 
 
+def report_counts(html_text: str) -> dict:
+    """What the top of a report shows: ``sections`` (entries of its table of contents) and ``criteria`` (rows of
+    the criteria table, the first table after the ``Criteria`` heading)."""
+    toc = re.search(r"<nav class='toc'.*?</nav>", html_text, re.S)
+    after = html_text.split("<h2 id='criteria'>", 1)[1] if "<h2 id='criteria'>" in html_text else ""
+    table = re.search(r"<table>(.*?)</table>", after, re.S)
+    return {
+        "sections": len(re.findall(r"<li>", toc.group(0))) if toc else 0,
+        "criteria": max(0, len(re.findall(r"<tr>", table.group(1))) - 1) if table else 0,
+    }
+
+
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) == 3 and args[0] == "screenshot":
-        print(screenshot(Path(args[1]), Path(args[2])))
+    if len(args) in (3, 4) and args[0] == "screenshot":
+        # beside the PNG, what it shows (tests/analysis/test_readme_screenshot.py holds the README to it)
+        png = screenshot(Path(args[1]), Path(args[2]), *(int(a) for a in args[3:]))
+        counts = report_counts(Path(args[1]).read_text(encoding="utf-8"))
+        png.with_suffix(".json").write_text(json.dumps({"image": png.name, **counts}, indent=1) + "\n")
+        print(png, counts)
         return 0
     if len(args) == 2 and args[0] == "measure":
         print(json.dumps(measure(Path(args[1])), indent=1))
         return 0
     print(
-        "usage: python -m tests.analysis.browser screenshot REPORT.html OUT.png | measure REPORT.html", file=sys.stderr
+        "usage: python -m tests.analysis.browser screenshot REPORT.html OUT.png [HEIGHT] | measure REPORT.html",
+        file=sys.stderr,
     )
     return 2
 
