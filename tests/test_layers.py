@@ -174,27 +174,190 @@ def _string_literals(path: Path):
             yield node.lineno, node.value
 
 
-def test_contract_facts_have_one_home():
-    """No metric name, run-folder file name, settings variable or callback name as a literal outside
-    ``harness/contract.py`` (tests and docs may spell them)."""
+# ---------------------------------------------------------------------------------------------------------------
+# One home for every contract fact (docs/architecture.md, "What crosses between them")
+# ---------------------------------------------------------------------------------------------------------------
+#: The names of the loss variants (precisions and beta forms). Outside the contract they may not be spelled where
+#: they name a variant: compared against, a default argument, a dict key or an index (messages and docstrings may).
+#: "candidate" also names the certificate's JSON section, so only a comparison or a default counts for it.
+VARIANT_NAMES = ("native", "fp32", "fp64", "candidate", "paper", "continuous")
+_KEY_VARIANT_NAMES = ("native", "fp32", "fp64", "paper", "continuous")
+#: Files not converted yet (issue 39), with how many variant names each still spells: a file may not spell more.
+VARIANT_LITERALS_LEFT: dict = {
+    "analysis/certify/cases.py": 3,
+    "analysis/certify/causes.py": 1,
+    "analysis/certify/certificate.py": 1,
+    "analysis/certify/export.py": 2,
+    "analysis/certify/families.py": 1,
+    "analysis/signoff/betacurve.py": 1,
+    "analysis/signoff/criteria.py": 4,
+    "analysis/signoff/plots.py": 21,
+    "bench/cases.py": 15,
+    "bench/scaling.py": 3,
+    "bench/synthetic.py": 7,
+    "harness/loss/stable.py": 1,
+    "launch/gpu_bare.py": 2,
+    "launch/gpu_check.py": 1,
+}
+
+
+def _sources_under(root: Path, *packages: str):
+    for pkg in packages:
+        yield from sorted((root / pkg).rglob("*.py"))
+
+
+def _contract_constants() -> dict:
     from gkd_harness.harness import contract
 
-    facts = {
+    return {k: v for k, v in vars(contract).items() if k.isupper() and not k.startswith("_")}
+
+
+def _strict_facts(constants: dict) -> set:
+    """Contract strings that may appear nowhere else as a literal: metric names (a "/"), file names, variables,
+    the callback and plugin module, and the unambiguous folder names."""
+    dirs_everywhere = {"HYDRA_DIR", "ARCHIVE_DIR"}  # ".hydra", "previous_attempts": no other meaning
+    return {
         v
-        for k, v in vars(contract).items()
-        if k.isupper()
-        and isinstance(v, str)
-        and ("/" in v or k.endswith(("_FILE", "_ENV", "_LOG")) or k in ("CALLBACK_NAME", "ARCHIVE_DIR"))
+        for k, v in constants.items()
+        if isinstance(v, str)
+        and ("/" in v or k.endswith(("_FILE", "_ENV", "_LOG", "_MODULE")) or k in {"CALLBACK_NAME"} | dirs_everywhere)
     }
-    assert {"gkd/neg_loss_calls", "metrics.jsonl", "GKD_HARNESS_PLUGIN_SETTINGS"} <= facts
-    bad = [
-        f"{p.relative_to(REPO)}:{line}: {value!r}"
-        for p in _sources("harness", "launch", "analysis", "bench")
-        if p.name != "contract.py"
-        for line, value in _string_literals(p)
-        if value in facts
-    ]
+
+
+def _path_facts(constants: dict) -> set:
+    """Run-folder sub-folder names ("swift", "wandb", "captures", "candidate"): words with other meanings (the
+    ``swift`` command, ``--report_to wandb``), so they are facts only as a path component: a ``/`` operand or an
+    argument of ``os.path.join`` / ``joinpath``."""
+    return {v for k, v in constants.items() if k.endswith("_DIR") and isinstance(v, str)}
+
+
+def _tuple_facts(constants: dict) -> dict:
+    """``frozenset of values -> name`` of every tuple of strings in the contract (PRECISIONS, BETA_FORMS, ...)."""
+    return {
+        frozenset(v): k
+        for k, v in constants.items()
+        if isinstance(v, tuple) and len(v) > 1 and all(isinstance(x, str) for x in v)
+    }
+
+
+def _variant_literals(tree: ast.AST) -> list:
+    """(line, value) of each variant name spelled where it names a variant (see :data:`VARIANT_NAMES`)."""
+
+    def names(n, allowed):
+        if isinstance(n, ast.Constant) and n.value in allowed:
+            yield n
+        elif isinstance(n, (ast.Tuple, ast.List, ast.Set)):
+            for e in n.elts:
+                yield from names(e, allowed)
+
+    out = []
+    for node in ast.walk(tree):
+        allowed = VARIANT_NAMES
+        if isinstance(node, ast.Compare):
+            spots = [node.left, *node.comparators]
+        elif isinstance(node, ast.arguments):
+            spots = [d for d in [*node.defaults, *node.kw_defaults] if d is not None]
+        elif isinstance(node, ast.Dict):
+            spots, allowed = [k for k in node.keys if k is not None], _KEY_VARIANT_NAMES
+        elif isinstance(node, ast.Subscript):
+            spots, allowed = [node.slice], _KEY_VARIANT_NAMES
+        else:
+            continue
+        out += [(c.lineno, c.value) for s in spots for c in names(s, allowed)]
+    return out
+
+
+def _path_literals(tree: ast.AST, facts: set) -> list:
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            spots = [node.left, node.right]
+        elif isinstance(node, ast.Call) and (
+            isinstance(node.func, ast.Attribute) and node.func.attr in ("join", "joinpath")
+        ):
+            spots = list(node.args)
+        else:
+            continue
+        out += [(s.lineno, s.value) for s in spots if isinstance(s, ast.Constant) and s.value in facts]
+    return out
+
+
+def one_home_violations(root: Path = REPO) -> list:
+    """``file:line: what`` for every contract fact with a second home under ``root``'s harness/, launch/,
+    analysis/ and bench/ (tests and docs may spell them):
+
+    - a string constant of the contract spelled as a literal (:func:`_strict_facts`), or a run-folder folder name
+      as a path component (:func:`_path_facts`);
+    - a module-level name the contract defines (``PRECISIONS = ...``), or a tuple/list/set literal holding exactly
+      the values of a contract tuple (``("fail", "not_measured")``);
+    - a variant name where it names a variant, beyond :data:`VARIANT_LITERALS_LEFT`'s count for that file.
+    """
+    constants = _contract_constants()
+    strict, paths, tuples = _strict_facts(constants), _path_facts(constants), _tuple_facts(constants)
+    bad = []
+    for p in _sources_under(root, "harness", "launch", "analysis", "bench"):
+        rel = p.relative_to(root).as_posix()
+        if rel == "harness/contract.py":
+            continue
+        tree = ast.parse(p.read_text())
+        bad += [f"{rel}:{line}: {value!r}" for line, value in _string_literals(p) if value in strict]
+        bad += [f"{rel}:{line}: {value!r} as a path" for line, value in _path_literals(tree, paths)]
+        for node in tree.body:
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, ast.AnnAssign)
+                else []
+            )
+            for t in targets:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name) and n.id in constants:
+                        bad.append(f"{rel}:{node.lineno}: defines the contract's {n.id}")
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(node.elts) > 1:
+                values = [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+                if len(values) == len(node.elts) and frozenset(values) in tuples:
+                    bad.append(f"{rel}:{node.lineno}: a copy of the contract's {tuples[frozenset(values)]}")
+        variants = _variant_literals(tree)
+        if len(variants) > VARIANT_LITERALS_LEFT.get(rel, 0):
+            bad += [f"{rel}:{line}: variant name {value!r}" for line, value in variants]
+    return bad
+
+
+def test_contract_facts_have_one_home():
+    """No contract constant, copy of a contract tuple, run-folder folder name as a path, or variant name in a
+    comparison outside ``harness/contract.py`` (tests and docs may spell them)."""
+    constants = _contract_constants()
+    assert {"gkd/neg_loss_calls", "metrics.jsonl", "GKD_HARNESS_PLUGIN_SETTINGS", ".hydra"} <= _strict_facts(constants)
+    assert {"captures", "wandb", "swift", "candidate"} <= _path_facts(constants)
+    assert {"PRECISIONS", "BETA_FORMS", "DTYPE_NAMES", "FAILING_STATUSES"} <= set(_tuple_facts(constants).values())
+    bad = one_home_violations()
     assert not bad, "\n".join(bad)
+
+
+def test_the_one_home_check_fails_on_a_copy(tmp_path):
+    import shutil
+
+    for pkg in ("harness", "launch", "analysis", "bench"):
+        shutil.copytree(REPO / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    schema = tmp_path / "harness" / "config" / "schema.py"
+    schema.write_text(schema.read_text() + '\nPRECISIONS = ("native", "fp32", "fp64", "candidate")\n')
+    lock = tmp_path / "harness" / "store" / "lock.py"
+    lock.write_text(
+        lock.read_text() + "\n\ndef _late(run, precision):\n"
+        '    failing = ("fail", "not_measured")\n'
+        '    return run / "captures" if precision == "fp32" else failing\n'
+    )
+    bad = one_home_violations(tmp_path)
+    n = len(schema.read_text().splitlines())
+    assert f"harness/config/schema.py:{n}: defines the contract's PRECISIONS" in bad
+    assert f"harness/config/schema.py:{n}: a copy of the contract's PRECISIONS" in bad
+    n = len(lock.read_text().splitlines())
+    assert f"harness/store/lock.py:{n - 1}: a copy of the contract's FAILING_STATUSES" in bad
+    assert f"harness/store/lock.py:{n}: 'captures' as a path" in bad
+    assert f"harness/store/lock.py:{n}: variant name 'fp32'" in bad
+    assert len(bad) == 5, bad
 
 
 # ---------------------------------------------------------------------------------------------------------------

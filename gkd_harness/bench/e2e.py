@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Tuple
 
+from gkd_harness.harness.contract import SWIFT_DIR, WANDB_DIR
+
 SKIP = 2
 SIDES = ("bare", "monitor_off", "monitor_default")
 #: ms-swift's per-step log, relative to its --output_dir
@@ -124,10 +126,10 @@ def bare_command(env: Dict[str, str], argv: List[str], out_dir: Path) -> Tuple[D
             skip = True
             continue
         if i > 0 and argv[i - 1] == "--output_dir":
-            tok = str(out_dir / "swift")
+            tok = str(out_dir / SWIFT_DIR)
         out.append(tok)
     env = {k: v for k, v in env.items() if not k.startswith("GKD_HARNESS")}
-    env.update(WANDB_DIR=str(out_dir / "wandb"), WANDB_RUN_ID=f"bare{os.getpid()}{int(time.time())}")
+    env.update(WANDB_DIR=str(out_dir / WANDB_DIR), WANDB_RUN_ID=f"bare{os.getpid()}{int(time.time())}")
     return env, out
 
 
@@ -169,7 +171,7 @@ def measure_e2e(side: str, quick: bool, work_dir: str, steps: int = 0) -> Dict:
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        arrivals, cpus = _step_times(out_dir / "swift" / SWIFT_LOG_LINES, proc)
+        arrivals, cpus = _step_times(out_dir / SWIFT_DIR / SWIFT_LOG_LINES, proc)
     total = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{side} exited {proc.returncode}: {log_path.read_text()[-1500:]}")

@@ -5,6 +5,7 @@ write the run folder (``gkd_harness.harness.store``) that ``analysis/`` reads, a
 is the one home of those facts:
 
 - the loss variants: precisions, beta forms, dtype names, and which runs are "original", "patched" or "reference";
+- the sign-off's criterion statuses (``verdict.json``);
 - the plugin settings: the environment variable, the file, the callback name and the typed :class:`PluginSettings`;
 - the run-folder file names;
 - the metric names (the same keys on the HF and Megatron backends, in wandb and in ``metrics.jsonl``).
@@ -18,27 +19,49 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Literal, Mapping, Optional, Tuple, get_args
 
 # ---------------------------------------------------------------------------------------------------------------
 # Loss variants
 # ---------------------------------------------------------------------------------------------------------------
-#: ``loss.precision``: upstream arithmetic, promote BF16/FP16 to FP32 before temperature, or everything in FP64.
-PRECISIONS = ("native", "fp32", "fp64", "candidate")
-#: ``loss.precision=candidate``: a loss loaded from ``loss.source`` (a file with ms-swift's gkd_loss.py interface, or
-#: ``package.module:attr``); a fix someone ships, so its role is "patched" (``gkd_harness.harness.loss.candidate``).
-CANDIDATE = "candidate"
+# Each set of names is one Literal type (what mypy checks a value against) and the tuple of its values (what the
+# code checks at run time), derived from it: one definition each.
+
+#: The precisions the harness computes itself (``gkd_harness.harness.loss.variants``): upstream arithmetic, promote
+#: BF16/FP16 to FP32 before temperature, or everything in FP64.
+BuiltinPrecision = Literal["native", "fp32", "fp64"]
+BUILTIN_PRECISIONS: Tuple[BuiltinPrecision, ...] = get_args(BuiltinPrecision)
+#: ``loss.precision``: a built-in one, or ``candidate``: a loss loaded from ``loss.source`` (a file with ms-swift's
+#: gkd_loss.py interface, or ``package.module:attr``); a fix someone ships, so its role is "patched"
+#: (``gkd_harness.harness.loss.candidate``).
+Precision = Literal[BuiltinPrecision, "candidate"]
+PRECISIONS: Tuple[Precision, ...] = get_args(Precision)
+NATIVE, FP32, FP64, CANDIDATE = PRECISIONS
 #: The run-folder sub-folder holding a copy of the candidate's source (the evidence outlives the branch).
 CANDIDATE_DIR = "candidate"
 #: ``loss.beta_form``: the GKD paper's weights (upstream) or the endpoint-continuous ones.
-BETA_FORMS = ("paper", "continuous")
+BetaForm = Literal["paper", "continuous"]
+BETA_FORMS: Tuple[BetaForm, ...] = get_args(BetaForm)
+PAPER, CONTINUOUS = BETA_FORMS
 #: dtype names of ``model.student_dtype`` / ``model.teacher_dtype`` and ``gkd-replay --student-dtype``.
-DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
+DtypeName = Literal["float32", "bfloat16", "float16", "float64"]
+DTYPE_NAMES: Tuple[DtypeName, ...] = get_args(DtypeName)
 
 #: What a run is, by its precision. ``reference`` (FP64 everywhere) is the yardstick, not a fix anyone ships, so
 #: it is never called "patched": tags, tables, dashboards and the report all say "reference".
-ORIGINAL, PATCHED, REFERENCE = "original", "patched", "reference"
-ROLE_BY_PRECISION = {"native": ORIGINAL, "fp32": PATCHED, "fp64": REFERENCE, "candidate": PATCHED}
+Role = Literal["original", "patched", "reference"]
+ROLES: Tuple[Role, ...] = get_args(Role)
+ORIGINAL, PATCHED, REFERENCE = ROLES
+ROLE_BY_PRECISION: Dict[str, Role] = {NATIVE: ORIGINAL, FP32: PATCHED, FP64: REFERENCE, CANDIDATE: PATCHED}
+
+#: A sign-off criterion's status (``gkd_harness.analysis.signoff``, in ``verdict.json``): measured and met or not,
+#: not measured (its evidence is missing), not applicable (the sweep's design lacks its subject), skipped (an
+#: optional criterion that did not pass) or disabled (switched off in the criteria file).
+CriterionStatus = Literal["pass", "fail", "not_measured", "not_applicable", "skipped", "disabled"]
+CRITERION_STATUSES: Tuple[CriterionStatus, ...] = get_args(CriterionStatus)
+#: The statuses that fail a sign-off: never ``not_applicable`` (a subject the design lacks is not a failure),
+#: ``skipped`` or ``disabled``.
+FAILING_STATUSES: Tuple[CriterionStatus, ...] = ("fail", "not_measured")
 
 
 def role_of(precision: Optional[str]) -> str:

@@ -10,8 +10,8 @@ The implementation lives in :mod:`gkd_harness.harness.loss` (one module per path
 
 from gkd_harness.harness.loss.variants import (
     BETA_FORMS,
+    BUILTIN_PRECISIONS,
     DTYPES_BY_NAME,
-    PRECISIONS,
     GKDTerms,
     compute_dtype,
     gkd_per_position,
@@ -22,7 +22,7 @@ from gkd_harness.harness.loss.variants import (
 )
 
 __all__ = [
-    "PRECISIONS",
+    "BUILTIN_PRECISIONS",
     "BETA_FORMS",
     "DTYPES_BY_NAME",
     "GKDTerms",

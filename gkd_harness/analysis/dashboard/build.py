@@ -36,7 +36,6 @@ MAX_RUNS = 100  # runs (or groups) a panel shows; a β sweep has up to ~70 varia
 def _panel(spec: PanelSpec):
     """One :class:`PanelSpec` -> a wandb-workspaces panel."""
     if spec.kind == "line":
-        bands = {"groupby_aggfunc": "mean", "groupby_rangefunc": "minmax"} if spec.bands else {}
         return wr.LinePlot(
             title=spec.title,
             x=n.STEP,
@@ -45,7 +44,8 @@ def _panel(spec: PanelSpec):
             log_y=spec.log_y,
             max_runs_to_show=MAX_RUNS,
             smoothing_type="none",
-            **bands,
+            groupby_aggfunc="mean" if spec.bands else None,  # None: the library's default (left out of the spec)
+            groupby_rangefunc="minmax" if spec.bands else None,
         )
     if spec.kind == "bar":
         return wr.BarPlot(title=spec.title, metrics=list(spec.metrics), orientation="h", max_runs_to_show=MAX_RUNS)
@@ -73,7 +73,7 @@ def _filter(facts: SweepFacts):
 def runset_filters(facts: SweepFacts) -> list:
     """-> [(description dict, wandb filter expression)]: the sweep's group, and the experiment tag when every
     run carries it."""
-    out = []
+    out: list[tuple[dict[str, Any], Any]] = []
     if facts.group:
         out.append(({"key": "Group", "op": "=", "value": facts.group}, expr.Metric("Group") == facts.group))
     if facts.experiment and facts.experiment in facts.tags:
@@ -147,7 +147,7 @@ def build_report(
 
     ``with_project``: give the runsets the sweep's entity/project (looked up on the server: only when saving).
     """
-    blocks = [
+    blocks: list[wr.interface.BlockTypes] = [
         wr.P(
             f"wandb group {facts.group or '-'}, experiment {facts.experiment or '-'}, {facts.n_runs} runs "
             f"(source {facts.source}). Runs are grouped by {', '.join(grouping(facts))}."

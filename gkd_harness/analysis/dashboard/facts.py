@@ -18,7 +18,7 @@ from typing import Any, Iterable, Optional
 from gkd_harness.analysis.dashboard import names as n
 from gkd_harness.analysis.sweep.records import Sweep, UnusableInput, tabulate
 from gkd_harness.harness.config.flat import flatten
-from gkd_harness.harness.contract import SUMMARY_FILE
+from gkd_harness.harness.contract import HYDRA_DIR, SUMMARY_FILE
 
 __all__ = ["SweepFacts", "facts_from_folder", "facts_from_wandb"]
 
@@ -78,7 +78,7 @@ def _history_keys(sweep: Sweep) -> frozenset:
 
 def _hydra_experiment(run_folder: Path) -> Optional[str]:
     """The ``experiment=`` choice recorded in a run folder's ``.hydra/hydra.yaml`` (None if absent)."""
-    path = run_folder / ".hydra" / "hydra.yaml"
+    path = run_folder / HYDRA_DIR / "hydra.yaml"
     if not path.exists():
         return None
     import yaml
@@ -94,7 +94,7 @@ def _hydra_experiment(run_folder: Path) -> Optional[str]:
 def _owning_run_folder(path: Path, root: Path) -> Optional[Path]:
     """The run folder (holding ``summary.json`` or ``.hydra/``) at or above ``path``, not above ``root``."""
     for p in (path, *path.parents):
-        if (p / SUMMARY_FILE).exists() or (p / ".hydra").is_dir():
+        if (p / SUMMARY_FILE).exists() or (p / HYDRA_DIR).is_dir():
             return p
         if p == root:
             break

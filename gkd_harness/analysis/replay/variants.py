@@ -6,19 +6,21 @@ captures (:func:`replay_table`).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Union
 
 import torch
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
 from gkd_harness.analysis.replay.seed_input import SEED_INPUT
-from gkd_harness.harness.contract import CAPTURES_DIR
+from gkd_harness.harness.contract import BUILTIN_PRECISIONS, CAPTURES_DIR, FP64, PAPER
+from gkd_harness.harness.loss.proof import seed_draw
 from gkd_harness.harness.losses import BETA_FORMS, make_gkd_loss_terms
 from gkd_harness.harness.losses import DTYPES_BY_NAME as DTYPES
 from gkd_harness.harness.store.captures import CaptureError, load_capture
 
-VARIANTS = ("native", "fp32", "fp64")
+VARIANTS = BUILTIN_PRECISIONS
 
 
 def evaluate_variants(
@@ -27,7 +29,7 @@ def evaluate_variants(
     labels: torch.Tensor,
     beta: float,
     temperature: float,
-    beta_form: str = "paper",
+    beta_form: str = PAPER,
 ) -> Dict[str, dict]:
     """Loss and student-logit gradient of each precision variant on the same inputs.
 
@@ -40,12 +42,13 @@ def evaluate_variants(
     variant's total on a leaf in the student's dtype (the relative error does not depend on the 1 / num_valid
     scale), the total divided by num_valid in FP64; so a capture replays to its spot check's values.
     """
-    grads, out = {}, {}
+    grads: Dict[str, torch.Tensor] = {}
+    out: Dict[str, dict] = {}
     for precision in VARIANTS:
         # the FP64 variant on an FP64 leaf: its exact gradient, rounded once to the student's dtype below (the
         # spot check's g64); every other variant on a leaf in the student's dtype
         s = (
-            student_logits.detach().to(torch.float64) if precision == "fp64" else student_logits.detach().clone()
+            student_logits.detach().to(torch.float64) if precision == FP64 else student_logits.detach().clone()
         ).requires_grad_(True)
         terms = make_gkd_loss_terms(precision, beta_form)(s, teacher_output, labels, beta, temperature)
         n = int(terms.num_valid)
@@ -55,7 +58,7 @@ def evaluate_variants(
         )
         total = float(terms.total.detach().double())
         out[precision] = {"loss": total / n if n else 0.0 * total, "num_valid": n}
-    ref = grads["fp64"]
+    ref = grads[FP64]
     ref_norm = float(ref.norm())
     for precision in VARIANTS:
         err = float((grads[precision] - ref).norm())
@@ -74,9 +77,7 @@ def synthetic_inputs(
     topk: Optional[int] = SEED_INPUT.topk,
 ):
     """The seed report's synthetic tensors, as ``(student_logits [1, rows, vocab], TeacherOutput, labels [1, rows])``."""
-    rng = torch.Generator().manual_seed(seed)
-    student = (torch.randn(rows, vocab, generator=rng) * scale).bfloat16().float()
-    teacher = student + torch.randn(rows, vocab, generator=rng) * noise
+    student, teacher = seed_draw(rows, vocab, "cpu", seed, scale, noise)
     student = student.to(DTYPES[student_dtype])[None]
     teacher = teacher.to(DTYPES[teacher_dtype])[None]
     labels = torch.zeros(1, rows, dtype=torch.long)
@@ -86,7 +87,7 @@ def synthetic_inputs(
     return student, TeacherOutput(topk_logprobs=vals, topk_indices=ids, labels=labels), labels
 
 
-def find_captures(paths: Iterable[str]) -> List[Path]:
+def find_captures(paths: Iterable[Union[str, os.PathLike]]) -> List[Path]:
     """Capture files named directly, or found under folders (``**/captures/*.safetensors``, or the files of a
     ``captures/`` folder named directly), sorted; other safetensors files (model checkpoints) are not captures."""
     found: List[Path] = []
@@ -114,7 +115,7 @@ def replay_rows(captures: List[Path], beta_form: Optional[str] = None) -> List[d
     for path in captures:
         cap = load_capture(path)
         meta = cap["meta"]
-        form = beta_form or meta.get("beta_form", "paper")
+        form = beta_form or meta.get("beta_form", PAPER)
         if form not in BETA_FORMS:
             raise CaptureError(f"{path}: metadata beta_form={form!r} not one of {BETA_FORMS}")
         teacher = cap["teacher_output"]

@@ -20,7 +20,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from gkd_harness.harness.contract import JSD_LOSS, TRAIN_GRAD_NORM, TRAIN_LOSS
+from gkd_harness.harness.contract import BETA_FORMS, JSD_LOSS, TRAIN_GRAD_NORM, TRAIN_LOSS
 
 __all__ = [
     "DEFAULT_BETAS",
@@ -33,7 +33,7 @@ __all__ = [
     "training_beta_curve",
 ]
 
-FORMS = ("paper", "continuous")
+FORMS = BETA_FORMS
 DEFAULT_BETAS = (0.0, 0.001, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 0.999, 1.0)
 
 

@@ -17,9 +17,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from gkd_harness.harness.contract import FAILING_STATUSES
+
 __all__ = ["junit_xml", "step_summary", "write_ci_files"]
 
-_FAILED = ("fail", "not_measured")
+_FAILED = FAILING_STATUSES
 _SKIPPED = ("not_applicable", "skipped", "disabled")
 
 

@@ -24,10 +24,12 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import numpy as np
 import pandas as pd
+
+from gkd_harness.harness.contract import CRITERION_STATUSES
 
 __all__ = [
     "Document",
@@ -90,7 +92,7 @@ p.table-constants,p.table-part{font-size:0.9em;margin:0.6em 0 0.2em;color:#57606
 code{background:#f0f2f4;padding:0 0.2em;border-radius:3px;overflow-wrap:anywhere}
 """.strip()
 
-_STATUS = ("pass", "fail", "not_measured", "not_applicable", "skipped", "disabled")
+_STATUS = CRITERION_STATUSES
 #: The narrowest a plot is shown, as a share of its pixel width: the plots' smallest text (8 pt at 150 dpi, 16.7
 #: px in the PNG) stays >= 9 CSS px. On a narrow screen (a 390 px phone) the plot scrolls sideways inside its
 #: figure instead of shrinking to unreadable text; the page itself does not scroll.
@@ -140,7 +142,9 @@ def column_parts(df: pd.DataFrame, budget_px: float = TABLE_BUDGET_PX) -> list:
     widths = [_column_px(df, df.columns[i]) for i in range(n)]
     if n <= 2 or sum(widths) <= budget_px:
         return [list(range(n))]
-    parts, cur, used = [], [], widths[0]
+    parts: List[List[int]] = []
+    cur: List[int] = []
+    used = widths[0]
     for i in range(1, n):
         if cur and used + widths[i] > budget_px:
             parts.append([0] + cur)

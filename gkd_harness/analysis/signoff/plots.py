@@ -16,7 +16,7 @@ from __future__ import annotations
 import textwrap
 import warnings
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import matplotlib
 
@@ -55,7 +55,7 @@ _LOG_FLOOR = 1e-12
 #: Most points drawn per line: longer lines are drawn through their min/max envelope (:func:`envelope`).
 _MAX_DRAWN_POINTS = 4000
 _MAX_MARKED_RUNS = 3  # runs of one variant in a panel drawn individually with markers; more: median + min-max band
-_RC = {
+_RC: Dict[Any, Any] = {  # matplotlib types the keys as the Literal of every rc name
     "font.size": 10,
     "axes.titlesize": 10,
     "axes.labelsize": 10,
@@ -195,7 +195,7 @@ def _paired_difference(sweep, runs: pd.DataFrame, metric: str, by_run: Optional[
     return out
 
 
-def envelope(x: np.ndarray, y: np.ndarray, max_points: int = None) -> tuple:
+def envelope(x: np.ndarray, y: np.ndarray, max_points: Optional[int] = None) -> tuple:
     """The points of the line ``(x, y)`` that drawing needs, at most about ``max_points`` of them.
 
     A line of ``n <= max_points`` points is returned unchanged. A longer one (``x`` ascending) is cut into
@@ -209,7 +209,7 @@ def envelope(x: np.ndarray, y: np.ndarray, max_points: int = None) -> tuple:
     return (x, y) if keep is None else (x[keep], y[keep])
 
 
-def _envelope_index(x: np.ndarray, y: np.ndarray, max_points: int = None) -> Optional[np.ndarray]:
+def _envelope_index(x: np.ndarray, y: np.ndarray, max_points: Optional[int] = None) -> Optional[np.ndarray]:
     """The sorted indices :func:`envelope` keeps of ``(x, y)``; None when the line is kept whole."""
     max_points = _MAX_DRAWN_POINTS if max_points is None else int(max_points)
     n = len(x)
@@ -272,8 +272,9 @@ def _draw_series(ax, series: list, style: dict):
         return ln
     mx, lo, hi, my = _spread(series)
     bx, keep = mx, _envelope_index(mx, lo)
-    if keep is not None:  # a long band: each bin's extremes of both edges (lo and hi have the same length)
-        keep = np.union1d(keep, _envelope_index(mx, hi))
+    keep_hi = _envelope_index(mx, hi)
+    if keep is not None and keep_hi is not None:  # a long band: each bin's extremes of both edges (same length)
+        keep = np.union1d(keep, keep_hi)
         bx, lo, hi = mx[keep], lo[keep], hi[keep]
     ax.fill_between(bx, lo, hi, color=style["color"], alpha=0.2, lw=0)
     mx, my = envelope(mx, my)
@@ -308,7 +309,7 @@ def plot_curves(sweep, metric: str, path: Path, max_panels: int = 16) -> Optiona
     with plt.rc_context(_RC):
         fig = plt.figure(figsize=(width, height), layout="constrained")
         gs = fig.add_gridspec(grid_rows * per_row, cols, height_ratios=ratios)
-        handles = {}
+        handles: Dict[str, Any] = {}
         for i, beta in enumerate(shown):
             row, col = divmod(i, cols)
             ax = fig.add_subplot(gs[row * per_row, col])
@@ -382,7 +383,7 @@ def plot_negatives(neg: pd.DataFrame, path: Path) -> Optional[Path]:
         fig, axes = plt.subplots(
             2, 1, figsize=(min(_MAX_WIDTH_IN, max(6.5, 0.45 * nb * nv + 2)), 7.0), layout="constrained"
         )
-        handles = {}
+        handles: Dict[str, Any] = {}
         for ax, which, ylabel in (
             (axes[0], 0, "negative-loss calls / loss calls\n(fraction of calls)"),
             (axes[1], 1, "max share of positions\nwith JSD < 0 (fraction)"),
@@ -498,7 +499,7 @@ def plot_spot_errors(
             squeeze=False,
             layout="constrained",
         )
-        handles = {}
+        handles: Dict[str, Any] = {}
         for ax, m in zip(axes.flat, metrics):
             pos, labels = 0, []
             for (prec, form, mixed), g in groups:
@@ -570,7 +571,7 @@ def plot_beta_curve(
             squeeze=False,
             layout="constrained",
         )
-        handles = {}
+        handles: Dict[str, Any] = {}
         ax = axes[0, 0]
         for form, g in fp64_curve.groupby("form", sort=False):
             inner = g[(g["beta"] > 0) & (g["beta"] < 1)]
@@ -588,7 +589,7 @@ def plot_beta_curve(
             markeredgecolor="k",
             zorder=5,
         )
-        handles[endpoint.get_label()] = endpoint
+        handles[str(endpoint.get_label())] = endpoint
         ax.set_xlabel("β")
         ax.set_ylabel("D(β), mean per position (nats, FP64)")
         src = fp64_curve["source"].iloc[0] if "source" in fp64_curve else ""

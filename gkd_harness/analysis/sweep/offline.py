@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from gkd_harness.analysis.sweep.records import Sweep, UnusableInput, tabulate
 from gkd_harness.analysis.sweep.wandb_api import row_step, runs_from_wandb
@@ -56,8 +56,11 @@ class OfflineRun:
         self.path = Path(path)
         self.path_str = str(self.path)
         self.id = self.name = self.group = self.job_type = self.project = None
-        self.config, self.summary, self._history = {}, {}, []
-        self.tags, self.problems = [], []
+        self.config: Dict[str, Any] = {}
+        self.summary: Dict[str, Any] = {}
+        self._history: List[Dict[str, Any]] = []
+        self.tags: List[str] = []
+        self.problems: List[str] = []
         self.start_time = 0.0
         exit_code = None
         for rec in read_records(self.path):
@@ -121,7 +124,7 @@ class MergedRun:
         self.path_str = str(run_folder) if run_folder is not None else last.path_str
         for attr in ("name", "group", "job_type", "project"):
             setattr(self, attr, next((getattr(a, attr) for a in reversed(attempts) if getattr(a, attr)), None))
-        self.tags = next((a.tags for a in reversed(attempts) if a.tags), [])
+        self.tags: List[str] = next((a.tags for a in reversed(attempts) if a.tags), [])
         self.config, self.summary = {}, {}
         for a in attempts:
             self.config.update(a.config)
@@ -176,12 +179,13 @@ def _owner(run: "OfflineRun", root: Optional[Path]) -> Path:
 def _copies(members: list, root: Optional[Path]) -> list:
     """Split one run's files into copies: by owner (:func:`_owner`), and within an owner a second file of the
     same attempt (same run id and start time) starts another copy. Returns lists of attempts, in owner order."""
-    by_owner = {}
+    by_owner: Dict[Path, List[OfflineRun]] = {}
     for r in members:
         by_owner.setdefault(_owner(r, root), []).append(r)
     out = []
     for owner in sorted(by_owner, key=str):
-        layers, seen = [], {}
+        layers: List[List[OfflineRun]] = []
+        seen: Dict[Tuple[Any, Any], int] = {}
         for r in sorted(by_owner[owner], key=lambda a: a.path_str):
             key = (r.id, r.start_time) if r.start_time else (r.id, r.path.parent.name)
             k = seen.get(key, 0)
@@ -201,6 +205,7 @@ def group_attempts(runs: list, root: Optional[os.PathLike] = None) -> list:
     (attempts ordered by start time, then by their ``offline-run-<time>-<id>`` folder name). A run inside a
     harness run folder gets that folder as its ``path_str`` (where ``captures/`` are), else its file. Run
     folders are searched up to ``root`` (the sweep folder)."""
+    root = Path(root) if root is not None else None
     parent = list(range(len(runs)))
 
     def find(i: int) -> int:
@@ -209,7 +214,7 @@ def group_attempts(runs: list, root: Optional[os.PathLike] = None) -> list:
             i = parent[i]
         return i
 
-    first_by_key = {}
+    first_by_key: Dict[Tuple[str, Any], int] = {}
     for i, r in enumerate(runs):
         folder = _run_folder(r.path, root)
         for key in (("id", r.id), ("folder", folder)):
@@ -217,7 +222,7 @@ def group_attempts(runs: list, root: Optional[os.PathLike] = None) -> list:
                 continue
             j = first_by_key.setdefault(key, i)
             parent[find(i)] = find(j)
-    groups = {}
+    groups: Dict[int, List[OfflineRun]] = {}
     for i, r in enumerate(runs):
         groups.setdefault(find(i), []).append(r)
     out = []

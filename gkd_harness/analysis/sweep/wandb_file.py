@@ -68,7 +68,7 @@ def read_records(path: Path) -> Iterator:
     from wandb.proto import wandb_internal_pb2 as pb
 
     for raw in read_raw_records(path):
-        rec = pb.Record()
+        rec = pb.Record()  # type: ignore[attr-defined]  # protobuf builds its classes at import; wandb ships no stub
         try:
             rec.ParseFromString(raw)
         except Exception as e:  # protobuf's DecodeError

@@ -28,6 +28,7 @@ from typing import Dict, Optional, Tuple
 
 from gkd_harness.harness.config.schema import ConfigError, TrainConfig
 from gkd_harness.harness.config.source_files import find_module_file
+from gkd_harness.harness.contract import CANDIDATE
 
 KEY = "loss.source"
 _CHECKED: Dict[Tuple[str, str], Optional[str]] = {}  # (source, sha256) -> refusal or None
@@ -80,7 +81,7 @@ def _import_check(source: str, name: Optional[str], path: Optional[Path]) -> Opt
 def validate_candidate(cfg: TrainConfig) -> None:
     """Raise :class:`ConfigError` on ``loss.source`` for a candidate that cannot run (see the module docstring)."""
     source = cfg.loss.source
-    if cfg.loss.precision != "candidate":
+    if cfg.loss.precision != CANDIDATE:
         return  # not the candidate's point: LossConfig dropped the source a sweep sets on every point
     if not source or not str(source).strip():
         raise ConfigError(KEY, "must be set with loss=candidate: PATH.py or package.module[:attr]")

@@ -24,6 +24,7 @@ import re
 from typing import Any, Iterable, Optional
 
 from gkd_harness.harness.config.schema import ConfigError
+from gkd_harness.harness.contract import ROLES
 
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 MAX_NAME_LENGTH = 128
@@ -48,7 +49,7 @@ NOT_NAME_KEYS = frozenset(
 )
 #: wandb tags the harness sets itself (the loss variant, the candidate's name and hash): a hand-given one would
 #: count a run as another variant in the dashboards' filters
-OWNED_TAGS = frozenset({"original", "patched", "reference"})
+OWNED_TAGS = frozenset(ROLES)
 OWNED_TAG_PREFIXES = ("candidate:", "sha256:")
 
 

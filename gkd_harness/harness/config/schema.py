@@ -20,13 +20,10 @@ from typing import Any, List, Mapping, Optional
 
 from omegaconf import MISSING
 
-#: ``loss.precision``: upstream arithmetic, promote low precision to FP32 before temperature, FP64 reference, or a
-#: candidate loaded from ``loss.source`` (gkd_harness.harness.loss.candidate).
-PRECISIONS = ("native", "fp32", "fp64", "candidate")
-#: ``loss.beta_form``: upstream's paper form, or the endpoint-continuous form.
-BETA_FORMS = ("paper", "continuous")
-#: dtype names accepted at the loss boundary and for ``model.torch_dtype``.
-DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
+from gkd_harness.harness.contract import CANDIDATE, PRECISIONS
+
+# loss.precision, loss.beta_form and the dtype names are the contract's (PRECISIONS, BETA_FORMS, DTYPE_NAMES); the
+# fields stay `str` here because OmegaConf's structured configs take no Literal types (validate checks the values)
 BACKENDS = ("hf", "megatron")
 DEVICES = ("auto", "cpu", "cuda")
 WANDB_MODES = ("online", "offline", "disabled")
@@ -56,7 +53,7 @@ class LossConfig:
         # source and name are the candidate's keys: a sweep `loss=original,candidate loss.source=F loss.name=N` sets
         # them on every point, and another loss never carries them (its config, fingerprint and folder stay those
         # of the same point in any other sweep; gkd_harness.harness.config.candidate_rules)
-        if self.precision in PRECISIONS and self.precision != "candidate":
+        if self.precision in PRECISIONS and self.precision != CANDIDATE:
             self.source = self.name = None
 
 
@@ -430,9 +427,6 @@ def to_dict(cfg: TrainConfig) -> dict:
 
 
 __all__ = [
-    "PRECISIONS",
-    "BETA_FORMS",
-    "DTYPE_NAMES",
     "BACKENDS",
     "DEVICES",
     "WANDB_MODES",

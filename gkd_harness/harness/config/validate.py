@@ -24,11 +24,8 @@ from gkd_harness.harness.config.name_rules import validate_names
 from gkd_harness.harness.config.rollout_rules import validate_rollout
 from gkd_harness.harness.config.schema import (
     BACKENDS,
-    BETA_FORMS,
     DEVICES,
-    DTYPE_NAMES,
     EMBEDDED,
-    PRECISIONS,
     WANDB_MODES,
     ConfigError,
     MegatronBackendConfig,
@@ -36,6 +33,7 @@ from gkd_harness.harness.config.schema import (
     to_dict,
 )
 from gkd_harness.harness.config.secrets import find_secret_keys, secret_refusal
+from gkd_harness.harness.contract import BETA_FORMS, DTYPE_NAMES, PRECISIONS
 
 #: the smallest vocabulary the byte-level embedded tokenizer can have (256 bytes + chat tokens + merges)
 MIN_EMBEDDED_VOCAB = 300

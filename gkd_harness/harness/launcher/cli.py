@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from gkd_harness.harness.contract import HYDRA_DIR
+
 log = logging.getLogger("gkd_harness.train")
 EXIT_FAILED, EXIT_CONFIG = 1, 2
 #: config groups that are not a choice: git-ignored site settings (``local``), Hydra's own (``hydra``)
@@ -96,7 +98,7 @@ def _scrub_sweep_files(cfg) -> None:
 
     values = secret_values(OmegaConf.to_container(cfg, resolve=False))
     sweep_dir = Path(str(HydraConfig.get().sweep.dir))
-    for folder in (sweep_dir, sweep_dir / ".hydra"):
+    for folder in (sweep_dir, sweep_dir / HYDRA_DIR):
         try:
             scrub_hydra_dir(folder, values)
         except RunFolderError as e:

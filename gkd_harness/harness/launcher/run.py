@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 
 from gkd_harness.harness.config.schema import ConfigError, TrainConfig, to_dict, to_typed
-from gkd_harness.harness.contract import PLUGIN_SETTINGS_FILE, SWIFT_LOG, PluginSettings
+from gkd_harness.harness.contract import CANDIDATE, PLUGIN_SETTINGS_FILE, SWIFT_LOG, PluginSettings
 from gkd_harness.harness.launcher.plan import LaunchPlan, build_plan, resolve_inputs
 from gkd_harness.harness.launcher.process import Interrupted, TrainingFailed, execute, stop_signals
 
@@ -201,7 +201,7 @@ def _train_main_node(
         folder.create()
         folder.write_config(OmegaConf.to_yaml(OmegaConf.create(redact(to_dict(cfg)))))
         folder.start_summary(run_name_for(cfg, run_dir), cfg.tracking.wandb.group, flat)
-    if cfg.loss.precision == "candidate":  # its source copied into the folder; name and sha256 in summary.json
+    if cfg.loss.precision == CANDIDATE:  # its source copied into the folder; name and sha256 in summary.json
         from gkd_harness.harness.loss.candidate import keep_in_run_folder
 
         if not cfg.loss.source:  # validate_config refuses this before; a caller that skipped it gets the same line

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from gkd_harness.harness.config.schema import ConfigError, HFBackendConfig, MegatronBackendConfig, TrainConfig
-from gkd_harness.harness.contract import CALLBACK_NAME, PLUGIN_MODULE
+from gkd_harness.harness.contract import CALLBACK_NAME, PLUGIN_MODULE, SWIFT_DIR
 from gkd_harness.harness.launcher.argv_format import cli_value as _fmt
 from gkd_harness.harness.launcher.node import NodeLayout
 from gkd_harness.harness.launcher.rollout_argv import rollout_args
@@ -202,7 +202,7 @@ def hf_argv(
         "false",
         *_save_args(cfg),
         "--output_dir",
-        str(Path(run_dir) / "swift"),
+        str(Path(run_dir) / SWIFT_DIR),
         "--add_version",
         "false",
         "--seed",
@@ -390,7 +390,7 @@ def megatron_argv(
         "--logging_steps",
         str(run.logging_steps),
         "--output_dir",
-        str(Path(run_dir) / "swift"),
+        str(Path(run_dir) / SWIFT_DIR),
         "--add_version",
         "false",
         *_megatron_save_args(cfg),

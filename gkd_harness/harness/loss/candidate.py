@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from gkd_harness.harness.config.source_files import find_module_file
-from gkd_harness.harness.contract import CANDIDATE_DIR
+from gkd_harness.harness.contract import CANDIDATE, CANDIDATE_DIR, NATIVE
 
 #: The upstream module whose interface a candidate implements.
 UPSTREAM_MODULE = "swift.rlhf_trainers.gkd_loss"
@@ -104,16 +104,18 @@ def _sha256_tree(folder: Path) -> str:
 def source_file(source: str) -> Optional[Path]:
     """The file a candidate's code lives in (None when it cannot be found without importing)."""
     ref = resolve_source(source)
-    return ref.path if ref.is_file else find_module_file(ref.module)
+    if ref.path is not None:
+        return ref.path
+    return find_module_file(ref.module) if ref.module else None
 
 
 def loss_source_path(precision: str, source: Optional[str] = None) -> Optional[str]:
     """Where the loss code of a run lives: upstream's gkd_loss.py (``native``), the harness's ``harness/loss``
     folder (``fp32``, ``fp64``) or the candidate's file (``candidate``)."""
-    if precision == "native":
+    if precision == NATIVE:
         f = upstream_file()
         return str(f) if f else None
-    if precision == "candidate":
+    if precision == CANDIDATE:
         f = source_file(source) if source else None
         return str(f) if f else None
     return str(HARNESS_LOSS_DIR)
@@ -133,18 +135,18 @@ def candidate_name(source: str, name: Optional[str] = None) -> str:
     if name:
         return name
     ref = resolve_source(source)
-    return ref.path.stem if ref.is_file else ref.spec
+    return ref.path.stem if ref.path is not None else ref.spec
 
 
 def loss_provenance(precision: str, source: Optional[str] = None, name: Optional[str] = None) -> Dict[str, Any]:
     """``{"name", "path", "sha256"}`` of a run's loss code (``name``: the candidate's label or the precision)."""
-    label = candidate_name(source, name) if precision == "candidate" and source else precision
+    label = candidate_name(source, name) if precision == CANDIDATE and source else precision
     return {"name": label, "path": loss_source_path(precision, source), "sha256": loss_source_sha256(precision, source)}
 
 
 def candidate_tags(precision: str, source: Optional[str] = None, name: Optional[str] = None) -> Tuple[str, ...]:
     """wandb tags of a candidate run: ``candidate:<name>`` and ``sha256:<first 12 hex>`` (none for the others)."""
-    if precision != "candidate" or not source:
+    if precision != CANDIDATE or not source:
         return ()
     sha = loss_source_sha256(precision, source)
     return (f"candidate:{candidate_name(source, name)}",) + ((f"sha256:{sha[:12]}",) if sha else ())
@@ -284,7 +286,8 @@ def load_candidate(source: str, name: Optional[str] = None) -> Candidate:
     """
     ref = resolve_source(source)
     where = str(ref.path) if ref.is_file else ref.spec
-    if ref.is_file:
+    path: Optional[Path]
+    if ref.path is not None:
         if not ref.path.exists():
             raise CandidateError(f"{ref.path}: no such file (loss.source)")
         if not ref.path.is_file():
@@ -293,8 +296,9 @@ def load_candidate(source: str, name: Optional[str] = None) -> Candidate:
         obj = mod
         path = ref.path
     else:
+        module = ref.module or ref.spec  # resolve_source sets module whenever path is None
         try:
-            mod = importlib.import_module(ref.module)
+            mod = importlib.import_module(module)
         except BaseException as e:  # noqa: BLE001
             raise CandidateError(f"{ref.module}: import failed: {type(e).__name__}: {_one_line(e)}") from None
         obj = mod
@@ -363,7 +367,7 @@ def run_source(source: str, run_dir: str) -> str:
     gkd-train before ms-swift starts, so a relative ``loss.source`` and a moved branch do not matter), else
     ``source`` itself (a module, or a folder without the copy)."""
     ref = resolve_source(source)
-    if ref.is_file:
+    if ref.path is not None:
         copy = Path(run_dir) / CANDIDATE_DIR / ref.path.name
         if copy.is_file():
             return str(copy)

@@ -10,6 +10,7 @@ import torch
 from swift.rlhf_trainers import gkd_loss as upstream
 from swift.rlhf_trainers.gkd_loss import default_kl_div, default_log_softmax
 
+from gkd_harness.harness.contract import FP32
 from gkd_harness.harness.loss.stable import TorchRows, _jsd_stable, _jsd_stable_and_grad, _pow2_row_scale
 from gkd_harness.harness.loss.textbook import _jsd_from_logprobs, _safe_kl
 
@@ -35,7 +36,7 @@ def _chunk_fn(precision, cdtype, temperature, align_vocab, beta, beta_form, log_
     a gradient, or an explicit ``recompute``. ``fp32`` with the default primitives uses the cancellation-free form;
     otherwise the textbook formula runs through the given primitives.
     """
-    stable = precision == "fp32" and log_softmax_fn is default_log_softmax and kl_div_fn is default_kl_div
+    stable = precision == FP32 and log_softmax_fn is default_log_softmax and kl_div_fn is default_kl_div
     if kl_div_fn is default_kl_div:
         kl_div_fn = _safe_kl  # same values, but 0·log 0 = 0 on probability-0 entries (−inf top-k log-probs)
 
@@ -83,9 +84,9 @@ class _RecomputedChunkedJSD(torch.autograd.Function):
                 inputs = [x for x, need in ((s_c, need_s), (t_c, need_t)) if need]
                 grads = torch.autograd.grad(out, inputs, grad_outputs=grad_out[sl])
             it = iter(grads)
-            if need_s:
+            if grad_s is not None:  # need_s
                 grad_s[sl] = next(it)
-            if need_t:
+            if grad_t is not None:  # need_t
                 grad_t[sl] = next(it)
         return grad_s, grad_t, None, None, None
 
@@ -139,7 +140,7 @@ class _FusedChunkedJSD(torch.autograd.Function):
                 _scaled(s[sl], cd, temperature), _scaled(t[sl], cd, temperature), beta, beta_form, need, rows=ops
             )
             out[sl] = loss
-            if need:
+            if dz is not None:  # need
                 if row_scale is None and res is None and temperature is not None:
                     torch.div(g, temperature, out=dz[sl])  # = g.div_(T) then the cast into dz, in one pass
                 else:

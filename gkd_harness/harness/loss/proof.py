@@ -43,6 +43,18 @@ REPRODUCED, NOT_REPRODUCED = "reproduced", "not reproduced"
 DEFECT_GRAD_REL_L2 = 1e-2
 
 
+def seed_draw(
+    rows: int, vocab: int, device: Any = "cpu", seed: int = 0, scale: float = 2.0, noise: float = 0.03
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The seed report's random draw on ``device``, drawn there: student ``[rows, vocab]`` FP32 holding BF16-rounded
+    ``randn·scale`` (a BF16 model's upcast output) and teacher ``[rows, vocab]`` FP32 = student + ``randn·noise``
+    (not rounded yet). The one recipe :func:`seed_like_inputs` and ``gkd-replay synthetic`` both build on."""
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    student = (torch.randn(rows, vocab, generator=g, device=dev) * scale).bfloat16().float()
+    return student, student + torch.randn(rows, vocab, generator=g, device=dev) * noise
+
+
 def seed_like_inputs(
     rows: int,
     vocab: int,
@@ -61,9 +73,8 @@ def seed_like_inputs(
     Returns ``(student, TeacherOutput, labels)``, every tensor on ``device``, drawn there.
     """
     dev = torch.device(device)
-    g = torch.Generator(device=dev).manual_seed(seed)
-    student = (torch.randn(rows, vocab, generator=g, device=dev) * scale).bfloat16().float()
-    teacher = (student + torch.randn(rows, vocab, generator=g, device=dev) * noise).bfloat16()
+    student, teacher = seed_draw(rows, vocab, dev, seed, scale, noise)
+    teacher = teacher.bfloat16()
     labels = torch.zeros(1, rows, dtype=torch.long, device=dev)
     if mode == "full":
         return student[None], TeacherOutput(full_logits=teacher[None], labels=labels), labels

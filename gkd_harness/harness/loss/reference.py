@@ -13,6 +13,8 @@ import math
 
 import torch
 
+from gkd_harness.harness.contract import CONTINUOUS, PAPER
+
 F64 = torch.float64
 
 
@@ -24,7 +26,7 @@ def _kl(p_log: torch.Tensor, q_log: torch.Tensor) -> torch.Tensor:
     return terms.sum(-1)
 
 
-def reference_jsd(s_logits, t_logits, beta: float, beta_form: str = "paper", temperature: float = 1.0):
+def reference_jsd(s_logits, t_logits, beta: float, beta_form: str = PAPER, temperature: float = 1.0):
     """Per-position divergence ``[N]`` in FP64 for logits ``[N, D]`` (any dtype, upcast exactly to FP64).
 
     β = 0 → KL(T‖S); β = 1 → KL(S‖T); otherwise paper ``β·KL(T‖M) + (1−β)·KL(S‖M)`` or continuous
@@ -40,9 +42,9 @@ def reference_jsd(s_logits, t_logits, beta: float, beta_form: str = "paper", tem
         return _kl(ls, lt)
     lm = torch.logaddexp(ls + math.log1p(-beta), lt + math.log(beta))  # log((1-β)·S + β·T)
     kl_t, kl_s = _kl(lt, lm), _kl(ls, lm)
-    if beta_form == "paper":
+    if beta_form == PAPER:
         return beta * kl_t + (1 - beta) * kl_s
-    if beta_form == "continuous":
+    if beta_form == CONTINUOUS:
         return (1 - beta) * kl_t + beta * kl_s
     raise ValueError(beta_form)
 
@@ -65,7 +67,7 @@ def _jsd_for_gradient(s_logits, t_logits, beta: float, beta_form: str, temperatu
     lm = torch.logaddexp(ls + math.log1p(-beta), lt + math.log(beta))
     x = (lt - ls) + (math.log(beta) - math.log1p(-beta))
     kl_s_shifted = -(ls.exp() * torch.logaddexp(x, torch.zeros_like(x))).sum(-1)
-    w_t, w_s = (beta, 1 - beta) if beta_form == "paper" else (1 - beta, beta)
+    w_t, w_s = (beta, 1 - beta) if beta_form == PAPER else (1 - beta, beta)
     return w_t * _kl(lt, lm) + w_s * kl_s_shifted
 
 
@@ -74,7 +76,7 @@ def reference_gkd(
     labels,
     beta,
     temperature,
-    beta_form="paper",
+    beta_form=PAPER,
     teacher_full=None,
     teacher_topk=None,
     teacher_labels=None,

@@ -8,10 +8,12 @@ from typing import Callable
 
 import torch
 
+from gkd_harness.harness.contract import PAPER
+
 
 def _weights(beta: float, beta_form: str):
     """(weight of KL(T‖M), weight of KL(S‖M)) for 0<β<1."""
-    if beta_form == "paper":
+    if beta_form == PAPER:
         return beta, 1.0 - beta
     return 1.0 - beta, beta
 

@@ -42,7 +42,7 @@ Public API (the contract in docs/architecture.md)::
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional, TypeVar
 
 import torch
 from swift.rlhf_trainers import gkd_loss as upstream
@@ -54,6 +54,7 @@ from swift.rlhf_trainers.gkd_loss import (
     extract_active,
 )
 
+from gkd_harness.harness.contract import BETA_FORMS, BUILTIN_PRECISIONS, DTYPE_NAMES, FP32, FP64, NATIVE, PAPER
 from gkd_harness.harness.loss.chunked import (
     _chunk_fn,
     _FusedChunkedJSD,
@@ -64,22 +65,12 @@ from gkd_harness.harness.loss.chunked import (
 from gkd_harness.harness.loss.native import _jsd_native_chunk
 from gkd_harness.harness.loss.stable import InjectedRows, TorchRows
 
-PRECISIONS = ("native", "fp32", "fp64")
-
-BETA_FORMS = ("paper", "continuous")
-
-
 #: Config / CLI dtype names (``model.student_dtype``, ``gkd-replay --student-dtype``) and their torch dtypes.
-DTYPES_BY_NAME = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float64": torch.float64,
-}
+DTYPES_BY_NAME: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 __all__ = [
-    "PRECISIONS",
+    "BUILTIN_PRECISIONS",
     "BETA_FORMS",
     "DTYPES_BY_NAME",
     "GKDTerms",
@@ -107,10 +98,23 @@ class GKDTerms(NamedTuple):
 
 
 def _check_variant(precision: str, beta_form: str) -> None:
-    if precision not in PRECISIONS:
-        raise ValueError(f"loss.precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision not in BUILTIN_PRECISIONS:
+        raise ValueError(f"loss.precision must be one of {BUILTIN_PRECISIONS}, got {precision!r}")
     if beta_form not in BETA_FORMS:
         raise ValueError(f"loss.beta_form must be one of {BETA_FORMS}, got {beta_form!r}")
+
+
+_Fn = TypeVar("_Fn", bound=Callable)
+
+
+def _named_variant(fn: _Fn, precision: str, beta_form: str, rename: bool = True) -> _Fn:
+    """``fn`` carrying its variant: ``fn.precision``, ``fn.beta_form`` and (``rename``) the name
+    ``<name>_<precision>_<beta_form>`` that tracebacks and profiles show."""
+    if rename:
+        fn.__qualname__ = fn.__name__ = f"{fn.__name__}_{precision}_{beta_form}"
+    setattr(fn, "precision", precision)
+    setattr(fn, "beta_form", beta_form)
+    return fn
 
 
 def _check_beta(beta: float) -> float:
@@ -126,9 +130,9 @@ def compute_dtype(precision: str, *dtypes: torch.dtype) -> Optional[torch.dtype]
     ``fp32``: the widest of FP32 and the input dtypes (BF16/FP16 → FP32, FP64 stays FP64).
     ``fp64``: always FP64.
     """
-    if precision == "native":
+    if precision == NATIVE:
         return None
-    if precision == "fp64":
+    if precision == FP64:
         return torch.float64
     out = torch.float32
     for dt in dtypes:
@@ -141,8 +145,8 @@ def jsd_per_position(
     t_logits: torch.Tensor,
     beta: float,
     *,
-    precision: str = "fp32",
-    beta_form: str = "paper",
+    precision: str = FP32,
+    beta_form: str = PAPER,
     temperature: Optional[float] = None,
     log_softmax_fn: Callable = default_log_softmax,
     kl_div_fn: Callable = default_kl_div,
@@ -178,7 +182,7 @@ def jsd_per_position(
         total = s_logits.sum() if cd is None else s_logits.to(cd).sum()
         return empty if cd is None else empty.to(cd), total
 
-    if precision == "native":
+    if precision == NATIVE:
         if align_vocab:
             s_logits, t_logits = upstream._align_vocab(s_logits, t_logits)
         if temperature is not None:
@@ -199,7 +203,7 @@ def jsd_per_position(
     width = max(s_logits.shape[-1], t_logits.shape[-1])
     if (
         recompute is None
-        and precision == "fp32"
+        and precision == FP32
         and log_softmax_fn is default_log_softmax
         and kl_div_fn is default_kl_div
         and s_logits.shape[-1] == t_logits.shape[-1]
@@ -234,7 +238,7 @@ def jsd_per_position(
     return per_position, per_position.sum()
 
 
-def make_jsd_loss(precision: str = "fp32", beta_form: str = "paper") -> Callable:
+def make_jsd_loss(precision: str = FP32, beta_form: str = PAPER) -> Callable:
     """A drop-in for ``swift.rlhf_trainers.gkd_loss.jsd_loss`` with the chosen variant.
 
     The returned function has upstream's signature
@@ -242,7 +246,7 @@ def make_jsd_loss(precision: str = "fp32", beta_form: str = "paper") -> Callable
     where inputs are already temperature-scaled and ``total`` is the unnormalised scalar sum.
     """
     _check_variant(precision, beta_form)
-    if precision == "native" and beta_form == "paper":
+    if precision == NATIVE and beta_form == PAPER:
         return upstream.jsd_loss
 
     def jsd_loss(
@@ -265,9 +269,7 @@ def make_jsd_loss(precision: str = "fp32", beta_form: str = "paper") -> Callable
         )
         return total
 
-    jsd_loss.__qualname__ = jsd_loss.__name__ = f"jsd_loss_{precision}_{beta_form}"
-    jsd_loss.precision, jsd_loss.beta_form = precision, beta_form
-    return jsd_loss
+    return _named_variant(jsd_loss, precision, beta_form)
 
 
 def gkd_per_position(
@@ -281,8 +283,8 @@ def gkd_per_position(
     kl_div_fn: Callable = default_kl_div,
     chunk_size: int = 512,
     *,
-    precision: str = "fp32",
-    beta_form: str = "paper",
+    precision: str = FP32,
+    beta_form: str = PAPER,
 ) -> GKDTerms:
     """The full GKD pipeline (mask → prepare → JSD) of the chosen variant, with per-position values.
 
@@ -326,7 +328,7 @@ def gkd_per_position(
     return GKDTerms(total, num_valid, per_position)
 
 
-def make_gkd_loss_terms(precision: str = "fp32", beta_form: str = "paper") -> Callable[..., GKDTerms]:
+def make_gkd_loss_terms(precision: str = FP32, beta_form: str = PAPER) -> Callable[..., GKDTerms]:
     """Like :func:`make_gkd_loss` but returning :class:`GKDTerms` (with the per-position JSD).
 
     For ``native``/``paper`` the total is bit-identical to the installed ms-swift ``gkd_loss``.
@@ -358,11 +360,10 @@ def make_gkd_loss_terms(precision: str = "fp32", beta_form: str = "paper") -> Ca
             beta_form=beta_form,
         )
 
-    gkd_loss_terms.precision, gkd_loss_terms.beta_form = precision, beta_form
-    return gkd_loss_terms
+    return _named_variant(gkd_loss_terms, precision, beta_form, rename=False)
 
 
-def make_gkd_loss(precision: str = "fp32", beta_form: str = "paper") -> Callable:
+def make_gkd_loss(precision: str = FP32, beta_form: str = PAPER) -> Callable:
     """A drop-in for ``swift.rlhf_trainers.gkd_loss.gkd_loss`` with the chosen variant.
 
     Signature: ``(student_logits [B, S, V], teacher_output, labels [B, S], beta, temperature, gather_fn=...,
@@ -370,7 +371,7 @@ def make_gkd_loss(precision: str = "fp32", beta_form: str = "paper") -> Callable
     ``("native", "paper")`` returns the installed ms-swift function itself.
     """
     _check_variant(precision, beta_form)
-    if precision == "native" and beta_form == "paper":
+    if precision == NATIVE and beta_form == PAPER:
         return upstream.gkd_loss
     terms = make_gkd_loss_terms(precision, beta_form)
 
@@ -390,6 +391,4 @@ def make_gkd_loss(precision: str = "fp32", beta_form: str = "paper") -> Callable
         )
         return out.total, out.num_valid
 
-    gkd_loss.__qualname__ = gkd_loss.__name__ = f"gkd_loss_{precision}_{beta_form}"
-    gkd_loss.precision, gkd_loss.beta_form = precision, beta_form
-    return gkd_loss
+    return _named_variant(gkd_loss, precision, beta_form)

@@ -41,7 +41,7 @@ def gather_vocab_shards(x: torch.Tensor, group, tp_rank: int, tp_size: int) -> O
     dst = dist.get_global_rank(group, 0)
     parts = [torch.empty_like(x) for _ in range(tp_size)] if tp_rank == 0 else None
     dist.gather(x, parts, dst=dst, group=group)
-    return torch.cat(parts, dim=-1) if tp_rank == 0 else None
+    return torch.cat(parts, dim=-1) if parts is not None else None  # parts: the first rank's
 
 
 def to_host(tensors: Dict[str, torch.Tensor]) -> Tuple[Dict[str, torch.Tensor], Optional[Any]]:
@@ -102,7 +102,9 @@ class LossCapture:
             )
             if tp_size > 1 and not teacher_output.is_topk_mode:
                 for key in (STUDENT_FULL, TEACHER_FULL):
-                    tensors[key] = gather_vocab_shards(tensors[key], group, tp_rank, tp_size)
+                    full = gather_vocab_shards(tensors[key], group, tp_rank, tp_size)
+                    if full is not None:  # the first TP rank; the others return below
+                        tensors[key] = full
         if tp_rank != 0 or int(fmt["rows_active"]) == 0:
             return None
         host, ready = to_host(tensors)

@@ -36,7 +36,15 @@ from typing import Callable, Dict, Optional
 
 import torch
 
-from gkd_harness.harness.contract import EVAL_FORWARD_KL, EVAL_JSD, EVAL_REVERSE_KL, EVAL_TOKENS, EVAL_TOP1_AGREEMENT
+from gkd_harness.harness.contract import (
+    CONTINUOUS,
+    EVAL_FORWARD_KL,
+    EVAL_JSD,
+    EVAL_REVERSE_KL,
+    EVAL_TOKENS,
+    EVAL_TOP1_AGREEMENT,
+    PAPER,
+)
 from gkd_harness.harness.rank.parallel_state import tensor_parallel_group
 from gkd_harness.harness.store.captures import capture_rows
 
@@ -100,9 +108,9 @@ def _jsd(ls, lt, fkl, rkl, beta, beta_form, vocab):
         return rkl
     lm = torch.logaddexp(ls + math.log1p(-beta), lt + math.log(beta))  # log((1-β)·S + β·T)
     kl_t, kl_s = _kl_rows(lt, lm, vocab), _kl_rows(ls, lm, vocab)
-    if beta_form == "paper":
+    if beta_form == PAPER:
         return beta * kl_t + (1 - beta) * kl_s
-    if beta_form == "continuous":
+    if beta_form == CONTINUOUS:
         return (1 - beta) * kl_t + beta * kl_s
     raise ValueError(f"loss.beta_form: unknown {beta_form!r}")
 
@@ -302,7 +310,7 @@ def install_hf_hooks(tap: EvalTap) -> bool:
         output.metrics.update(tap.finish())
         return output
 
-    evaluation_loop._gkd_harness = True
+    setattr(evaluation_loop, "_gkd_harness", True)
     GKDTrainer.evaluation_loop = evaluation_loop
     return True
 

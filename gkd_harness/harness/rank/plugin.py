@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 from gkd_harness.harness.config.schema import from_dict
 from gkd_harness.harness.contract import CANDIDATE, CAPTURES_DIR, PLUGIN_MODULE, SETTINGS_ENV, PluginSettings
@@ -84,7 +84,7 @@ def build_loss(settings: PluginSettings, cfg):
         # a resumed run continues its cumulative counts from the checkpoint's step
         for key, value in settings.resume_totals.items():
             instrument.metrics[key].total = float(value)
-        inner = instrument
+        inner: Callable[..., Any] = instrument
     else:
         inner = run_loss
     if mon.eval.every_n_steps:  # the held-out evaluation sees the logits as they reach the loss
@@ -111,7 +111,7 @@ def rebind_gkd_loss(loss: Callable, modules=TRAINER_MODULES) -> Dict[str, str]:
             result[name] = "skipped: no gkd_loss attribute"
             logger.warning(f"gkd_loss not rebound in {name}: the module has no gkd_loss")
             continue
-        mod.gkd_loss = loss
+        setattr(mod, "gkd_loss", loss)
         result[name] = "rebound"
         logger.info(f"gkd_loss rebound in {name}")
     return result
@@ -135,7 +135,7 @@ def _record_sft_term() -> None:
             st.instrument.record_sft(sft.detach())
         return (loss, outputs) if return_outputs else loss
 
-    compute_loss._gkd_harness = True
+    setattr(compute_loss, "_gkd_harness", True)
     GKDTrainer.compute_loss = compute_loss
 
 
@@ -155,7 +155,9 @@ def install(settings: PluginSettings) -> PluginState:
         try:
             from gkd_harness.harness.rank.evaluation import find_tap, install_hf_hooks
 
-            install_hf_hooks(find_tap(boundary))
+            tap = find_tap(boundary)
+            if tap is not None:
+                install_hf_hooks(tap)
         except Exception as e:  # noqa: BLE001 - the HF trainer cannot import here (Megatron-only machine)
             logger.info(f"HF evaluation hook not installed: {type(e).__name__}: {e}")
     try:  # vLLM CPU-lane switches and rollout counters; a no-op unless the launcher's rollout_env set them

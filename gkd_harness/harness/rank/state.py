@@ -49,3 +49,14 @@ class PluginState:
 
 #: Process-wide state of the installed plugin (None until ``install``).
 STATE: Optional[PluginState] = None
+
+
+def current() -> PluginState:
+    """:data:`STATE`, installed (what the callbacks and trainer wrappers read once the plugin is in).
+
+    Raises:
+        RuntimeError: the plugin is not installed in this process.
+    """
+    if STATE is None:
+        raise RuntimeError("the gkd_harness plugin is not installed in this process (gkd_harness.harness.rank.plugin)")
+    return STATE

@@ -93,8 +93,8 @@ def _keep_harness_names(rewrite: Callable) -> Callable:
         out.update(keep)
         return out
 
-    rewrite_logs._gkd_harness = True
-    rewrite_logs.__wrapped__ = rewrite
+    setattr(rewrite_logs, "_gkd_harness", True)
+    setattr(rewrite_logs, "__wrapped__", rewrite)
     return rewrite_logs
 
 
@@ -125,6 +125,6 @@ def keep_harness_names_in_wandb() -> Dict[str, str]:
         except Exception as e:  # noqa: BLE001 - not importable on this machine
             result[name] = f"skipped: {type(e).__name__}"
             continue
-        mod.rewrite_logs = _keep_harness_names(mod.rewrite_logs)
+        setattr(mod, "rewrite_logs", _keep_harness_names(mod.rewrite_logs))
         result[name] = "kept"
     return result

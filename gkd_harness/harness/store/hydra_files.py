@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Iterable, List
 
 from gkd_harness.harness.config.secrets import REDACTED, find_secret_keys, redact_name, redact_text, secret_values
-from gkd_harness.harness.contract import CONFIG_FILE
+from gkd_harness.harness.contract import CONFIG_FILE, HYDRA_DIR
 from gkd_harness.harness.store.files import RunFolderError
 from gkd_harness.harness.store.files import os_error as _os_error
 from gkd_harness.harness.store.files import write_atomic as _write_atomic
@@ -77,7 +77,7 @@ def scrub_hydra_dir(hydra_dir: str | os.PathLike, extra_values: Iterable[str] = 
     return changed
 
 
-def save_hydra_files(run_dir: str | os.PathLike, task_cfg: Any, subdir: str = ".hydra") -> Path:
+def save_hydra_files(run_dir: str | os.PathLike, task_cfg: Any, subdir: str = HYDRA_DIR) -> Path:
     """Write Hydra's three output files (``config.yaml``, ``hydra.yaml``, ``overrides.yaml``, the same content
     Hydra writes) into ``run_dir/subdir``, credentials redacted. For an app run with ``hydra.output_subdir: null``:
     the harness then writes them itself once it owns the folder and knows it will run, so a skipped point's

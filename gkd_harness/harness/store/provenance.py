@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from gkd_harness.harness.config.source_files import source_file
+from gkd_harness.harness.contract import CANDIDATE, NATIVE
 
 __all__ = [
     "provenance",
@@ -123,9 +124,9 @@ def git_state(root: Path = _CHECKOUT) -> Dict[str, Any]:
 def loss_code_path(precision: Optional[str], source: Optional[str] = None) -> Optional[Path]:
     """The file (``native``: upstream's installed gkd_loss.py; ``candidate``: the ``loss.source`` file) or folder
     (the harness's ``harness/loss``) whose code computes a run's loss."""
-    if precision == "candidate":
+    if precision == CANDIDATE:
         return source_file(source)
-    if precision == "native":
+    if precision == NATIVE:
         from importlib.metadata import PackageNotFoundError, distribution
 
         try:

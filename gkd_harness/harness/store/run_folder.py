@@ -95,16 +95,8 @@ class RunFolder:
         return self.path / SUMMARY_FILE
 
     @property
-    def captures_dir(self) -> Path:
-        return self.path / "captures"
-
-    @property
     def wandb_dir(self) -> Path:
-        return self.path / "wandb"
-
-    @property
-    def swift_dir(self) -> Path:
-        return self.path / "swift"
+        return self.path / WANDB_DIR
 
     @property
     def lock_path(self) -> Path:
