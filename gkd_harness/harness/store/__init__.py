@@ -1,1 +1,2 @@
-"""The run folder: layout, lock, metrics I/O, captures, secrets (both processes write it)."""
+"""The run folder: layout, lock, metrics I/O, captures, provenance (both processes write it; credentials are
+kept out by ``gkd_harness.harness.config.secrets``)."""
