@@ -111,6 +111,9 @@ WANDB_DIR = "wandb"
 SWIFT_DIR = "swift"
 HYDRA_DIR = ".hydra"
 ARCHIVE_DIR = "previous_attempts"
+#: In each HF checkpoint folder (``swift/.../checkpoint-N/``), written by the rank at save time: the wandb run's
+#: id and last committed step then, where a resumed attempt rewinds the wandb run to (``WANDB_RESUME_FROM``).
+WANDB_STEP_FILE = "gkd_wandb_step.json"
 #: Hydra's own files in ``.hydra/`` (written by the harness once it owns the folder); its ``config.yaml`` shares
 #: the run's file name.
 HYDRA_FILES = (CONFIG_FILE, "overrides.yaml", "hydra.yaml")

@@ -7,14 +7,24 @@ instead of from step 0: :func:`resume_args` returns ``["--resume_from_checkpoint
 and ``["--mcore_model", <dir>, "--finetune", "false"]`` for a Megatron one (ms-swift's Megatron trainer then loads
 the weights, optimizer, scheduler and iteration from it: ``swift/megatron/trainers/base.py: _load_checkpoint``).
 Checkpoints need ``run.save_steps`` below the step count.
+
+The resumed attempt continues the same wandb run **rewound to the checkpoint** (:func:`wandb_rewind_step`,
+:func:`rewind_wandb_env`: ``WANDB_RESUME_FROM=<id>?_step=<n>``), so wandb's history holds the resumed values of the
+steps after the checkpoint: with ``WANDB_RESUME=allow`` alone, Megatron's resumed values (logged with
+``step=iteration``) were dropped by wandb's monotonic-step rule and the first attempt's stood, and HF's were
+appended after them with repeated global steps. An offline run records the rewind in its ``.wandb`` file and
+``wandb sync`` applies it.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from gkd_harness.harness.contract import WANDB_STEP_FILE
 
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -72,6 +82,34 @@ def resume_args(resume: bool, run_dir: str | Path) -> list[str]:
     return ["--resume_from_checkpoint", str(ckpt)]
 
 
+def wandb_rewind_step(checkpoint: Path) -> Optional[int]:
+    """The wandb step a run resumed from ``checkpoint`` rewinds its wandb run to, or None when unknown.
+
+    HF: the last committed step the rank recorded at save time (:data:`WANDB_STEP_FILE`; HF logs without an explicit
+    step, so it is not the global step). Megatron: the checkpoint's iteration (ms-swift's Megatron wandb callback logs
+    with ``step=iteration``).
+    """
+    try:
+        return int(json.loads((Path(checkpoint) / WANDB_STEP_FILE).read_text())["wandb_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if is_megatron_checkpoint(Path(checkpoint)):
+        return int((Path(checkpoint) / MEGATRON_COMPLETE).read_text().strip())
+    return None
+
+
+def rewind_wandb_env(env: Dict[str, str], step: Optional[int]) -> Dict[str, str]:
+    """``env`` (``WANDB_*`` of a launch plan) rewinding the run ``WANDB_RUN_ID`` to ``step``: ``WANDB_RESUME_FROM=
+    <id>?_step=<step>`` in place of ``WANDB_RESUME`` (wandb refuses both); ``env`` unchanged when ``step`` is None or
+    there is no run id."""
+    out = dict(env)
+    if step is None or step < 0 or not out.get("WANDB_RUN_ID"):
+        return out
+    out.pop("WANDB_RESUME", None)
+    out["WANDB_RESUME_FROM"] = f"{out['WANDB_RUN_ID']}?_step={step}"
+    return out
+
+
 @dataclass(frozen=True)
 class Attempt:
     """What ``gkd-train`` does with a run folder: the one place the resume decision is made.
@@ -87,6 +125,8 @@ class Attempt:
     resume_args: List[str] = field(default_factory=list)
     checkpoint_step: Optional[int] = None
     notes: Tuple[str, ...] = ()
+    #: the wandb step to rewind the run to on a resume (:func:`wandb_rewind_step`), None when unknown
+    wandb_step: Optional[int] = None
 
 
 def decide_attempt(folder, flat_config: Mapping[str, Any], *, overwrite: bool, resume: bool) -> Attempt:
@@ -141,7 +181,7 @@ def decide_attempt(folder, flat_config: Mapping[str, Any], *, overwrite: bool, r
         args = resume_args(True, folder.path)
         m = _CKPT.match(Path(args[1]).name) if args else None  # resume_args names a checkpoint-<step> folder
         if m is not None:
-            return Attempt("resume", summary, args, int(m.group(1)))
+            return Attempt("resume", summary, args, int(m.group(1)), wandb_step=wandb_rewind_step(Path(args[1])))
         notes.append(
             f"run.resume=true but no usable checkpoint under {Path(folder.path) / 'swift'} "
             "(checkpoint-N with trainer_state.json, or Megatron's latest_checkpointed_iteration.txt): the "

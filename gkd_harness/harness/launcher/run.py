@@ -218,6 +218,12 @@ def _train_main_node(
         settings = plugin_settings(cfg, run_dir, experiment, resume_totals=totals)
         settings_path = folder.write_json(PLUGIN_SETTINGS_FILE, dataclasses.asdict(settings))
         plan = make_plan(cfg, run_dir, extra_args=resume, settings_path=settings_path, experiment=experiment)
+        if resume:  # the same wandb run, rewound to the checkpoint (harness/launcher/resume.py)
+            from gkd_harness.harness.launcher.resume import rewind_wandb_env
+
+            rewound = rewind_wandb_env(plan.env, attempt.wandb_step)
+            plan.env.clear()
+            plan.env.update(rewound)
         folder.update_summary(
             wandb_mode=plan.env.get("WANDB_MODE", "disabled"),
             experiment=experiment,

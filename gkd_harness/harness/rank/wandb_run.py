@@ -4,12 +4,20 @@ ms-swift opened (config, metric summaries)."""
 from __future__ import annotations
 
 import importlib
+import json
 import sys
+from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from gkd_harness.harness.config.flat import flatten
 from gkd_harness.harness.config.secrets import redact
-from gkd_harness.harness.contract import HARNESS_PREFIXES, HF_KEY_MAP, WANDB_CONFIG_KEY, WANDB_SUMMARIES
+from gkd_harness.harness.contract import (
+    HARNESS_PREFIXES,
+    HF_KEY_MAP,
+    WANDB_CONFIG_KEY,
+    WANDB_STEP_FILE,
+    WANDB_SUMMARIES,
+)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -98,6 +106,39 @@ def _keep_harness_names(rewrite: Callable) -> Callable:
     return rewrite_logs
 
 
+def record_wandb_step_at_save(callback_cls: Any) -> bool:
+    """Wrap ``callback_cls.on_save`` (transformers' ``WandbCallback``) to write, into the checkpoint folder just
+    saved, the wandb run's id and its last committed step (:data:`~gkd_harness.harness.contract.WANDB_STEP_FILE`).
+
+    HF's callback logs without an explicit step, so wandb's ``_step`` is not the global step; a resumed attempt
+    rewinds the wandb run to this step (``gkd_harness.harness.launcher.resume.wandb_rewind_step``), so the history
+    holds the resumed values of the steps after the checkpoint, not the first attempt's. Idempotent.
+    """
+    original = callback_cls.on_save
+    if getattr(original, "_gkd_harness", False):
+        return True
+
+    def on_save(self, args, state, control, **kwargs):
+        out = original(self, args, state, control, **kwargs)
+        run = getattr(getattr(self, "_wandb", None), "run", None)
+        if run is not None and state.is_world_process_zero:
+            record_wandb_step(Path(args.output_dir) / f"checkpoint-{state.global_step}", run.id, int(run.step) - 1)
+        return out
+
+    setattr(on_save, "_gkd_harness", True)
+    setattr(on_save, "__wrapped__", original)
+    callback_cls.on_save = on_save
+    return True
+
+
+def record_wandb_step(checkpoint: Path, run_id: str, wandb_step: int) -> bool:
+    """Write ``{"run_id", "wandb_step"}`` into ``checkpoint`` (an existing folder); False when it is not there."""
+    if not checkpoint.is_dir():
+        return False
+    (checkpoint / WANDB_STEP_FILE).write_text(json.dumps({"run_id": run_id, "wandb_step": wandb_step}))
+    return True
+
+
 #: ms-swift's Megatron report callbacks, each with ``from .utils import rewrite_logs`` (``gkd/x`` -> ``train/gkd_x``).
 MEGATRON_REPORT_MODULES = (
     "swift.megatron.callbacks.wandb",
@@ -110,12 +151,15 @@ def keep_harness_names_in_wandb() -> Dict[str, str]:
     """The contract names in wandb on both backends: HF's WandbCallback prefixes every key with ``train/``, and
     ms-swift's Megatron report callbacks rename ``gkd/x`` to ``train/gkd_x``; the harness's keys are kept as they
     are (``train/loss``, ``train/grad_norm`` keep the backends' own naming, which agrees). Megatron modules that
-    cannot be imported here (no Transformer Engine) are skipped."""
+    cannot be imported here (no Transformer Engine) are skipped. Also records HF's wandb step at each checkpoint
+    (:func:`record_wandb_step_at_save`)."""
     result = {}
     from transformers.integrations import integration_utils as iu
 
     iu.rewrite_logs = _keep_harness_names(iu.rewrite_logs)
     result["transformers"] = "kept"
+    # a resumed run rewinds wandb to the checkpoint's step: HF's must be recorded (Megatron logs step=iteration)
+    result["transformers_wandb_step"] = "recorded" if record_wandb_step_at_save(iu.WandbCallback) else "skipped"
     for name in MEGATRON_REPORT_MODULES:
         if "swift.megatron.callbacks" not in sys.modules:  # register_callbacks could not import it: no Megatron
             result[name] = "skipped: swift.megatron.callbacks not importable"

@@ -146,3 +146,60 @@ def test_megatron_checkpoints_are_found_and_resumed_with_mcore_model(tmp_path):
     attempt = _decide(folder, FLAT, resume=True)
     assert attempt.action == "resume" and attempt.checkpoint_step == 6
     assert attempt.resume_args == ["--mcore_model", str(ckpt), "--finetune", "false"]
+
+
+def test_a_resume_rewinds_the_wandb_run_to_the_checkpoint(tmp_path):
+    """Issue 41, item 6: a resumed attempt kept WANDB_RESUME=allow, so wandb dropped Megatron's resumed values for
+    the steps between the checkpoint and the last logged step (step=iteration; monotonic steps) and appended HF's
+    after the first attempt's. Now it rewinds: HF to the step the rank recorded at save time, Megatron to the
+    checkpoint's iteration; nothing known -> the plain resume."""
+    from gkd_harness.harness.contract import WANDB_STEP_FILE
+    from gkd_harness.harness.launcher.resume import rewind_wandb_env, wandb_rewind_step
+
+    folder = _folder(tmp_path / "hf", "failed")
+    ckpt = _ckpt(folder.path, "v0-20260101-000000/checkpoint-4")
+    assert wandb_rewind_step(ckpt) is None and _decide(folder, FLAT, resume=True).wandb_step is None
+    (ckpt / WANDB_STEP_FILE).write_text('{"run_id": "abc", "wandb_step": 7}')
+    attempt = _decide(folder, FLAT, resume=True)
+    assert attempt.action == "resume" and attempt.checkpoint_step == 4 and attempt.wandb_step == 7
+    assert wandb_rewind_step(_megatron_ckpt(tmp_path / "mg", 6)) == 6
+
+    env = {"WANDB_RUN_ID": "0123abcd", "WANDB_RESUME": "allow", "WANDB_MODE": "offline"}
+    assert rewind_wandb_env(env, 7) == {
+        "WANDB_RUN_ID": "0123abcd",
+        "WANDB_MODE": "offline",
+        "WANDB_RESUME_FROM": "0123abcd?_step=7",
+    }
+    assert rewind_wandb_env(env, None) == env and "WANDB_RESUME" in env  # the input is not changed
+
+
+def test_the_rank_records_the_wandb_step_at_each_hf_checkpoint(tmp_path, monkeypatch):
+    """transformers' real WandbCallback and a real (offline) wandb run: its on_save writes the run id and the last
+    committed step into the checkpoint folder just saved."""
+    import json
+    from types import SimpleNamespace
+
+    import wandb
+    from transformers.integrations.integration_utils import WandbCallback
+    from transformers.trainer_callback import TrainerControl, TrainerState
+
+    from gkd_harness.harness.contract import WANDB_STEP_FILE
+    from gkd_harness.harness.rank.wandb_run import record_wandb_step_at_save
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    original = WandbCallback.on_save
+    run = wandb.init(project="p", id="steps123")
+    try:
+        assert record_wandb_step_at_save(WandbCallback) and record_wandb_step_at_save(WandbCallback)  # idempotent
+        for i in range(5):
+            wandb.log({"train/loss": float(i), "train/global_step": i + 1})
+        (tmp_path / "out" / "checkpoint-5").mkdir(parents=True)
+        state = TrainerState(global_step=5, is_world_process_zero=True)
+        WandbCallback().on_save(SimpleNamespace(output_dir=str(tmp_path / "out")), state, TrainerControl())
+        saved = json.loads((tmp_path / "out" / "checkpoint-5" / WANDB_STEP_FILE).read_text())
+        assert saved == {"run_id": "steps123", "wandb_step": 4}  # rows 0..4 committed: the 5th is step 4
+    finally:
+        WandbCallback.on_save = original
+        run.finish()

@@ -13,9 +13,14 @@ from gkd_harness.harness.rank.rollout_patches import disable_vllm_cpu_prepack, i
 
 
 def test_install_rollout_patches_is_inert_without_the_env(monkeypatch):
+    """Without the rollout variables only the resume patch of the rollout step is installed (HF here; Megatron's
+    trainer cannot be imported without Transformer Engine): it changes nothing for a run that is not resumed."""
+    from swift.rlhf_trainers.gkd_trainer import GKDTrainer
+
     monkeypatch.delenv("GKD_VLLM_CPU_NO_PREPACK", raising=False)
     monkeypatch.delenv("GKD_ROLLOUT_ENGINE", raising=False)
-    assert install_rollout_patches() == []
+    monkeypatch.setattr(GKDTrainer, "_prepare_inputs", GKDTrainer._prepare_inputs)  # restored after the test
+    assert install_rollout_patches() == ["hf_rollout_step"]
 
 
 def test_prepack_switch_reports_whether_vllm_is_here():
