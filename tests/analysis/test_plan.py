@@ -350,7 +350,7 @@ def test_repro11_verify_checks_report_html(tmp_path, capsys):
     )
     capsys.readouterr()
     assert main(["--verify", str(report)]) == 1
-    assert "report.html: its banner does not say FAIL" in capsys.readouterr().out
+    assert "DIFFERS: report.html: its banner says PASS, the runs give FAIL" in capsys.readouterr().out
 
 
 def test_verify_reports_a_plot_changed_since_the_report(tmp_path, capsys):

@@ -35,6 +35,7 @@ class Judged:
     results: list
     mixed: list
     allow_mixed: bool
+    criteria_file: Optional[Path] = None
 
 
 def load_runs(source: str, sweep: str, group: Optional[str]) -> Sweep:
@@ -97,7 +98,7 @@ def judge(sweep: Sweep, criteria_file: Optional[Path] = None, allow_mixed: bool 
         )
     ev = build_evidence(sweep, cfg)
     verdict, results = evaluate_evidence(ev, cfg)
-    return Judged(sweep, cfg, ev, verdict, results, mixed, allow_mixed)
+    return Judged(sweep, cfg, ev, verdict, results, mixed, allow_mixed, criteria_file)
 
 
 def margin_line(j: Judged) -> str:
@@ -108,5 +109,7 @@ def margin_line(j: Judged) -> str:
         return ""
     plan = getattr(j.sweep, "plan", None)
     declared = ((plan.signoff if plan is not None else {}) or {}).get("patched_not_worse", {}) or {}
-    where = "the plan" if "margin" in declared else "the criteria file"
+    where = "the plan" if "margin" in declared else "the shipped criteria"
+    if j.criteria_file is not None and "margin" in Path(j.criteria_file).read_text():
+        where = f"--criteria {j.criteria_file}"
     return f"; non-inferiority margin {j.cfg.patched_not_worse.margin:.2%} ({where})"

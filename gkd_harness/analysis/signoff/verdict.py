@@ -219,5 +219,8 @@ def first_difference(
         v = str(fresh["verdict"])
         word = f"<div id='verdict-banner' class='banner {v}' role='status'><span id='verdict'>{v.upper()}</span>"
         if word not in report_html:
-            return f"report.html: its banner does not say {v.upper()} (the runs give {v.upper()})"
+            shown = next(
+                (w.upper() for w in ("pass", "fail") if f"<span id='verdict'>{w.upper()}</span>" in report_html), None
+            )
+            return f"report.html: its banner says {shown or 'no verdict'}, the runs give {v.upper()}"
     return None
