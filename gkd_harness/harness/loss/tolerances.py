@@ -1,6 +1,6 @@
 """Every numerical tolerance of the loss suite, in one place, with the measurement behind it.
 
-Measured on this CPU (torch 2.13.0) by `python tests/measure_tolerances.py` over the loss-suite grid
+Measured on this CPU (torch 2.13.0) by `python scripts/measure_tolerances.py` over the loss-suite grid
 (β ∈ {0, 1e-3, 0.1, 0.5, 0.9, 0.999, 1} × T ∈ {0.5, 0.9, 1, 2} × paper/continuous × full/top-k ×
 near-identical/distinct distributions, 42 active positions of V = 96) for the *fp32* variant against the
 independent FP64 reference in ``harness/loss/reference.py``:
@@ -18,7 +18,7 @@ same grid, at β = 1e-3 with near-identical distributions: hence the cancellatio
 formula, tests/harness/loss/test_losses_parallel.py measured ≤ 1.1e-7 per position and ≤ 9.1e-6 gradient error;
 they take the cancellation-free form since issue 22, see docs/loss_accuracy.md.)
 
-Issue 13's regimes (tests/harness/loss/test_losses_regimes.py; `python tests/measure_tolerances.py --regimes`): logit
+Issue 13's regimes (tests/harness/loss/test_losses_regimes.py; `python scripts/measure_tolerances.py --regimes`): logit
 scale swept 1 … 1e4 ≤ 1.5e-7 relative / 4.0e-7 gradient (levels) and ≤ 1.2e-6 / 3.7e-6 (shifted logits; textbook
 FP32 0.11–0.16 relative); β = 1e-6 / 1 − 1e-6 on logits of std 8: 1.5e-7 / 1.0e-6; FP16 students under a loss
 scale of 2^16: within 2× FP16's own rounding of the gradient; partially −inf top-k rows: exact.

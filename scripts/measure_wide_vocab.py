@@ -1,6 +1,7 @@
-"""Figures of issue 22's reproductions 1–3 (run it on a tree to measure that tree; nothing here asserts).
+"""Figures of issue 22's reproductions 1–3 at a wide vocabulary (run it on a tree to measure that tree; nothing
+here asserts).
 
-    python tests/harness/loss/measure_issue22.py [--mp]
+    python scripts/measure_wide_vocab.py [--mp]
 
 * R1a/R1b: V = 151,936, 16 positions, Megatron's TP=1 primitives (``F.log_softmax`` and the textbook KL, as
   ``vocab_parallel_log_softmax`` / ``vocab_parallel_kl_div`` are at TP=1: distinct function objects);
@@ -9,7 +10,7 @@
   ``fp64`` variant) and fp32's true error against mpmath.
 
 References: ``gkd_harness.harness.loss.reference`` (FP64) and, with ``--mp``, the mpmath row reference of
-``mp_reference.py`` on the worst rows (25 s per row at this width).
+``tests/harness/loss/mp_reference.py`` on the worst rows (25 s per row at this width).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests/ holds the mpmath reference
 
 from swift.rlhf_trainers.gkd_loss import TeacherOutput  # noqa: E402
 
@@ -68,7 +69,7 @@ def report(name, s, t, beta, temp, form, mp=False, **kw):
     )
     print(line, flush=True)
     if mp:
-        from mp_reference import mp_jsd_row
+        from tests.harness.loss.mp_reference import mp_jsd_row
 
         row_err = (grad - ref_grad)[0].norm(dim=-1) / ref_grad[0].norm(dim=-1)
         i = int(row_err.argmax())

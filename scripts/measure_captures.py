@@ -1,7 +1,7 @@
 """Bytes (and CPU seconds) per captured step, at a given shape: the capture formats of ``gkd_harness.harness.store.captures``
 against the first format (the call's whole ``[B, S, V]`` tensors), written for real.
 
-    python tests/harness/store/measure_captures.py [--seq 512 --active 448 --vocab 248320 --topk 64 --cap 256]
+    python scripts/measure_captures.py [--seq 512 --active 448 --vocab 248320 --topk 64 --cap 256]
 
 Defaults: the seed's shape (one sequence of 512 positions, 448 active, Qwen3.5's 248,320-token vocabulary, top-k
 64), an FP32 student and a BF16 teacher as at the loss boundary, ``monitor.capture_max_tokens`` 256. For each

@@ -1,6 +1,6 @@
 """Measure the fp32 variant's worst errors against the FP64 reference (the numbers in harness/loss/tolerances.py).
 
-Run: python tests/measure_tolerances.py [--regimes]   (a few minutes on 2 cores)
+Run: python scripts/measure_tolerances.py [--regimes]   (a few minutes on 2 cores)
 
 ``--regimes`` prints issue 13's regime families instead (tests/harness/loss/test_losses_regimes.py): the logit-scale
 sweep (levels and shifted logits, L = 1 … 1e4) against FP64 and textbook FP32 on the same inputs.
