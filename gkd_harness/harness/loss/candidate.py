@@ -27,7 +27,6 @@ do).
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import hashlib
 import importlib
@@ -164,15 +163,6 @@ class Params:
     required_kwonly: Tuple[str, ...] = ()
 
 
-def params_from_ast(fn: ast.FunctionDef) -> Params:
-    a = fn.args
-    pos = list(a.posonlyargs) + list(a.args)
-    n_def = len(a.defaults)
-    defaults = tuple(i >= len(pos) - n_def for i in range(len(pos)))
-    req_kw = tuple(k.arg for k, d in zip(a.kwonlyargs, a.kw_defaults) if d is None)
-    return Params(tuple(p.arg for p in pos), defaults, a.vararg is not None, a.kwarg is not None, req_kw)
-
-
 def params_from_callable(fn: Callable) -> Params:
     sig = inspect.signature(fn)
     names, defaults, req_kw = [], [], []
@@ -215,19 +205,6 @@ def signature_problem(candidate: Params, upstream: Params) -> Optional[str]:
     if extra:
         return f"extra parameter(s) without default: {', '.join(extra)}"
     return None
-
-
-def upstream_params_static() -> Dict[str, Params]:
-    """Upstream's ``gkd_loss`` / ``jsd_loss`` parameters, read from the installed file's syntax tree."""
-    f = upstream_file()
-    if f is None:
-        return {}
-    tree = ast.parse(f.read_text())
-    return {
-        n.name: params_from_ast(n)
-        for n in tree.body
-        if isinstance(n, ast.FunctionDef) and n.name in REQUIRED + OPTIONAL
-    }
 
 
 # ------------------------------------------------------------------------------------------------ loading
@@ -449,7 +426,6 @@ __all__ = [
     "copy_into_run_folder",
     "candidate_terms",
     "signature_problem",
-    "params_from_ast",
     "params_from_callable",
     "upstream_file",
     "find_module_file",
