@@ -1,4 +1,4 @@
-"""Issue 22: the patched loss and its FP64 check on the paths the trainers take (single process, against mpmath).
+"""The patched loss and its FP64 check on the paths the trainers take (single process, against mpmath; issue 22).
 
 * Megatron's TP=1 primitives (``F.log_softmax`` and the textbook KL, distinct objects from ms-swift's defaults):
   ``fp32`` keeps the cancellation-free form (it took the textbook formula before: identical rows gave

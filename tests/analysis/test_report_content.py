@@ -1,4 +1,5 @@
-"""Issue 29 reproduction 11 (user text reaches report.md unescaped: the title) and issue 33 item 7 (the report:
+"""What the report shows: user text escaped in report.md, null settings, loss sha256 values with their variant, the
+held-out JSD plot. Issue 29 reproduction 11 (user text reaches report.md unescaped: the title) and issue 33 item 7 (the report:
 ``gkd.topk = ,`` for null, loss sha256 values without their variant, a bare relative path as the title, the
 held-out JSD plot where fp32 hides under native and no difference panel)."""
 
