@@ -191,7 +191,6 @@ VARIANT_LITERALS_LEFT: dict = {
     "analysis/certify/families.py": 1,
     "analysis/signoff/betacurve.py": 1,
     "analysis/signoff/criteria.py": 4,
-    "analysis/signoff/plots.py": 21,
     "bench/cases.py": 15,
     "bench/scaling.py": 3,
     "bench/synthetic.py": 7,

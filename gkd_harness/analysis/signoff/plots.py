@@ -20,7 +20,17 @@ from typing import Any, Dict, Optional, Sequence
 
 import matplotlib
 
-from gkd_harness.harness.contract import JSD_LOSS, TRAIN_GRAD_NORM, TRAIN_LOSS
+from gkd_harness.harness.contract import (
+    BUILTIN_PRECISIONS,
+    CONTINUOUS,
+    FP32,
+    FP64,
+    JSD_LOSS,
+    NATIVE,
+    PAPER,
+    TRAIN_GRAD_NORM,
+    TRAIN_LOSS,
+)
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -71,17 +81,17 @@ _MAX_WIDTH_IN = 11.0  # 1650 px at 150 dpi: shown at ~1150 px in the HTML, text 
 # Known variants: native in warm colours with filled markers, fp32 in blue/purple, fp64 in green/brown,
 # hollow markers for the patched precisions so that a curve drawn over an identical one stays visible.
 _KNOWN = {
-    ("native", "paper"): dict(color="#d62728", marker="o", ls="-", mfc="fill", ms=5),
-    ("native", "continuous"): dict(color="#ff7f0e", marker="s", ls="-", mfc="fill", ms=7.5),
-    ("fp32", "paper"): dict(color="#1f77b4", marker="^", ls="--", mfc="none", ms=9),
-    ("fp32", "continuous"): dict(color="#9467bd", marker="D", ls="--", mfc="none", ms=8),
-    ("fp64", "paper"): dict(color="#2ca02c", marker="v", ls=":", mfc="none", ms=10),
-    ("fp64", "continuous"): dict(color="#8c564b", marker="P", ls=":", mfc="none", ms=10),
+    (NATIVE, PAPER): dict(color="#d62728", marker="o", ls="-", mfc="fill", ms=5),
+    (NATIVE, CONTINUOUS): dict(color="#ff7f0e", marker="s", ls="-", mfc="fill", ms=7.5),
+    (FP32, PAPER): dict(color="#1f77b4", marker="^", ls="--", mfc="none", ms=9),
+    (FP32, CONTINUOUS): dict(color="#9467bd", marker="D", ls="--", mfc="none", ms=8),
+    (FP64, PAPER): dict(color="#2ca02c", marker="v", ls=":", mfc="none", ms=10),
+    (FP64, CONTINUOUS): dict(color="#8c564b", marker="P", ls=":", mfc="none", ms=10),
 }
 # Difference curves (native − fp32) are not variants: dark greys, one marker per β form.
 _DIFF_STYLES = {
-    "paper": dict(color="#222222", marker="o", markerfacecolor="none", markersize=6),
-    "continuous": dict(color="#777777", marker="s", markerfacecolor="none", markersize=8.5),
+    PAPER: dict(color="#222222", marker="o", markerfacecolor="none", markersize=6),
+    CONTINUOUS: dict(color="#777777", marker="s", markerfacecolor="none", markersize=8.5),
 }
 _SPARE = [("#e377c2", "X"), ("#17becf", "h"), ("#bcbd22", "*"), ("#7f7f7f", "p"), ("#393b79", "<"), ("#637939", ">")]
 
@@ -116,7 +126,7 @@ def variant_style(precision, form) -> dict:
 
 def _variants(df: pd.DataFrame) -> list:
     """Sorted distinct (precision, form) pairs of a table with ``loss.precision`` and ``loss.beta_form``."""
-    order = {"native": 0, "fp32": 1, "fp64": 2}
+    order: Dict[str, int] = {p: i for i, p in enumerate(BUILTIN_PRECISIONS)}
     pairs = df[["loss.precision", "loss.beta_form"]].drop_duplicates().astype(str).itertuples(index=False, name=None)
     return sorted(pairs, key=lambda p: (order.get(p[0], 9), p[0], p[1]))
 
@@ -336,7 +346,7 @@ def plot_curves(sweep, metric: str, path: Path, max_panels: int = 16) -> Optiona
                 ln = _draw_series(
                     dax,
                     [(st_, df_) for _, f, st_, df_ in here if f == form],
-                    _DIFF_STYLES.get(form, _DIFF_STYLES["paper"]),
+                    _DIFF_STYLES.get(form, _DIFF_STYLES[PAPER]),
                 )
                 handles.setdefault(f"native − fp32 · {form}", ln)
             if not here:
@@ -488,7 +498,7 @@ def plot_spot_errors(
         return None
     keys = ["loss.precision", "loss.beta_form", "mixed_dtypes"]
     groups = [(k, g) for k, g in spots.groupby(keys, dropna=False)]
-    order = {"native": 0, "fp32": 1, "fp64": 2}
+    order: Dict[str, int] = {p: i for i, p in enumerate(BUILTIN_PRECISIONS)}
     groups.sort(key=lambda kg: (order.get(str(kg[0][0]), 9), str(kg[0][1]), bool(kg[0][2])))
     rng = np.random.default_rng(0)
     with plt.rc_context(_RC):
