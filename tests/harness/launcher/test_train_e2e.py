@@ -334,3 +334,39 @@ def test_sigkill_mid_training_keeps_metrics_and_marks_failed_then_resumes(embedd
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, RESUME_STEPS + 1))
     assert rows[-1]["gkd/loss_calls_total"] == RESUME_STEPS  # cumulative counts continue across the restart
+    _assert_wandb_rewound_to_the_checkpoint(out, summary["resumed_from"])
+
+
+def _wandb_history(path):
+    """``(branch point or None, [(_step, train/global_step)])`` of one .wandb file."""
+    from gkd_harness.analysis.sweep.wandb_file import read_records
+
+    branch, rows = None, []
+    for rec in read_records(path):
+        kind = rec.WhichOneof("record_type")
+        if kind == "run" and rec.run.branch_point.run:
+            branch = (rec.run.branch_point.run, rec.run.branch_point.metric, rec.run.branch_point.value)
+        if kind == "history":
+            items = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in rec.history.item}
+            if "train/global_step" in items:
+                rows.append((items["_step"], items["train/global_step"]))
+    return branch, rows
+
+
+def _assert_wandb_rewound_to_the_checkpoint(out, checkpoint):
+    """Issue 41, item 6: the resumed attempt rewinds the same wandb run to the checkpoint (WANDB_RESUME_FROM, kept in
+    the offline .wandb file for `wandb sync`) at the step where the first attempt logged the checkpoint's global step
+    (one wandb row per step here: global step N is row N - 1); its own rows continue right after. Before, it resumed
+    with WANDB_RESUME=allow and no branch point, so the first attempt's values after the checkpoint stood."""
+    from gkd_harness.harness.contract import WANDB_STEP_FILE
+
+    ckpt_step = int(Path(checkpoint).name.split("-")[1])
+    recorded = json.loads((Path(checkpoint) / WANDB_STEP_FILE).read_text())
+    assert recorded["wandb_step"] == ckpt_step - 1
+    first, second = sorted((out / "wandb").rglob("run-*.wandb"), key=lambda p: p.parent.name)[-2:]
+    assert _wandb_history(first)[0] is None
+    branch, rows = _wandb_history(second)
+    assert branch == (recorded["run_id"], "_step", recorded["wandb_step"])
+    assert rows[0] == (ckpt_step, ckpt_step + 1)  # the resumed values follow the rewind point
+    steps = [g for _, g in rows]  # one row per step, then HF's end-of-training summary row at the last step
+    assert steps == [*range(ckpt_step + 1, RESUME_STEPS + 1), RESUME_STEPS]
