@@ -190,8 +190,6 @@ VARIANT_LITERALS_LEFT: dict = {
     "analysis/certify/export.py": 2,
     "analysis/certify/search.py": 2,  # in certify "fp32"/"fp64" also name dtypes (bf16, fp16, fp32, fp64)
     "analysis/certify/families.py": 1,
-    "analysis/signoff/betacurve.py": 1,
-    "analysis/signoff/criteria.py": 4,
     "bench/cases.py": 15,
     "bench/scaling.py": 3,
     "bench/synthetic.py": 7,

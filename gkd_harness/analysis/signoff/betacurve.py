@@ -20,7 +20,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from gkd_harness.harness.contract import BETA_FORMS, JSD_LOSS, TRAIN_GRAD_NORM, TRAIN_LOSS
+from gkd_harness.harness.contract import BETA_FORMS, JSD_LOSS, PAPER, TRAIN_GRAD_NORM, TRAIN_LOSS
 
 __all__ = [
     "DEFAULT_BETAS",
@@ -46,7 +46,7 @@ def _fp64_tensor(x):
     return torch.as_tensor(np.asarray(x, dtype=np.float64))
 
 
-def generalized_jsd_fp64(s_logits, t_logits, beta: float, form: str = "paper", temperature: float = 1.0) -> np.ndarray:
+def generalized_jsd_fp64(s_logits, t_logits, beta: float, form: str = PAPER, temperature: float = 1.0) -> np.ndarray:
     """Per-position generalized JSD in FP64: the harness's own fp64 loss (``gkd_harness.harness.losses``, precision
     ``fp64``), on the inputs cast to FP64 first.
 

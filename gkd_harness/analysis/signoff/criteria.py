@@ -34,8 +34,10 @@ from gkd_harness.analysis.sweep.records import Sweep
 from gkd_harness.harness.contract import (
     BETA_FORMS,
     CANDIDATE,
+    CONTINUOUS,
     FAILING_STATUSES,
     ORIGINAL,
+    PAPER,
     PATCHED,
     SPOT_GRAD_REL_L2_DTYPE_FLOOR,
 )
@@ -509,8 +511,8 @@ def beta_forms_unchanged(ev: Evidence, c: Any) -> Result:
             title,
             _agreement_thr(c),
             f"the sweep has no paper/continuous pair at one precision and β ∈ {{{betas}}} "
-            f"(paper precisions: {_values(runs[runs['loss.beta_form'] == 'paper'], 'loss.precision')}"
-            f"; continuous: {_values(runs[runs['loss.beta_form'] == 'continuous'], 'loss.precision')})",
+            f"(paper precisions: {_values(runs[runs['loss.beta_form'] == PAPER], 'loss.precision')}"
+            f"; continuous: {_values(runs[runs['loss.beta_form'] == CONTINUOUS], 'loss.precision')})",
         )
     else:
         agreement = step_agreement(
@@ -527,7 +529,7 @@ def beta_forms_unchanged(ev: Evidence, c: Any) -> Result:
     # The formula itself, in FP64 on the β-curve's fixed inputs: the forms must coincide exactly at these β.
     s, t = beta_defect_inputs()
     curve = fp64_beta_curve(s, t, c.betas).pivot(index="beta", columns="form", values="D")
-    diff = float((curve["paper"] - curve["continuous"]).abs().max())
+    diff = float((curve[PAPER] - curve[CONTINUOUS]).abs().max())
     res.details.append(
         f"FP64 formula check (fixed synthetic inputs): max |D_paper - D_continuous| over these β = {diff:.3g}"
     )
