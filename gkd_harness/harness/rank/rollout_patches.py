@@ -14,6 +14,7 @@ What runs in ``gkd-train`` (validation, ms-swift arguments, the subprocess envir
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from gkd_harness.harness.contract import (
@@ -303,7 +304,8 @@ def continue_hf_rollout_step(trainer_cls: Any) -> bool:
 
 
 def continue_rollout_steps() -> list[str]:
-    """:func:`continue_megatron_rollout_step` and :func:`continue_hf_rollout_step` on the trainers importable here."""
+    """:func:`continue_hf_rollout_step` on the HF trainer, when importable, and :func:`continue_megatron_rollout_step`
+    on Megatron's mixin, when already imported (call after ``plugin.rebind_gkd_loss``, which imports it)."""
     done = []
     try:
         from swift.rlhf_trainers.gkd_trainer import GKDTrainer
@@ -312,13 +314,11 @@ def continue_rollout_steps() -> list[str]:
             done.append("hf_rollout_step")
     except Exception:  # noqa: BLE001 - not an HF-backend ms-swift process
         pass
-    try:
-        from swift.megatron.trainers.rollout_mixin import MegatronRolloutMixin
-
-        if continue_megatron_rollout_step(MegatronRolloutMixin):
-            done.append("megatron_rollout_step")
-    except Exception:  # noqa: BLE001 - Megatron (or Transformer Engine) not importable here
-        pass
+    # Megatron only where the plugin's rebinding already imported its trainer (a failed import costs a minute on a
+    # loaded machine; an HF process need not pay it twice)
+    mixin = sys.modules.get("swift.megatron.trainers.rollout_mixin")
+    if mixin is not None and continue_megatron_rollout_step(mixin.MegatronRolloutMixin):
+        done.append("megatron_rollout_step")
     return done
 
 

@@ -176,3 +176,21 @@ def test_the_plugin_installs_the_hf_step_patch(caplog):
         assert continue_hf_rollout_step(GKDTrainer) and GKDTrainer._prepare_inputs is patched  # idempotent
     finally:
         GKDTrainer._prepare_inputs = original
+
+
+def test_the_plugin_patches_megatrons_mixin_once_its_trainer_is_imported(monkeypatch):
+    """In a Megatron process the plugin's rebinding has imported ms-swift's trainer (and its rollout mixin) before
+    the rollout patches run; the mixin found there is patched, and a resumed run then draws as one never stopped."""
+    import sys
+
+    from gkd_harness.harness.rank.rollout_patches import continue_rollout_steps
+
+    mixin = _megatron_class(patched=False)
+    module = SimpleNamespace(MegatronRolloutMixin=mixin)
+    monkeypatch.setitem(sys.modules, "swift.megatron.trainers.rollout_mixin", module)
+    from swift.rlhf_trainers.gkd_trainer import GKDTrainer
+
+    monkeypatch.setattr(GKDTrainer, "_prepare_inputs", GKDTrainer._prepare_inputs)
+    assert continue_rollout_steps() == ["hf_rollout_step", "megatron_rollout_step"]
+    whole = _megatron_sources(mixin, 1, 0)
+    assert _megatron_sources(mixin, 1, 9) == whole[9:]
