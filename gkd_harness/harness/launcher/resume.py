@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from gkd_harness.harness.contract import WANDB_STEP_FILE
+from gkd_harness.harness.contract import SWIFT_DIR, WANDB_STEP_FILE
 
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -56,7 +56,7 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     the distributed checkpoint); so a checkpoint cut short by the time limit is never resumed from. ms-swift's
     ``checkpoint-<N>-merged`` folders (LoRA merged for export) are not checkpoints to resume.
     """
-    root = Path(run_dir) / "swift"
+    root = Path(run_dir) / SWIFT_DIR
     best: tuple[int, float, Path] | None = None
     if not root.is_dir():
         return None
@@ -183,7 +183,7 @@ def decide_attempt(folder, flat_config: Mapping[str, Any], *, overwrite: bool, r
         if m is not None:
             return Attempt("resume", summary, args, int(m.group(1)), wandb_step=wandb_rewind_step(Path(args[1])))
         notes.append(
-            f"run.resume=true but no usable checkpoint under {Path(folder.path) / 'swift'} "
+            f"run.resume=true but no usable checkpoint under {Path(folder.path) / SWIFT_DIR} "
             "(checkpoint-N with trainer_state.json, or Megatron's latest_checkpointed_iteration.txt): the "
             "earlier attempt is archived and the run restarts"
         )
