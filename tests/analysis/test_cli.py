@@ -81,17 +81,18 @@ def test_internal_error_is_exit_2_one_line_and_leaves_no_report(synthetic_sweep_
 def test_report_folder_replaced_only_when_complete(synthetic_sweep_dir, tmp_path, monkeypatch):
     report = tmp_path / "report"
     assert main([str(synthetic_sweep_dir), "--report", str(report)]) == 0
-    (report / "stale.png").write_bytes(b"old")
+    (report / "beta_curve.png").write_bytes(b"old")  # a file the report wrote (a foreign one refuses the folder)
     before = (report / "verdict.json").read_text()
     import gkd_harness.analysis.signoff.plots
 
     real = gkd_harness.analysis.signoff.plots.plot_beta_curve
     monkeypatch.setattr(gkd_harness.analysis.signoff.plots, "plot_beta_curve", lambda *a, **k: 1 / 0)
     assert main([str(synthetic_sweep_dir), "--report", str(report)]) == 2
-    assert (report / "verdict.json").read_text() == before and (report / "stale.png").exists()  # old one intact
+    assert (report / "verdict.json").read_text() == before  # old one intact
+    assert (report / "beta_curve.png").read_bytes() == b"old"
     monkeypatch.setattr(gkd_harness.analysis.signoff.plots, "plot_beta_curve", real)
     assert main([str(synthetic_sweep_dir), "--report", str(report)]) == 0
-    assert not (report / "stale.png").exists()  # replaced as a whole
+    assert (report / "beta_curve.png").read_bytes() != b"old"  # replaced as a whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
 
 
@@ -100,7 +101,7 @@ def test_report_into_a_folder_that_is_not_a_report_is_refused(synthetic_sweep_di
     mine.mkdir()
     (mine / "thesis.tex").write_text("keep me")
     assert main([str(synthetic_sweep_dir), "--report", str(mine)]) == 2
-    assert "is not a gkd-analyze report" in capsys.readouterr().err
+    assert "holds what gkd-analyze did not write (thesis.tex)" in capsys.readouterr().err
     assert [p.name for p in mine.iterdir()] == ["thesis.tex"]
 
 

@@ -20,7 +20,9 @@ def test_schema_and_package_versions(synthetic_sweep_dir, tmp_path):
     assert here["python"] == platform.python_version()
     # the runs' versions, as each run recorded them in summary.json (gkd_harness.bench.synthetic writes these)
     recorded = json.loads(next(synthetic_sweep_dir.glob("*/summary.json")).read_text())["versions"]
-    assert v["package_versions"]["runs"] == {k: [val] for k, val in recorded.items()}
+    runs = v["package_versions"]["runs"]  # the recorded versions, and the provenance hashes beside them
+    assert {k: runs[k] for k in recorded} == {k: [val] for k, val in recorded.items()}
+    assert set(runs) - set(recorded) <= {"harness_commit", "harness_dirty", "loss_sha256", "rank_sha256"}
 
 
 def test_file_sha256_without_hashlib_file_digest(tmp_path, monkeypatch):

@@ -158,8 +158,8 @@ def _text(v: Any) -> str:
 
 def plan_problems(runs: pd.DataFrame, plan: Optional[Plan]) -> list:
     """Why the runs are not the plan's runs, one line each (empty when they are): runs whose folder the plan does
-    not name (``in_plan`` false), and training keys (:data:`TRAINING_KEYS`) on which runs differ though no planned
-    point overrides them (a run of another sweep, with another dataset or learning rate)."""
+    not name (``in_plan`` false), and training keys (:data:`TRAINING_KEYS`) on which runs that did not fail differ
+    though no planned point overrides them (a run of another sweep, with another dataset or learning rate)."""
     out = []
     if plan is not None and "in_plan" in runs.columns:
         outside = runs[runs["in_plan"] == False]  # noqa: E712 - a column of True/False/None
@@ -172,7 +172,8 @@ def plan_problems(runs: pd.DataFrame, plan: Optional[Plan]) -> list:
                 + (" ..." if len(names) > 5 else "")
             )
     swept = plan.swept_keys() if plan is not None else set()
-    known = runs[runs["outcome"] != "missing"] if "outcome" in runs.columns else runs
+    # the runs whose evidence is judged: a missing point has no config, a failed one fails no_failed_runs anyway
+    known = runs[~runs["outcome"].isin(["missing", "failed"])] if "outcome" in runs.columns else runs
     for key in TRAINING_KEYS:
         if key in swept or key not in known.columns:
             continue
