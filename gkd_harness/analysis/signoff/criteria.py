@@ -35,11 +35,13 @@ from gkd_harness.harness.contract import (
     BETA_FORMS,
     CANDIDATE,
     CONTINUOUS,
+    CRITERION_STATUSES,
     FAILING_STATUSES,
     ORIGINAL,
     PAPER,
     PATCHED,
     SPOT_GRAD_REL_L2_DTYPE_FLOOR,
+    CriterionStatus,
 )
 
 __all__ = [
@@ -59,7 +61,7 @@ __all__ = [
 class Result:
     name: str
     title: str
-    status: str
+    status: CriterionStatus
     threshold: str
     measured: str
     details: list = field(default_factory=list)  # short strings: offending runs, evidence
@@ -77,6 +79,17 @@ class Result:
 # ---------------------------------------------------------------------------
 # evaluation
 # ---------------------------------------------------------------------------
+
+
+def as_status(value: str) -> CriterionStatus:
+    """``value`` as a criterion status (one of the contract's ``CRITERION_STATUSES``).
+
+    Raises:
+        ValueError: any other string.
+    """
+    if value not in CRITERION_STATUSES:
+        raise ValueError(f"criterion status {value!r}: not one of {CRITERION_STATUSES}")
+    return value  # narrowed by the membership test
 
 
 def _fmt(x: Any) -> str:
@@ -484,7 +497,7 @@ def _agreement_result(name, title, agreement: pd.DataFrame, c: Any, no_pairs: st
     )
     if "gkd.beta" in a:
         measured += "; β compared: " + ", ".join(f"{b:g}" for b in sorted(a["gkd.beta"].dropna().unique()))
-    status = "pass" if bad.empty and no_common.empty else "fail"
+    status: CriterionStatus = "pass" if bad.empty and no_common.empty else "fail"
     return Result(name, title, status, thr, measured, details, applies)
 
 
@@ -594,7 +607,7 @@ def precisions_unchanged_in_fp32(ev: Evidence, c: Any) -> Result:
         )
         res.details = details
         return res
-    status = "pass" if bad == 0 and measured_pairs == len(pairs) else "fail"
+    status: CriterionStatus = "pass" if bad == 0 and measured_pairs == len(pairs) else "fail"
     measured = (
         f"{measured_pairs} native/fp32 pairs judged against FP64: {bad} with fp32 further from FP64 than "
         f"native (largest excess {worst:+.3g})"
@@ -664,7 +677,8 @@ def candidate_certified(ev: Evidence, c: Any) -> Result:
     (gkd_harness.analysis.signoff.certificates)."""
     from gkd_harness.analysis.signoff.certificates import certificate_rows
 
-    status, thr, measured, details, applies = certificate_rows(ev.runs, ev.sweep.source, c.quick, c.strict)
+    raw, thr, measured, details, applies = certificate_rows(ev.runs, ev.sweep.source, c.quick, c.strict)
+    status = as_status(raw)
     if status == "fail" and not c.required:
         status = "skipped"
     return Result(
