@@ -106,7 +106,7 @@ def outcome_sweep(tmp_path_factory, embedded_cache):
     seeds 1, 2 × 4 steps on ``model=tiny_distill`` (the teacher trained at set-up, in the session's cache), the
     held-out evaluation every 2 steps and at the end with eval batch 1 (no padding: the saved final student
     recomputes the logged values), a full checkpoint at the last step. Through Hydra multirun and the real ms-swift
-    CLI; the group stays ``outcome`` (patched_not_worse is required there). ``GKD_OUTCOME_SWEEP=<folder>`` reuses a
+    CLI; the group stays ``outcome`` (patched_not_worse is required: the plan configures the held-out evaluation). ``GKD_OUTCOME_SWEEP=<folder>`` reuses a
     sweep made by the same command."""
     import subprocess
     from pathlib import Path
