@@ -5,8 +5,8 @@
     gkd-analyze --verify REPORT_DIR [--criteria FILE] [SWEEP]
 
 Exit codes: 0 the verdict is PASS; 1 the verdict is FAIL; 2 the input cannot be used (missing or corrupt files,
-a bad criteria file, a bad --report folder, runs of two ms-swift versions, harness trees or loss sources without
---allow-mixed) or gkd-analyze itself failed. Every exit 2 prints one line saying why; --verbose adds the Python
+a bad criteria file, a bad --report folder, runs outside the sweep's plan, runs of two ms-swift versions,
+rank-side codes or loss sources without --allow-mixed) or gkd-analyze itself failed. Every exit 2 prints one line saying why; --verbose adds the Python
 traceback. --verify: 0 the report matches its run folders, 1 the first difference (one line), 2 unusable input.
 """
 
@@ -41,8 +41,10 @@ exit codes:
   1  verdict FAIL: a required criterion failed or had nothing to measure
      (the report says which)
   2  unusable input (missing sweep, corrupt run files, bad criteria file,
-     bad --report folder; runs of two ms-swift versions, two harness trees
-     or a variant with two loss sources, unless --allow-mixed) or an
+     a --report folder holding what gkd-analyze did not write; runs outside
+     the sweep's plan (sweep_manifest.json), runs of two ms-swift versions
+     or rank-side codes, runs without provenance, or a variant with two
+     loss sources, unless --allow-mixed) or an
      internal error; one line on stderr says why (--verbose adds the traceback)
 
 --verify REPORT_DIR recomputes the verdict from the run folders the report
@@ -119,9 +121,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--allow-mixed",
         action="store_true",
-        help="analyse runs of several groups, copies of one run id, two ms-swift versions, two harness "
-        "trees (commits, or dirty and clean) or a variant with two loss sources together (refused "
-        "otherwise: exit 2); recorded in verdict.json and shown in the banner",
+        help="analyse runs of several groups, copies of one run id, runs outside the sweep's plan or differing "
+        "in a training key it does not sweep, two ms-swift versions or rank-side codes, runs without "
+        "provenance, or a variant with two loss sources together (refused otherwise: exit 2); recorded in "
+        "verdict.json and shown in the banner",
     )
     p.add_argument(
         "--junit",
