@@ -54,6 +54,10 @@ ROLES: Tuple[Role, ...] = get_args(Role)
 ORIGINAL, PATCHED, REFERENCE = ROLES
 ROLE_BY_PRECISION: Dict[str, Role] = {NATIVE: ORIGINAL, FP32: PATCHED, FP64: REFERENCE, CANDIDATE: PATCHED}
 
+#: A run's ``status`` in ``summary.json`` (``gkd_harness.harness.store.run_folder`` writes it, ``analysis`` reads it).
+RunStatus = Literal["running", "completed", "failed", "interrupted"]
+RUN_STATUSES: Tuple[RunStatus, ...] = get_args(RunStatus)
+
 #: A sign-off criterion's status (``gkd_harness.analysis.signoff``, in ``verdict.json``): measured and met or not,
 #: not measured (its evidence is missing), not applicable (the sweep's design lacks its subject), skipped (an
 #: optional criterion that did not pass) or disabled (switched off in the criteria file).

@@ -28,6 +28,7 @@ from gkd_harness.harness.contract import (
     CONFIG_FILE,
     HYDRA_DIR,
     METRICS_FILE,
+    RUN_STATUSES,
     SUMMARY_FILE,
     SWIFT_DIR,
     WANDB_DIR,
@@ -137,8 +138,8 @@ def load_run_folder(path: os.PathLike) -> RunRecord:
     if not isinstance(summary, dict):
         raise UnusableInput(f"{summary_path}: expected a JSON object")
     status = summary.get("status")
-    if status not in ("running", "completed", "failed", "interrupted"):
-        raise UnusableInput(f"{summary_path}: 'status' must be running|completed|failed|interrupted, got {status!r}")
+    if status not in RUN_STATUSES:
+        raise UnusableInput(f"{summary_path}: 'status' must be {'|'.join(RUN_STATUSES)}, got {status!r}")
     config = summary.get("config") or {}
     if not isinstance(config, dict):
         raise UnusableInput(f"{summary_path}: 'config' must be an object")
