@@ -210,6 +210,23 @@ def _contract_constants() -> dict:
     return {k: v for k, v in vars(contract).items() if k.isupper() and not k.startswith("_")}
 
 
+def _defined_names(tree: ast.Module) -> list:
+    """(line, name) of every module-level definition: assignments, functions, classes (imports are not)."""
+    out = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.append((node.lineno, node.name))
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            out += [(node.lineno, n.id) for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+    return out
+
+
+def _contract_names() -> set:
+    """Every name the contract defines: constants, the Literal types, ``role_of``, ``PluginSettings`` ..."""
+    return {name for _, name in _defined_names(ast.parse((REPO / "harness" / "contract.py").read_text()))}
+
+
 def _strict_facts(constants: dict) -> set:
     """Contract strings that may appear nowhere else as a literal: metric names (a "/"), file names, variables,
     the callback and plugin module, and the unambiguous folder names."""
@@ -286,11 +303,12 @@ def one_home_violations(root: Path = REPO) -> list:
 
     - a string constant of the contract spelled as a literal (:func:`_strict_facts`), or a run-folder folder name
       as a path component (:func:`_path_facts`);
-    - a module-level name the contract defines (``PRECISIONS = ...``), or a tuple/list/set literal holding exactly
+    - a module-level definition of a name the contract defines (``PRECISIONS = ...``, ``class PluginSettings``,
+      ``Precision = Literal[...]``), or a tuple/list/set literal holding exactly
       the values of a contract tuple (``("fail", "not_measured")``);
     - a variant name where it names a variant, beyond :data:`VARIANT_LITERALS_LEFT`'s count for that file.
     """
-    constants = _contract_constants()
+    constants, defined = _contract_constants(), _contract_names()
     strict, paths, tuples = _strict_facts(constants), _path_facts(constants), _tuple_facts(constants)
     bad = []
     for p in _sources_under(root, "harness", "launch", "analysis", "bench"):
@@ -300,18 +318,9 @@ def one_home_violations(root: Path = REPO) -> list:
         tree = ast.parse(p.read_text())
         bad += [f"{rel}:{line}: {value!r}" for line, value in _string_literals(p) if value in strict]
         bad += [f"{rel}:{line}: {value!r} as a path" for line, value in _path_literals(tree, paths)]
-        for node in tree.body:
-            targets = (
-                node.targets
-                if isinstance(node, ast.Assign)
-                else [node.target]
-                if isinstance(node, ast.AnnAssign)
-                else []
-            )
-            for t in targets:
-                for n in ast.walk(t):
-                    if isinstance(n, ast.Name) and n.id in constants:
-                        bad.append(f"{rel}:{node.lineno}: defines the contract's {n.id}")
+        bad += [
+            f"{rel}:{line}: defines the contract's {name}" for line, name in _defined_names(tree) if name in defined
+        ]
         for node in ast.walk(tree):
             if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(node.elts) > 1:
                 values = [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
@@ -347,7 +356,11 @@ def test_the_one_home_check_fails_on_a_copy(tmp_path):
         '    failing = ("fail", "not_measured")\n'
         '    return run / "captures" if precision == "fp32" else failing\n'
     )
+    evidence = tmp_path / "analysis" / "sweep" / "evidence.py"
+    evidence.write_text(evidence.read_text() + "\n\ndef role_of(precision):\n    return precision\n")
     bad = one_home_violations(tmp_path)
+    n = len(evidence.read_text().splitlines())
+    assert f"analysis/sweep/evidence.py:{n - 1}: defines the contract's role_of" in bad
     n = len(schema.read_text().splitlines())
     assert f"harness/config/schema.py:{n}: defines the contract's PRECISIONS" in bad
     assert f"harness/config/schema.py:{n}: a copy of the contract's PRECISIONS" in bad
@@ -355,7 +368,7 @@ def test_the_one_home_check_fails_on_a_copy(tmp_path):
     assert f"harness/store/lock.py:{n - 1}: a copy of the contract's FAILING_STATUSES" in bad
     assert f"harness/store/lock.py:{n}: 'captures' as a path" in bad
     assert f"harness/store/lock.py:{n}: variant name 'fp32'" in bad
-    assert len(bad) == 5, bad
+    assert len(bad) == 6, bad
 
 
 # ---------------------------------------------------------------------------------------------------------------
