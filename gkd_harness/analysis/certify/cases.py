@@ -25,6 +25,8 @@ from typing import Any, Dict, Optional
 import torch
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
+from gkd_harness.harness.contract import BETA_FORMS
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
 
 
@@ -49,6 +51,21 @@ class Case:
     ref_teacher_labels: Optional[torch.Tensor] = None
     grad_factor: Optional[float] = None  # tolerances.grad_tol's low-precision factor (None: its default)
     relative: bool = False  # set by the evaluation: the bar is upstream's formula in FP32 (--strict)
+    grad_mode: str = "grad"  # "grad", "no_grad" or "inference_mode": the call's autograd mode (value only unless grad)
+    contract: str = ""  # check=contract: "call" (return, graph, repeat, modes), "mismatch", "raising <primitive>"
+    repro: str = ""  # a one-line reproduction (the random search's draws)
+
+    @property
+    def mode(self) -> str:
+        """``"top-k"`` or ``"full vocabulary"``: the teacher's form."""
+        return "top-k" if self.teacher.topk_indices is not None else "full vocabulary"
+
+    @property
+    def pair(self) -> str:
+        """``student/teacher`` dtypes, e.g. ``fp32/bf16``."""
+        short = {v: k for k, v in DTYPES.items()}
+        t = self.teacher.full_logits if self.teacher.full_logits is not None else self.teacher.topk_logprobs
+        return f"{short.get(self.student.dtype, self.student.dtype)}/{short.get(t.dtype, t.dtype) if t is not None else '-'}"
 
 
 def seed_of(*key) -> int:
@@ -148,7 +165,7 @@ DTYPE_PAIRS = [
 ]
 BETAS = [0.0, 1e-3, 0.1, 0.5, 0.9, 0.999, 1.0]
 TEMPERATURES = [0.5, 0.9, 1.0, 2.0]
-FORMS = ["paper", "continuous"]
+FORMS = list(BETA_FORMS)
 MODES = ["full", "topk"]
 
 

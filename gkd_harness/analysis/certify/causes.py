@@ -1,18 +1,26 @@
-"""Recognised causes of a failing family, one line each, from what the failing cases show.
+"""Recognised causes of a failing family, one line each, only from evidence the failing cases show.
 
 Each hypothesis is a known way to get the loss wrong, tested on the family's failing cases: the candidate's value
 is compared with the FP64 reference of the inputs *as that mistake would leave them* (β rounded to BF16, logits
 divided by T in their own dtype, the BF16 teacher's pad columns holding the student's logits rounded to BF16, the
-total divided by ``num_valid``). A hypothesis is named when it explains (within the value tolerance) at least half
-of the failing cases whose value it changes and the candidate is farther from the true reference than from it.
-The rest read the notes (an input written, a primitive never called, a wrong ``num_valid``) or the source (a
-clamp).
+total divided by ``num_valid``). A hypothesis is named when (1) no failing case's value is off while the mistake
+would leave that case's value unchanged (a failure at β = 0.5 is not "β rounded to BF16", one at T = 1 is not
+"promotion after temperature"), and (2) it explains, within the value tolerance, at least half of the failing
+cases whose value it visibly changes (by more than a tenth of the tolerance), each within the tolerance of the
+mistake's value and five times closer to it than the mistake is to the reference. The rest read the notes (an input
+written, even one restored afterwards; global state changed; a contract clause; a primitive never called; a wrong
+``num_valid``) or need the source *and* behaviour (a clamp: a clamp of a loss quantity in the source, not of a
+count, and a failing case whose total is ≥ 0 where upstream's own arithmetic is negative). Otherwise the family's
+line says "no recognised cause".
+
+Across families, :func:`failure_pattern` says when every failure falls in one mode (full vocabulary or top-k) or
+one dtype pair while the others pass.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -27,13 +35,37 @@ HINTS = {
     "num_valid": "a wrong num_valid ({}): it must count the active positions (labels != -100, uncovered top-k "
     "rows dropped)",
     "mean": "a mean instead of a sum: the total is divided by num_valid (the caller divides)",
+    "other form": "the other β form: the values follow the other weighting of KL(T‖M) and KL(S‖M) (paper: β·KL(T‖M) "
+    "+ (1−β)·KL(S‖M); continuous: the weights swapped); certify with the --beta-form it computes, or fix the weights",
     "beta bf16": "β rounded to BF16 (a low-precision β tensor): keep β a python float or FP32+",
     "temperature": "promotion after temperature: the logits are divided by T in BF16/FP16; promote both sides "
     "before `/ temperature`",
     "alignment": "promotion after alignment: the BF16 teacher's pad columns hold the student's logits rounded to "
     "BF16 by upstream's _align_vocab; promote both sides before _align_vocab",
     "clamp": "a clamp ({}): it hides negative losses and zeroes the gradient where it bites; fix the arithmetic",
+    "global state": "changes global torch state ({}): the caller's default dtype, RNG, grad mode or deterministic "
+    "flags; leave them as found",
+    "swallowed": "swallows exceptions ({}): a caller's error (a label mismatch, a failing collective) must reach "
+    "the caller, not turn into a loss",
+    "disconnected": "an empty partition (or a path) returns a total outside the student's graph: backward() raises "
+    "on that rank; return a zero built from the student logits (e.g. s_logits.sum() * 0)",
+    "num_valid type": "num_valid is not a tensor: Megatron's trainer calls .detach() on it",
+    "dtype": "the total is narrower than the student's dtype ({}): keep it in the compute dtype",
+    "grad mode": "the value depends on the autograd mode ({}): e.g. a promotion only when grad is enabled",
+    "repeat": "two calls on the same inputs differ ({}): the loss is not deterministic",
 }
+
+#: (note substring, hint key) for the contract family's notes (evaluate._contract_problems).
+CONTRACT_NOTES = [
+    ("swallows an exception", "swallowed"),
+    ("not connected to the student's graph", "disconnected"),
+    ("does not depend on student_logits", "disconnected"),
+    ("num_valid is a", "num_valid type"),
+    ("narrower or not floating", "dtype"),
+    ("under no_grad", "grad mode"),
+    ("under inference_mode", "grad mode"),
+    ("two calls on the same inputs", "repeat"),
+]
 
 
 def _alt(case: Case, **change) -> Optional[float]:
@@ -84,7 +116,15 @@ def _mean(case: Case) -> Optional[float]:
     return total / n if n > 1 else None
 
 
+def _other_form(case: Case) -> Optional[float]:
+    other = "continuous" if case.form == "paper" else "paper"
+    if case.beta in (0.0, 0.5, 1.0):  # the forms agree there
+        return None
+    return reference_gkd(case.student, case.labels, case.beta, case.temperature, other, **case.ref)[0]
+
+
 HYPOTHESES: List[Tuple[str, Callable[[Case], Optional[float]]]] = [
+    ("other form", _other_form),
     ("mean", _mean),
     ("beta bf16", _beta_bf16),
     ("temperature", _after_temperature),
@@ -93,23 +133,24 @@ HYPOTHESES: List[Tuple[str, Callable[[Case], Optional[float]]]] = [
 
 
 def _explains(alt: Callable, failing) -> bool:
+    """See the module docstring: no contradicting failure, and at least half of the visibly changed cases followed."""
     changed = explained = 0
     for case, res in failing:
-        if res.value is None or case.check != "reference":
+        if res.value is None or case.check not in ("reference", "sharded"):
             continue
+        ref = reference_gkd(case.student, case.labels, case.beta, case.temperature, case.form, **case.ref)[0]
+        tol = loss_tol(ref, res.n or 0) or 1e-12
         try:
             a = alt(case)
         except Exception:  # noqa: BLE001 - a hypothesis that does not apply
             a = None
-        if a is None:
+        if a is None or abs(a - ref) <= 0.1 * tol:  # the mistake would not show in this case's value
+            if abs(res.value - ref) > tol:  # ... but the value is off: something else is wrong
+                return False
             continue
-        ref = reference_gkd(case.student, case.labels, case.beta, case.temperature, case.form, **case.ref)[0]
-        tol = loss_tol(ref, res.n or 0) or 1e-12
         changed += 1
-        if abs(res.value - a) <= tol and abs(res.value - a) < abs(res.value - ref):
+        if abs(res.value - a) <= min(tol, 0.2 * abs(a - ref)):  # much closer to the mistake than to the reference
             explained += 1
-        elif abs(a - ref) > tol:  # the mistake shows in the value, and the candidate does not follow it
-            pass
     return changed > 0 and 2 * explained >= changed
 
 
@@ -130,33 +171,101 @@ def _aligned_late(failing) -> bool:
     return True
 
 
+#: A clamp of a count (``num_valid.clamp(min=1)``, ``max(n, 1)``) is no clamp of the loss.
+_COUNT = re.compile(r"num_valid|n_valid|count|numel|clamp\(min=1\)|clamp_min\(1\)|\.clamp\(1\)")
+
+
 def _clamp_line(source: Optional[str]) -> Optional[str]:
     if not source:
         return None
     for n, line in enumerate(source.splitlines(), 1):
         code = line.split("#", 1)[0]
-        if re.search(r"\.clamp(_min)?\(|torch\.clamp\(|\.relu\(|torch\.relu\(|clamp\(min=", code):
+        if re.search(r"\.clamp(_min)?\(|torch\.clamp\(|\.relu\(|torch\.relu\(|clamp\(min=", code) and not _COUNT.search(
+            code
+        ):
             return f"line {n}: {code.strip()[:60]}"
     return None
 
 
-def recognise(fn: Callable, failing: List[Tuple[Case, object]], source: Optional[str] = None) -> str:
+def _clamp_shows(failing, upstream: Optional[Callable]) -> bool:
+    """A failing case whose total is ≥ 0 where upstream's own arithmetic (the installed gkd_loss) is negative on the
+    same inputs: the clamp hid a negative loss."""
+    if upstream is None:
+        return False
+    from gkd_harness.analysis.certify.evaluate import _loss_and_grad
+
+    for case, res in failing[:6]:
+        if res.value is None or res.value < 0 or case.check != "reference":
+            continue
+        try:
+            total = float(_loss_and_grad(upstream, case)[0].double())
+        except Exception:  # noqa: BLE001 - no evidence from this case
+            continue
+        if total < 0:
+            return True
+    return False
+
+
+def recognise(
+    fn: Callable, failing: List[Tuple[Case, Any]], source: Optional[str] = None, upstream: Optional[Callable] = None
+) -> str:
     """One line naming the recognised cause of a family's failing cases, or ``""``."""
+    for sub, kind in CONTRACT_NOTES:
+        hit = [r.note for _, r in failing if sub in r.note]
+        if hit:
+            part = next(x for x in hit[0].split("; ") if sub in x)
+            if part.startswith("swallows an exception ("):
+                part = part[len("swallows an exception (") : -1]
+            return HINTS[kind].format(part)
     for kind, prefix in (
         ("input written", "writes into its input "),
+        ("global state", "changes global torch state: "),
         ("primitive ignored", "ignores the injected "),
         ("num_valid", "num_valid "),
     ):
         hit = [r.note for _, r in failing if r.note.startswith(prefix)]
         if hit:
             what = hit[0][len(prefix) :].split(" (the caller")[0] if kind == "input written" else hit[0]
+            if kind == "global state":
+                what = hit[0][len(prefix) :]
             return HINTS[kind].format(what)
+    if failing and all(c.grad_mode != "grad" for c, _ in failing):
+        modes = sorted({c.grad_mode for c, _ in failing})
+        return HINTS["grad mode"].format(f"only the cases under {' and '.join(modes)} fail; with grad they pass")
     for kind, alt in HYPOTHESES:
         if _explains(alt, failing):
             return HINTS[kind]
     if _aligned_late(failing):
         return HINTS["alignment"]
     line = _clamp_line(source)
-    if line and any(getattr(r, "value", None) is not None for _, r in failing):
+    if line and _clamp_shows(failing, upstream):
         return HINTS["clamp"].format(line)
     return ""
+
+
+def failure_pattern(families: List[Dict[str, Any]]) -> str:
+    """One line when every failure of the (gating) families falls in one mode (full vocabulary or top-k) or one
+    dtype pair while the other modes / pairs have cases that pass, else ``""``. ``families``: the certificate's
+    family dicts (``modes`` / ``pairs``: key -> [cases, failures])."""
+    lines = []
+    for field in ("modes", "pairs"):
+        table: Dict[str, List[int]] = {}
+        for f in families:
+            for key, (n, bad) in (f.get(field) or {}).items():
+                row = table.setdefault(key, [0, 0])
+                row[0] += n
+                row[1] += bad
+        failing = {k: v for k, v in table.items() if v[1]}
+        total = sum(v[1] for v in failing.values())
+        passing = {k: v for k, v in table.items() if not v[1] and v[0]}
+        if len(failing) == 1 and passing:
+            ((key, (n, bad)),) = failing.items()
+            if field == "modes":
+                other = ", ".join(f"{k} passes ({v[0]} cases)" for k, v in passing.items())
+                lines.append(f"all {total} failures in {key} mode; {other}")
+            else:
+                lines.append(
+                    f"all {total} failures on the {key} pair (student/teacher); the other {len(passing)} "
+                    f"dtype pairs pass ({sum(v[0] for v in passing.values())} cases)"
+                )
+    return "; ".join(lines)

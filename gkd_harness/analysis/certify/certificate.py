@@ -7,7 +7,9 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from gkd_harness.harness.contract import BUILTIN_PRECISIONS
 
 __all__ = [
     "BUILTINS",
@@ -23,7 +25,7 @@ __all__ = [
     "why",
 ]
 
-BUILTINS = ("fp32", "fp64", "native")
+BUILTINS = BUILTIN_PRECISIONS
 CERTIFICATE_MD, CERTIFICATE_JSON = "certificate.md", "certificate.json"
 
 
@@ -49,12 +51,29 @@ def load(spec: str, name: Optional[str], beta_form: str, unchanged: Sequence[str
     return cand
 
 
-def families_for(cand, strict: bool, only: Sequence[str] = ()) -> List[Any]:
-    from gkd_harness.analysis.certify.families import HARD_FAMILIES, REQUIRED_FAMILIES, identity_family
+def families_for(
+    cand, strict: bool, only: Sequence[str] = (), search: Tuple[int, int, Optional[int]] = (0, 0, None)
+) -> List[Any]:
+    """The families to run: the required ones, the declared identity, the random search ``(seed, draws, only
+    draw)`` and the hard regimes; ``only``: those whose name holds one of these substrings."""
+    from gkd_harness.analysis.certify.families import HARD_FAMILIES, REQUIRED_FAMILIES, Family, identity_family
+    from gkd_harness.analysis.certify.search import BUDGET_S, FAMILY, search_cases
 
     fams = list(REQUIRED_FAMILIES)
     if cand.unchanged:
         fams.append(identity_family(cand.unchanged))
+    seed, draws, one = search
+    if draws or one is not None:
+        fams.append(
+            Family(
+                FAMILY,
+                True,
+                f"seed {seed}: {draws if one is None else 1} draws of dtype pair, mode, shape, V, k, β, T, mask and "
+                f"row offsets (analysis/certify/search.py); stops at {BUDGET_S:g} s",
+                search_cases(seed, draws, one),
+                budget_s=BUDGET_S,
+            )
+        )
     fams += HARD_FAMILIES
     if only:
         fams = [f for f in fams if any(o.lower() in f.name.lower() for o in only)]
@@ -80,20 +99,28 @@ def certify(
     strict: bool = False,
     only: Sequence[str] = (),
     bar: str = "upstream",
+    search_seed: int = 0,
+    search_draws: Optional[int] = None,
+    search_draw: Optional[int] = None,
+    speed: bool = True,
 ) -> Dict[str, Any]:
     """The certificate of a loaded candidate as plain data (what ``certificate.json`` holds).
 
-    ``strict``: the hard regimes gate the verdict too, each case against ``bar`` (:data:`STRICT_BARS`)."""
+    ``strict``: the hard regimes gate the verdict too, each case against ``bar`` (:data:`STRICT_BARS`).
+    ``search_*``: the random search's seed, number of draws (default :data:`search.DRAWS`, 0: none) or one draw.
+    ``speed``: time the candidate against upstream at a production size (:func:`speed_note`; reported only)."""
     import torch
     from swift.rlhf_trainers import gkd_loss as upstream
 
     from gkd_harness.analysis.certify.evaluate import run_family
+    from gkd_harness.analysis.certify.search import DRAWS
 
     if bar not in STRICT_BARS:
         raise ValueError(f"bar: {bar!r}, expected one of {STRICT_BARS}")
     torch.manual_seed(0)
     t0 = time.perf_counter()
     source = _source_text(cand)
+    draws = DRAWS if search_draws is None else search_draws
     rows = [
         run_family(
             cand.gkd_loss,
@@ -104,29 +131,96 @@ def certify(
             source=source,
             relative=strict and bar == "upstream" and not f.required,
         )
-        for f in families_for(cand, strict, only)
+        for f in families_for(cand, strict, only, (search_seed, draws, search_draw))
     ]
     gating = [r for r in rows if r.required or strict]
     verdict = "PASS" if all(r.passed for r in gating) else "FAIL"
+    families = [{**r.__dict__, "passed": r.passed, "gating": r.required or strict} for r in rows]
+    from gkd_harness.analysis.certify.causes import failure_pattern
+    from gkd_harness.harness.store.provenance import harness_version
+
     return {
         "candidate": cand.provenance(),
         "beta_form": beta_form,
         "quick": quick,
         "strict": strict,
         "strict_bar": bar if strict else None,
+        "only": list(only),
+        "search": {"seed": search_seed, "draws": draws, "draw": search_draw},
         "declared_unchanged": list(cand.unchanged),
         "verdict": verdict,
         "failed_families": [r.name for r in gating if not r.passed],
-        "families": [{**r.__dict__, "passed": r.passed, "gating": r.required or strict} for r in rows],
+        "families": families,
+        "pattern": failure_pattern([f for f in families if f["gating"]]),
+        "speed": speed_note(cand.gkd_loss, upstream.gkd_loss) if speed and not only else None,
         "wall_s": round(time.perf_counter() - t0, 2),
         "versions": _versions(),
+        "harness_version": harness_version(),
     }
+
+
+#: A candidate slower than upstream by more than this at a production size is reported as such.
+SLOW_FACTOR = 5.0
+#: The production sizes timed (forward and backward, FP32 student, BF16 teacher, full vocabulary): many positions
+#: at a moderate vocabulary (a per-position loop shows here) and a few rows at Qwen's vocabulary.
+SPEED_SHAPES = ((1, 4096, 2048), (1, 8, 151_936))
+
+
+def speed_note(fn, upstream_fn, repeats: int = 3) -> Dict[str, Any]:
+    """``{"shapes": [...], "worst_ratio", "slow"}``: the candidate's best-of-``repeats`` time (forward and backward)
+    over upstream's on the same inputs, interleaved, at each of :data:`SPEED_SHAPES`. Reported, never gating (a
+    timing on a shared machine is not a verdict)."""
+
+    from gkd_harness.analysis.certify.cases import problem
+
+    out: List[Dict[str, Any]] = []
+    for b, sq, v in SPEED_SHAPES:
+        s, t, lab, _ = problem("fp32", "bf16", "full", 0.03, 7, batch=b, seq=sq, vocab=v, masked_prefix=0)
+        best = {"candidate": math.inf, "upstream": math.inf}
+        for _ in range(repeats):
+            for who, f in (("candidate", fn), ("upstream", upstream_fn)):
+                x = s.detach().clone().requires_grad_(True)
+                t0 = time.perf_counter()
+                try:
+                    total, n = f(x, t, lab, 0.5, 1.0)
+                    if total.requires_grad:
+                        (total / max(int(n), 1)).backward()
+                except Exception:  # noqa: BLE001 - the families report it; no timing
+                    best[who] = math.nan
+                    break
+                best[who] = min(best[who], time.perf_counter() - t0)
+        ratio = best["candidate"] / best["upstream"] if best["upstream"] > 0 else math.nan
+        out.append(
+            {
+                "shape": f"[{b}, {sq}, {v}]",
+                "candidate_s": round(best["candidate"], 4),
+                "upstream_s": round(best["upstream"], 4),
+                "ratio": round(ratio, 2),
+            }
+        )
+    worst = max((float(x["ratio"]) for x in out if math.isfinite(x["ratio"])), default=math.nan)
+    return {"shapes": out, "worst_ratio": worst, "slow": bool(worst > SLOW_FACTOR), "factor": SLOW_FACTOR}
+
+
+def speed_line(speed: Optional[Dict[str, Any]]) -> str:
+    if not speed or not math.isfinite(speed.get("worst_ratio", math.nan)):
+        return ""
+    worst = max(speed["shapes"], key=lambda x: x["ratio"] if math.isfinite(x["ratio"]) else -1)
+    head = (
+        f"SLOW: {worst['ratio']:.3g}x slower than upstream"
+        if speed["slow"]
+        else f"speed: {worst['ratio']:.3g}x upstream's time"
+    )
+    return (
+        f"{head} at {worst['shape']} (forward + backward, best of 3: {worst['candidate_s']:.3g} s vs "
+        f"{worst['upstream_s']:.3g} s; reported above {speed['factor']:g}x, never gating)"
+    )
 
 
 def _versions() -> Dict[str, Optional[str]]:
     from importlib.metadata import PackageNotFoundError, version
 
-    out = {}
+    out: Dict[str, Optional[str]] = {}
     for pkg in ("ms-swift", "torch"):
         try:
             out[pkg] = version(pkg)
@@ -165,7 +259,7 @@ def why(f: Dict[str, Any]) -> str:
         f"{f['name']}: {f.get('severity') or 'defect'}, {f['failures']} of {f['cases']} cases fail; worst "
         f"{first.get('case')!r} at {_fmt_ratio(first.get('ratio', math.inf))}x tolerance ({first.get('note')})"
     )
-    return line + (f"; likely cause: {f['cause']}" if f.get("cause") else "")
+    return line + (f"; likely cause: {f['cause']}" if f.get("cause") else "; no recognised cause")
 
 
 def render_text(cert: Dict[str, Any]) -> str:
@@ -187,6 +281,15 @@ def render_text(cert: Dict[str, Any]) -> str:
     for f in cert["families"]:
         if f["failing"] and f["gating"]:
             tail.append(f"  {why(f)}")
+        if f.get("note"):
+            tail.append(f"  {f['name']}: {f['note']}")
+        for x in f["failing"]:
+            if x.get("repro"):
+                tail.append(f"  reproduce: gkd-certify {c['source']} {x['repro']}")
+    if cert.get("pattern"):
+        tail.append(f"  pattern: {cert['pattern']}")
+    if speed_line(cert.get("speed")):
+        tail.append(f"  {speed_line(cert.get('speed'))}")
     return "\n".join([head] + lines + tail) + "\n"
 
 
@@ -229,7 +332,72 @@ def render_markdown(cert: Dict[str, Any]) -> str:
         ]
         out += [f"| {n} | {x['case']} | {_fmt_ratio(x['ratio'])} | {x['note']} |" for n, x in failing]
         out += ["", "## Why", ""] + [f"- {why(f)}" for f in cert["families"] if f["failing"] and f["gating"]]
+        if cert.get("pattern"):
+            out.append(f"- pattern: {cert['pattern']}")
+        repro = [x["repro"] for f in cert["families"] for x in f["failing"] if x.get("repro")]
+        out += [f"- reproduce: `gkd-certify {c['source']} {r}`" for r in repro]
+    if speed_line(cert.get("speed")):
+        out += ["", f"{speed_line(cert.get('speed'))}"]
     return "\n".join(out) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------ one per sha256
+def cache_path(sha256: str, beta_form: str, quick: bool, strict: bool, bar: str = "upstream") -> Path:
+    """Where gkd-certify keeps the certificate of a file (sha256) for this harness version, the β form and the
+    mode: ``$GKD_HARNESS_CACHE/certificates/<sha256>-<form>[-quick][-strict-<bar>]/<harness version>/``."""
+    from gkd_harness.harness.contract import cache_dir
+    from gkd_harness.harness.store.provenance import harness_version
+
+    mode = f"{'-quick' if quick else ''}{f'-strict-{bar}' if strict else ''}"
+    version = "".join(c if c.isalnum() or c in "._-+" else "_" for c in harness_version())
+    return cache_dir() / "certificates" / f"{sha256}-{beta_form}{mode}" / version
+
+
+def _whole(cert: Dict[str, Any]) -> bool:
+    """A certificate of every family with the default search (what gkd-analyze would compute)."""
+    from gkd_harness.analysis.certify.search import DRAWS
+
+    search = cert.get("search") or {}
+    return (
+        not cert.get("only") and search.get("seed") == 0 and search.get("draws") == DRAWS and search.get("draw") is None
+    )
+
+
+def remember(cert: Dict[str, Any]) -> Optional[Path]:
+    """Keep ``cert`` where :func:`recall` finds it (a whole certificate of a file with a sha256 only); the folder, or
+    None. gkd-certify --out calls it, so gkd-analyze reuses the certificate instead of recomputing it."""
+    sha = cert["candidate"].get("sha256")
+    if not sha or not _whole(cert):
+        return None
+    folder = cache_path(sha, cert["beta_form"], cert["quick"], cert["strict"], cert.get("strict_bar") or "upstream")
+    try:
+        write(cert, folder)
+    except OSError:
+        return None
+    return folder
+
+
+def recall(sha256: str, beta_form: str, quick: bool, strict: bool, bar: str = "upstream") -> Optional[Dict[str, Any]]:
+    """The certificate :func:`remember` kept for this sha256, β form, mode and harness version, or None."""
+    from gkd_harness.harness.store.provenance import harness_version
+
+    path = cache_path(sha256, beta_form, quick, strict, bar) / CERTIFICATE_JSON
+    try:
+        cert = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    same = (
+        cert.get("harness_version") == harness_version()
+        and cert.get("candidate", {}).get("sha256") == sha256
+        and cert.get("beta_form") == beta_form
+        and bool(cert.get("quick")) == quick
+        and bool(cert.get("strict")) == strict
+        and _whole(cert)
+    )
+    if not same:
+        return None
+    cert["reused"] = str(path.parent)
+    return cert
 
 
 def write(cert: Dict[str, Any], out_dir: Path) -> None:

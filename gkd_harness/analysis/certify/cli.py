@@ -23,9 +23,11 @@ from gkd_harness.analysis.certify.certificate import (
     STRICT_BARS,
     certify,
     load,
+    remember,
     render_text,
     write,
 )
+from gkd_harness.harness.contract import BETA_FORMS, DTYPE_NAMES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="label of the candidate (default: the file or module name)")
     p.add_argument(
         "--beta-form",
-        choices=("paper", "continuous"),
+        choices=BETA_FORMS,
         default="paper",
         help="the β form the candidate computes (default: paper, upstream's)",
     )
@@ -67,6 +69,20 @@ def build_parser() -> argparse.ArgumentParser:
         "float32/float32 (repeatable; default: the file's GKD_CERTIFY_UNCHANGED)",
     )
     p.add_argument("--family", action="append", default=[], help="only families whose name contains this")
+    p.add_argument("--search-seed", type=int, default=0, metavar="SEED", help="the random search's seed (default 0)")
+    p.add_argument(
+        "--search-draws",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the random search's number of draws (default 48; 0: no search); it stops at its 40 s budget",
+    )
+    p.add_argument(
+        "--search-draw", type=int, default=None, metavar="I", help="run only draw I of the search (a reproduction)"
+    )
+    p.add_argument(
+        "--no-speed", action="store_true", help="skip timing the candidate against upstream at a production size"
+    )
     p.add_argument("--version", action="version", version=version_line("gkd-certify"))
     p.add_argument("--out", type=Path, help=f"write {CERTIFICATE_MD} and {CERTIFICATE_JSON} here")
     p.add_argument(
@@ -91,8 +107,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if args.export_pytest is not None:
         from gkd_harness.analysis.certify.export import DEFAULT_TARGET, export_pytest
 
-        path = export_pytest(args.export_pytest, args.target or DEFAULT_TARGET)
-        print(f"wrote {path} (target {args.target or DEFAULT_TARGET})")
+        path = export_pytest(args.export_pytest, args.target or DEFAULT_TARGET, args.beta_form)
+        print(f"wrote {path} (target {args.target or DEFAULT_TARGET}, beta form {args.beta_form})")
         sys.exit(0)
     if args.candidate is None:
         print("gkd-certify: CANDIDATE: required (or --export-pytest PATH)", file=sys.stderr)
@@ -102,7 +118,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         sys.exit(2)
     from gkd_harness.harness.loss.candidate import CandidateError
 
-    pairs = {"float32", "bfloat16", "float16", "float64"}
+    pairs = set(DTYPE_NAMES)
     for pair in args.unchanged:
         if len(pair.split("/")) != 2 or not set(x.strip() for x in pair.split("/")) <= pairs:
             print(f"gkd-certify: --unchanged {pair!r}: expected STUDENT/TEACHER from {sorted(pairs)}", file=sys.stderr)
@@ -112,7 +128,22 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     except CandidateError as e:
         print(f"gkd-certify: {e}", file=sys.stderr)
         sys.exit(2)
-    cert = certify(cand, args.beta_form, args.quick, args.strict, args.family, bar=args.strict_bar)
+    for key in ("search_draws", "search_draw"):
+        if getattr(args, key) is not None and getattr(args, key) < 0:
+            print(f"gkd-certify: --{key.replace('_', '-')} {getattr(args, key)}: must be >= 0", file=sys.stderr)
+            sys.exit(2)
+    cert = certify(
+        cand,
+        args.beta_form,
+        args.quick,
+        args.strict,
+        args.family,
+        bar=args.strict_bar,
+        search_seed=args.search_seed,
+        search_draws=args.search_draws,
+        search_draw=args.search_draw,
+        speed=not args.no_speed,
+    )
     if not cert["families"]:
         print(f"gkd-certify: no family matches {args.family}", file=sys.stderr)
         sys.exit(2)
@@ -120,6 +151,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if args.out:
         write(cert, args.out)
         print(f"wrote {args.out / CERTIFICATE_MD} and {args.out / CERTIFICATE_JSON}")
+        kept = remember(cert)
+        if kept is not None:
+            print(f"kept for gkd-analyze (same sha256 and harness version): {kept}")
     sys.exit(0 if cert["verdict"] == "PASS" else 1)
 
 

@@ -15,11 +15,12 @@ inputs (:func:`_textbook_fp32`); a non-finite upstream result is reported, not h
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
@@ -46,6 +47,9 @@ class CaseResult:
     value: Optional[float] = None  # the candidate's total (reference checks)
     n: Optional[int] = None  # its num_valid
     cause: str = ""  # a recognised cause (see gkd_harness.analysis.certify.causes), set for failing cases
+    mode: str = ""  # the case's teacher form ("full vocabulary" / "top-k") and dtype pair, for the failure pattern
+    pair: str = ""
+    repro: str = ""  # the case's one-line reproduction, where it has one (the random search)
 
 
 @dataclasses.dataclass
@@ -63,6 +67,9 @@ class FamilyResult:
     severity: str = ""  # failing families: "near" (within NEAR_FACTOR x tolerance) or "defect"
     cause: str = ""  # one line where the cause is recognised
     bar: str = "tolerance"  # "tolerance" or "upstream" (no worse than upstream's formula in FP32)
+    modes: Dict[str, List[int]] = dataclasses.field(default_factory=dict)  # mode -> [cases, failures]
+    pairs: Dict[str, List[int]] = dataclasses.field(default_factory=dict)  # dtype pair -> [cases, failures]
+    note: str = ""  # e.g. the random search stopped at its time budget
 
     @property
     def passed(self) -> bool:
@@ -100,18 +107,105 @@ class InputWritten(Exception):
     """The candidate wrote into an input tensor (named in the message)."""
 
 
-def _call(fn: Callable, case: Case, student: torch.Tensor, beta=None, temperature=None, teacher=None, labels=None):
-    out = fn(
-        student,
-        case.teacher if teacher is None else teacher,
-        case.labels if labels is None else labels,
-        case.beta if beta is None else beta,
-        case.temperature if temperature is None else temperature,
-        **case.kwargs,
+class StateChanged(Exception):
+    """The candidate left global torch state changed (named in the message); the state was restored."""
+
+
+def torch_state() -> Dict[str, Any]:
+    """The global torch state a loss must leave as it found it: default dtype, grad mode, deterministic flags,
+    anomaly mode, matmul precision and the RNG states (CPU; CUDA where initialised)."""
+    st: Dict[str, Any] = {
+        "default dtype": torch.get_default_dtype(),
+        "grad mode": torch.is_grad_enabled(),
+        "deterministic algorithms": (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+        ),
+        "cudnn.deterministic": torch.backends.cudnn.deterministic,
+        "cudnn.benchmark": torch.backends.cudnn.benchmark,
+        "anomaly mode": torch.is_anomaly_enabled(),
+        "float32 matmul precision": torch.get_float32_matmul_precision(),
+        "RNG state": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        st["CUDA RNG state"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def _equal_state(a: Any, b: Any) -> bool:
+    if torch.is_tensor(a):
+        return torch.is_tensor(b) and torch.equal(a, b)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_equal_state(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def restore_state(st: Dict[str, Any]) -> None:
+    torch.set_default_dtype(st["default dtype"])
+    torch.set_grad_enabled(st["grad mode"])
+    torch.use_deterministic_algorithms(st["deterministic algorithms"][0], warn_only=st["deterministic algorithms"][1])
+    torch.backends.cudnn.deterministic = st["cudnn.deterministic"]
+    torch.backends.cudnn.benchmark = st["cudnn.benchmark"]
+    torch.set_anomaly_enabled(st["anomaly mode"])
+    torch.set_float32_matmul_precision(st["float32 matmul precision"])
+    torch.set_rng_state(st["RNG state"])
+    if "CUDA RNG state" in st:
+        torch.cuda.set_rng_state_all(st["CUDA RNG state"])
+
+
+def changed_state(before: Dict[str, Any]) -> List[str]:
+    """The entries of :func:`torch_state` that differ from ``before`` (and restores them)."""
+    after = torch_state()
+    changed = [k for k in before if not _equal_state(before[k], after.get(k))]
+    if changed:
+        restore_state(before)
+    return [
+        f"{k} {before[k]} -> {after[k]}" if not torch.is_tensor(before[k]) and k != "CUDA RNG state" else k
+        for k in changed
+    ]
+
+
+def _versions(student: torch.Tensor, teacher: TeacherOutput, labels: torch.Tensor) -> Dict[str, int]:
+    out = {"student_logits": student._version, "labels": labels._version}
+    out.update(
+        {
+            f"teacher_output.{f}": getattr(teacher, f)._version
+            for f in TEACHER_FIELDS
+            if torch.is_tensor(getattr(teacher, f))
+        }
     )
+    return out
+
+
+def _call(fn: Callable, case: Case, student: torch.Tensor, beta=None, temperature=None, teacher=None, labels=None):
+    """``(total, num_valid)`` of one call; raises :class:`StateChanged` when the call left global torch state
+    changed, :class:`InputWritten` when it wrote into an input (even one it restored: the tensor's version moved)."""
+    teacher = case.teacher if teacher is None else teacher
+    labels = case.labels if labels is None else labels
+    torch.rand(())  # the RNG moves on between calls, so a candidate that reseeds it (to any seed) changes it
+    state, versions = torch_state(), _versions(student, teacher, labels)
+    try:
+        out = fn(
+            student,
+            teacher,
+            labels,
+            case.beta if beta is None else beta,
+            case.temperature if temperature is None else temperature,
+            **case.kwargs,
+        )
+    finally:
+        changed = changed_state(state)
+    if changed:
+        raise StateChanged(", ".join(changed))
+    moved = [k for k, v in _versions(student, teacher, labels).items() if v != versions[k]]
+    if moved:
+        raise InputWritten(f"{', '.join(moved)} (in place, even if restored afterwards)")
     if not (isinstance(out, (tuple, list)) and len(out) == 2 and torch.is_tensor(out[0])):
         raise TypeError(f"gkd_loss must return (total, num_valid), got {type(out).__name__}")
     return out[0], out[1]
+
+
+GRAD_MODES = {"grad": contextlib.nullcontext, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
 
 
 def _loss_and_grad(fn: Callable, case: Case, cast: Optional[torch.dtype] = None):
@@ -134,10 +228,11 @@ def _loss_and_grad(fn: Callable, case: Case, cast: Optional[torch.dtype] = None)
             }
         )
     s = student.requires_grad_(True)
-    total, num_valid = _call(fn, case, s, teacher=teacher, labels=labels)
+    with GRAD_MODES[case.grad_mode]():
+        total, num_valid = _call(fn, case, s, teacher=teacher, labels=labels)
     n = int(num_valid)
     loss = total / n if n else total * 0
-    if loss.requires_grad:
+    if case.grad_mode == "grad" and loss.requires_grad:
         (loss * case.loss_scale).backward()
     if cast is None:
         written = _written(case, s, teacher, labels)
@@ -178,6 +273,13 @@ def zeroed(grad: torch.Tensor, case: Case, ref) -> Tuple[int, int]:
         return 0, 0
     tiny = torch.finfo(case.student.dtype).smallest_normal * torch.finfo(case.student.dtype).eps
     representable = (ref[2] * case.loss_scale).abs() >= tiny
+    t_full = case.ref.get("teacher_full")
+    if t_full is not None and t_full.shape == case.student.shape:
+        # a row whose teacher logits are the student's plus a constant (a BF16 teacher = student + noise can round
+        # back to that) holds the same distribution: its gradient is exactly 0, and the FP64 reference's entries
+        # there are its own rounding, not representable gradient (the difference is exact in FP64)
+        diff = case.student.double() - t_full.double()
+        representable &= ~(diff.amax(-1, keepdim=True) == diff.amin(-1, keepdim=True))
     return int(((grad == 0) & representable).sum()), int(representable.sum())
 
 
@@ -249,6 +351,8 @@ def _value(fn: Callable, case: Case) -> torch.Tensor:
 
 
 def _pinned_check(fn: Callable, case: Case) -> CaseResult:
+    if case.expected is None:
+        raise ValueError(f"{case.id}: a pinned case has no expected value")
     v = float(_value(fn, case).double()) / case.divisor
     if not math.isfinite(v):
         return CaseResult(case.id, math.inf, True, False, True, f"non-finite {v}")
@@ -258,6 +362,8 @@ def _pinned_check(fn: Callable, case: Case) -> CaseResult:
 
 
 def _pair_check(fn: Callable, case: Case) -> CaseResult:
+    if case.other is None:
+        raise ValueError(f"{case.id}: a {case.check} case has no second call")
     a, b = _value(fn, case), _value(fn, case.other)
     nonfinite = not (_finite(a) and _finite(b))
     if case.check == "differ":
@@ -285,6 +391,109 @@ def _identity_check(fn: Callable, upstream: Callable, case: Case) -> CaseResult:
     return CaseResult(case.id, 0.0 if same else math.inf, not same, float(t1) < 0, not _finite(t1), note)
 
 
+# ------------------------------------------------------------------------------------------------ the contract
+class _Sentinel(Exception):
+    """Raised by an injected primitive: the candidate must let it through."""
+
+
+def _raising(name: str):
+    def fn(*args, **kwargs):
+        raise _Sentinel(f"raised by the injected {name}")
+
+    return fn
+
+
+def _caused_by_sentinel(e: BaseException) -> bool:
+    seen = 0
+    cur: Optional[BaseException] = e
+    while cur is not None and seen < 10:
+        if isinstance(cur, _Sentinel):
+            return True
+        cur, seen = cur.__cause__ or cur.__context__, seen + 1
+    return False
+
+
+def _contract_call(fn: Callable, case: Case, grad_mode: str = "grad"):
+    """``(total, num_valid, student copy)`` of one call on copies of the inputs in ``grad_mode``."""
+    s = case.student.detach().clone().requires_grad_(True)
+    teacher, labels = _copy_teacher(case.teacher), case.labels.clone()  # outside inference_mode: normal tensors
+    with GRAD_MODES[grad_mode]():
+        total, n = _call(fn, case, s, teacher=teacher, labels=labels)
+    return total, n, s
+
+
+def _contract_problems(fn: Callable, case: Case) -> List[str]:
+    """What ms-swift's callers rely on, for one call of ``case`` (``check="contract"``, ``contract="call"``):
+    ``total`` a 0-dim floating tensor at least as wide as the student's dtype, on its device, connected to the
+    student's graph (empty partitions included: backward() runs on every rank); ``num_valid`` a tensor (Megatron
+    calls ``.detach()`` on it); the same inputs twice bit-identical (value and gradient); the value under
+    ``no_grad`` and ``inference_mode`` within the value tolerance of the value with grad."""
+    out: List[str] = []
+    total, n, s = _contract_call(fn, case)
+    if total.dim() != 0:
+        out.append(f"total has shape {tuple(total.shape)}, not 0-dim")
+    if not total.is_floating_point() or torch.promote_types(total.dtype, s.dtype) != total.dtype:
+        out.append(f"total is {total.dtype} for a {s.dtype} student (narrower or not floating)")
+    if total.device != s.device:
+        out.append(f"total on {total.device}, student on {s.device}")
+    if not torch.is_tensor(n):
+        out.append(f"num_valid is a {type(n).__name__}, not a tensor")
+    grad = None
+    if not total.requires_grad:
+        out.append("total is not connected to the student's graph (backward() raises on this rank)")
+    else:
+        (grad,) = torch.autograd.grad(total, s, allow_unused=True)
+        if grad is None:
+            out.append("total does not depend on student_logits in the graph")
+    total2, n2, s2 = _contract_call(fn, case)
+    grad2 = torch.autograd.grad(total2, s2, allow_unused=True)[0] if total2.requires_grad else None
+    if not (torch.equal(total.detach(), total2.detach()) and int(n) == int(n2)):
+        out.append(f"two calls on the same inputs differ: {float(total):.9g} then {float(total2):.9g}")
+    elif grad is not None and (grad2 is None or not torch.equal(grad, grad2)):
+        out.append("two calls on the same inputs give different gradients")
+    v = float(total.detach().double())
+    tol = loss_tol(v, int(n)) if math.isfinite(v) else 0.0
+    for mode in ("no_grad", "inference_mode"):
+        t_m = float(_contract_call(fn, case, mode)[0].double())
+        if not (abs(t_m - v) <= tol or (math.isnan(t_m) and math.isnan(v))):
+            out.append(f"under {mode} the total is {t_m:.6g}, with grad {v:.6g}")
+    return out
+
+
+def _contract_check(fn: Callable, case: Case) -> CaseResult:
+    if case.contract == "call":
+        problems = _contract_problems(fn, case)
+    else:  # an exception must reach the caller: a label-count mismatch, or one raised by an injected primitive
+        raising = case.contract.startswith("raising ")
+        kwargs = {case.contract.split(" ", 1)[1]: _raising(case.contract.split(" ", 1)[1])} if raising else {}
+        calls = [0]
+        if raising:
+            name = case.contract.split(" ", 1)[1]
+            raiser = _raising(name)
+
+            def counted(*args, **kw):
+                calls[0] += 1
+                return raiser(*args, **kw)
+
+            kwargs = {name: counted}
+        probe = dataclasses.replace(case, kwargs={**case.kwargs, **kwargs})
+        try:
+            _contract_call(fn, probe)
+            # a primitive never called raised nothing to propagate (the injected-primitives family judges that)
+            problems = (
+                []
+                if raising and not calls[0]
+                else [f"returned normally: {'the injected primitive raised' if raising else 'labels disagree'}"]
+            )
+        except (StateChanged, InputWritten):
+            raise
+        except Exception as e:  # noqa: BLE001 - what we want
+            problems = [] if not raising or _caused_by_sentinel(e) else [f"raised {type(e).__name__}, not the error"]
+        if problems:
+            problems = [f"swallows an exception ({problems[0]})"]
+    return CaseResult(case.id, math.inf if problems else 0.0, bool(problems), note="; ".join(problems))
+
+
 # ------------------------------------------------------------------------------------ injected primitives, 2 ranks
 class _Group:
     """Two ranks as threads of this process: an all-reduce (sum or max over ``[C]`` row quantities) that waits for
@@ -299,10 +508,11 @@ class _Group:
         self.slots[rank] = x.detach()
         self.barrier.wait()
         try:
-            parts = torch.stack([s.to(x.dtype) for s in self.slots])
+            parts = torch.stack([s.to(x.dtype) for s in self.slots if s is not None])  # all set past the barrier
         except RuntimeError as e:  # shapes differ between the ranks
             self.barrier.abort()
-            raise RuntimeError(f"ranks reduce different shapes: {[tuple(s.shape) for s in self.slots]}") from e
+            shapes = [tuple(s.shape) for s in self.slots if s is not None]
+            raise RuntimeError(f"ranks reduce different shapes: {shapes}") from e
         out = parts.sum(0) if op == "sum" else parts.amax(0)
         self.barrier.wait()
         return out
@@ -426,8 +636,13 @@ def _sharded_check(fn: Callable, case: Case, ranks: int = 2) -> CaseResult:
         msg = str(first).strip().splitlines()[0] if str(first).strip() else ""
         note = unused_note or f"raised {type(first).__name__}: {msg}"[:200]
         return CaseResult(case.id, math.inf, True, False, False, note)
-    total, n, _ = results[0]
-    grad = torch.cat([r[2] for r in results], -1)
+    done = [r for r in results if r is not None]  # every rank's, when none raised
+    if len(done) != ranks:
+        return CaseResult(
+            case.id, math.inf, True, False, False, f"{ranks - len(done)} of {ranks} ranks returned nothing"
+        )
+    total, n, _ = done[0]
+    grad = torch.cat([r[2] for r in done], -1)
     value = float(total.double())
     nonfinite = not (math.isfinite(value) and _finite(grad))
     if unused:
@@ -436,7 +651,7 @@ def _sharded_check(fn: Callable, case: Case, ranks: int = 2) -> CaseResult:
         return CaseResult(case.id, math.inf, True, value < 0, nonfinite, f"num_valid {n}, expected {ref[1]}", value, n)
     if nonfinite:
         return CaseResult(case.id, math.inf, True, value < 0, True, f"non-finite total {value} or gradient", value, n)
-    others = [float(r[0].double()) for r in results[1:]]
+    others = [float(r[0].double()) for r in done[1:]]
     if any(abs(o - value) > loss_tol(ref[0], ref[1]) for o in others):
         return CaseResult(
             case.id, math.inf, True, value < 0, False, f"ranks disagree: totals {[value] + others}", value, n
@@ -458,6 +673,12 @@ def _sharded_check(fn: Callable, case: Case, ranks: int = 2) -> CaseResult:
 # ------------------------------------------------------------------------------------------------ one case, a family
 def evaluate(fn: Callable, case: Case, upstream: Optional[Callable] = None) -> CaseResult:
     """Run ``case`` through ``fn`` (a ``gkd_loss`` drop-in); an exception is a failed case naming it."""
+    res = _evaluate(fn, case, upstream)
+    res.mode, res.pair, res.repro = case.mode, case.pair, case.repro
+    return res
+
+
+def _evaluate(fn: Callable, case: Case, upstream: Optional[Callable] = None) -> CaseResult:
     try:
         if case.check == "reference":
             return _reference_check(fn, case, upstream)
@@ -468,7 +689,11 @@ def evaluate(fn: Callable, case: Case, upstream: Optional[Callable] = None) -> C
         if case.check in ("differ", "symmetric"):
             return _pair_check(fn, case)
         if case.check == "identity":
+            if upstream is None:
+                raise ValueError(f"{case.id}: an identity case needs upstream's function")
             return _identity_check(fn, upstream, case)
+        if case.check == "contract":
+            return _contract_check(fn, case)
         raise ValueError(case.check)
     except InputWritten as e:
         return CaseResult(
@@ -479,6 +704,10 @@ def evaluate(fn: Callable, case: Case, upstream: Optional[Callable] = None) -> C
             False,
             f"writes into its input {e} (the caller's tensor)",
             cause="input written",
+        )
+    except StateChanged as e:
+        return CaseResult(
+            case.id, math.inf, True, False, False, f"changes global torch state: {e}", cause="global state"
         )
     except Exception as e:  # noqa: BLE001 - a candidate that raises fails the case, naming the error
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
@@ -514,11 +743,24 @@ def run_family(
     cases = family.build(form, quick)
     for c in cases:
         c.relative = relative and c.check == "reference"
-    results = [evaluate(fn, c, upstream) for c in cases]
+    results: List[CaseResult] = []
+    note = ""
+    for c in cases:
+        if family.budget_s is not None and results and time.perf_counter() - t0 > family.budget_s:
+            note = f"stopped at its {family.budget_s:g} s budget after {len(results)} of {len(cases)} cases"
+            break
+        results.append(evaluate(fn, c, upstream))
     bad = [r for r in results if r.failed]
-    by_id = {c.id: c for c in cases}
-    cause = recognise(fn, [(by_id[r.id], r) for r in bad], source) if bad else ""
+    # paired by position: ids may repeat within a family (e.g. two noise levels under one name)
+    cause = recognise(fn, [(c, r) for c, r in zip(cases, results) if r.failed], source, upstream) if bad else ""
     bad.sort(key=lambda r: -r.ratio)
+    modes: Dict[str, List[int]] = {}
+    pairs: Dict[str, List[int]] = {}
+    for r in results:
+        for table, key in ((modes, r.mode), (pairs, r.pair)):
+            table.setdefault(key, [0, 0])[0] += 1
+            table[key][1] += int(r.failed)
+    shown = bad[:max_failing] + [r for r in bad[max_failing:] if r.repro]  # every failing draw keeps its repro
     return FamilyResult(
         name=family.name,
         required=family.required,
@@ -528,9 +770,12 @@ def run_family(
         worst_ratio=max((r.ratio for r in results), default=0.0),
         negatives=sum(r.negative for r in results),
         nonfinite=sum(r.nonfinite for r in results),
-        failing=[{"case": r.id, "ratio": r.ratio, "note": r.note, "cause": r.cause} for r in bad[:max_failing]],
+        failing=[{"case": r.id, "ratio": r.ratio, "note": r.note, "cause": r.cause, "repro": r.repro} for r in shown],
         seconds=time.perf_counter() - t0,
         severity=severity(bad),
         cause=cause,
         bar="upstream" if relative else "tolerance",
+        modes=modes,
+        pairs=pairs,
+        note=note,
     )

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Callable, List
+from typing import Callable, List, Optional
 
 import numpy as np
 import torch
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
 from gkd_harness.analysis.certify.cases import Case, make, problem, rows_case, seed_of, sharded_primitives
+from gkd_harness.harness.contract import BETA_FORMS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +25,7 @@ class Family:
     required: bool
     description: str
     build: Callable[[str, bool], List[Case]]
+    budget_s: Optional[float] = None  # stop evaluating further cases past this many seconds (the random search)
 
 
 def _pick(quick: bool, full, fast):
@@ -361,6 +363,146 @@ def identity(form: str, quick: bool, pairs=()) -> List[Case]:
     return out
 
 
+def contract(form: str, quick: bool) -> List[Case]:
+    """What ms-swift's callers rely on besides the value (evaluate._contract_check): the return types, the graph
+    (empty partitions included), bit-identical repeats, the value under ``no_grad`` / ``inference_mode``, and
+    exceptions that reach the caller (a label-count mismatch; one raised by an injected primitive). Every call of
+    every family also checks that the inputs and the global torch state are left as they were."""
+    out = []
+    for (a, b), m in itertools.product(_pick(quick, [("fp32", "bf16"), ("bf16", "bf16")], [("fp32", "bf16")]), MODES):
+        out.append(
+            make(
+                f"{a}/{b} {m}: return, graph, repeat, no_grad",
+                a,
+                b,
+                m,
+                NEAR,
+                0.5,
+                0.9,
+                form,
+                check="contract",
+                contract="call",
+            )
+        )
+        out.append(
+            make(
+                f"{a}/{b} {m} empty partition (every label -100): return, graph",
+                a,
+                b,
+                m,
+                NEAR,
+                0.5,
+                0.9,
+                form,
+                masked_prefix=24,
+                check="contract",
+                contract="call",
+            )
+        )
+    mismatch = make(
+        "fp32/bf16 full label count mismatch raises",
+        "fp32",
+        "bf16",
+        "full",
+        NEAR,
+        0.5,
+        1.0,
+        form,
+        check="contract",
+        contract="mismatch",
+    )
+    t_labels = mismatch.labels.clone()
+    t_labels[0, -1] = -100
+    mismatch.teacher = TeacherOutput(full_logits=mismatch.teacher.full_logits, labels=t_labels)
+    out.append(mismatch)
+    for m, prim in (("full", "log_softmax_fn"), ("topk", "gather_fn")):
+        out.append(
+            make(
+                f"fp32/bf16 {m} an error in {prim} reaches the caller",
+                "fp32",
+                "bf16",
+                m,
+                NEAR,
+                0.5,
+                1.0,
+                form,
+                check="contract",
+                contract=f"raising {prim}",
+            )
+        )
+    return out
+
+
+#: Vocabulary sizes users run: Qwen2/2.5/3 (151,936) and Gemma 3 (262,144 is Gemma's; 248,320 the issue's second).
+PRODUCTION_VOCABS = (151_936, 248_320)
+
+
+def production(form: str, quick: bool) -> List[Case]:
+    """The sizes users run, a few rows each, with grad and under ``no_grad`` (the evaluation path, value only):
+    2 positions at V = 151,936 and 248,320; 5,000 active positions (more than 4,096) at V = 32; top-k (k = 16) over
+    16,384 positions. FP32 student, BF16 teacher, near-identical distributions (where the defect goes negative)."""
+    out = []
+    for gm in _pick(quick, ["grad", "no_grad"], ["grad", "no_grad"]):
+        judge = gm == "grad"
+        for v in PRODUCTION_VOCABS:
+            out.append(
+                make(
+                    f"fp32/bf16 full V={v:,} 2 positions {gm} b=0.5",
+                    "fp32",
+                    "bf16",
+                    "full",
+                    NEAR,
+                    0.5,
+                    1.0,
+                    form,
+                    batch=1,
+                    seq=2,
+                    masked_prefix=0,
+                    vocab=v,
+                    grad_mode=gm,
+                    judge_grad=judge,
+                )
+            )
+        out.append(
+            make(
+                f"fp32/bf16 full 5,000 positions V=32 {gm} b=0.5",
+                "fp32",
+                "bf16",
+                "full",
+                NEAR,
+                0.5,
+                1.0,
+                form,
+                batch=1,
+                seq=5000,
+                masked_prefix=0,
+                vocab=32,
+                grad_mode=gm,
+                judge_grad=judge,
+            )
+        )
+        out.append(
+            make(
+                f"fp32/bf16 topk k=16 16,384 positions {gm} b=0.5",
+                "fp32",
+                "bf16",
+                "topk",
+                NEAR,
+                0.5,
+                1.0,
+                form,
+                batch=2,
+                seq=8192,
+                masked_prefix=0,
+                vocab=64,
+                topk=16,
+                grad_mode=gm,
+                judge_grad=judge,
+            )
+        )
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ hard regimes
 def _levels(scale: float, seed: int, rows: int = 16, vocab: int = 64):
     g = torch.Generator().manual_seed(seed)
@@ -425,7 +567,7 @@ def confident_disagreement(form: str, quick: bool) -> List[Case]:
     return out
 
 
-def _shifted(scale: float, seed: int, rows: int = 16, vocab: int = 64):
+def _shifted(scale: float, seed: int, rows: int = 16, vocab: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """Near-identical rows whose logits carry a row offset of ``+scale`` (student) and ``-scale`` (teacher), as
     tests/harness/loss/test_losses_regimes.py's: ``t - s`` rounds at ulp(2·scale), the log-softmaxes do not."""
     g = torch.Generator().manual_seed(seed)
@@ -440,10 +582,11 @@ def shifted_logits(form: str, quick: bool) -> List[Case]:
     tolerance; a loss that forms ``t - s`` for the log-ratio loses it at ulp(2·offset). β exact in BF16: the
     failures are in the gradient, which the value-based causes (gkd_harness.analysis.certify.causes) must not claim."""
     return [
-        rows_case(f"row offset +-{sc:g} b={b}", *_shifted(sc, seed_of("shifted", sc)), b, 1.0, form)
+        rows_case(f"row offset +-{sc:g} b={b}", s, t, b, 1.0, form)
         for sc, b in itertools.product(
             _pick(quick, [300.0, 1e4], [1e4]), _pick(quick, [0.0, 0.25, 0.5, 0.75, 1.0], [0.25, 1.0])
         )
+        for s, t in [_shifted(sc, seed_of("shifted", sc))]
     ]
 
 
@@ -453,9 +596,7 @@ def one_hot_rows(form: str, quick: bool) -> List[Case]:
     one-hot rows. At the argmax the gradient ``p·h − p·Σ p·h`` cancels (p ≈ 1): it must come from the other
     entries' zero-sum instead (reverse KL and β within 1e-6 of an endpoint show it)."""
     out = []
-    for be, seed_form in itertools.product(
-        _pick(quick, [0.0, 1e-6, 0.5, 1 - 1e-6, 1.0], [1e-6, 1.0]), ["paper", "continuous"]
-    ):
+    for be, seed_form in itertools.product(_pick(quick, [0.0, 1e-6, 0.5, 1 - 1e-6, 1.0], [1e-6, 1.0]), BETA_FORMS):
         s, t, labels, _ = problem(
             "fp32", "bf16", "full", NEAR, seed_of("temp", ("fp32", "bf16"), 1e-3, be, seed_form, True)
         )
@@ -493,6 +634,31 @@ def vocab_parallel(form: str, quick: bool) -> List[Case]:
     ]
 
 
+def confident_rows(vocab: int = 151_936, delta: float = 0.9, seed: int = 0):
+    """``(student [1, V] FP32, teacher [1, V] BF16)``: the student spread over its top three tokens (12.5, 12.45,
+    12.4), the teacher confident on a fourth (12.5) with the student's three ``delta`` ± 0.1 below; the rest
+    N(0, 0.5²). At T = 0.05 (|z|/T ≈ 250) the teacher's share of the student's tokens is e^-14 … e^-20: h is near its
+    limit there, and the continuous form's ``h − c`` is a difference of two near-equal terms (issue 37, item 16)."""
+    g = torch.Generator().manual_seed(seed)
+    s = torch.randn(1, vocab, generator=g) * 0.5
+    t = torch.randn(1, vocab, generator=g) * 0.5
+    s[0, :3] = torch.tensor([12.5, 12.45, 12.4])
+    t[0, 3] = 12.5
+    t[0, :3] = torch.tensor([12.5 - delta, 12.5 - delta + 0.1, 12.5 - delta - 0.1])
+    return s.bfloat16().float(), t.bfloat16()
+
+
+def confident_near_one(form: str, quick: bool) -> List[Case]:
+    """Confidently disagreeing rows at V = 151,936 and T = 0.05, β ∈ {0.98, 0.99, 0.999} (:func:`confident_rows`).
+    Upstream's formula in FP32 is 1e-2 … 2 (rel L2) from FP64 here in either form: a hard regime."""
+    out = []
+    for be, delta in itertools.product(_pick(quick, [0.98, 0.99, 0.999], [0.99]), _pick(quick, [0.7, 0.9], [0.9])):
+        s, t = confident_rows(delta=delta)
+        c = rows_case(f"fp32/bf16 V=151,936 T=0.05 teacher {delta:g} above b={be:g}", s, t, be, 0.05, form)
+        out.append(c)
+    return out
+
+
 REQUIRED_FAMILIES = [
     Family("mixed FP32/BF16 (the defect)", True, "FP32 student, BF16 teacher; near-identical and different", mixed),
     Family(
@@ -511,6 +677,20 @@ REQUIRED_FAMILIES = [
     Family("chunking", True, "600 positions (> chunk 512); chunk_size 1, 7, 64", chunking),
     Family("vocab mismatch", True, "student and teacher vocabularies differ (upstream's alignment)", vocab_mismatch),
     Family("pinned (TRL style)", True, "TRL's generalized_jsd pins; the β defect's table (docs/defects.md)", pinned),
+    Family(
+        "the contract",
+        True,
+        "0-dim total at least as wide as the student, on its device, in the graph (empty partitions too); num_valid "
+        "a tensor; repeat bit-identical; no_grad / inference_mode values; exceptions propagate; inputs and global "
+        "torch state (default dtype, RNG, grad mode, deterministic flags) left as they were",
+        contract,
+    ),
+    Family(
+        "production sizes",
+        True,
+        "V = 151,936 and 248,320; 5,000 positions; top-k over 16,384 positions; with grad and under no_grad",
+        production,
+    ),
     Family("shifted logits", True, "student and teacher rows offset by ±300 or ±1e4 (opposite signs)", shifted_logits),
     Family(
         "injected primitives (2 vocab-parallel ranks)",
@@ -540,6 +720,12 @@ HARD_FAMILIES = [
         one_hot_rows,
     ),
     Family("vocab-parallel primitives", False, "log-softmax / KL over 2 vocabulary shards", vocab_parallel),
+    Family(
+        "confident rows near beta 1 (T = 0.05, V = 151,936)",
+        False,
+        "student and teacher confident on different tokens, |z|/T ≈ 250, β ∈ {0.98, 0.99, 0.999}",
+        confident_near_one,
+    ),
     Family(
         "BF16 gradient of total / num_valid",
         False,

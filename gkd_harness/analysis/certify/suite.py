@@ -3,9 +3,11 @@
 Written by ``gkd-certify --export-pytest`` (gkd-harness, docs/certify.md): one self-contained module that imports
 only torch, pytest, the standard library and the module under test (``TARGET``); the FP64 reference, the
 tolerances and the inputs are written into it. It covers the families ms-swift's GKD precision bug report asks
-for: mixed FP32/BF16, β = 0 / 0.5 / 1, temperature ≠ 1, top-k, the full vocabulary, empty masks, a BF16
-student's gradient of ``total / num_valid``, and vocab-parallel primitives on 2 gloo ranks where megatron-core is
-importable (skipped with that reason elsewhere). Run: ``pytest THIS_FILE``.
+for: mixed FP32/BF16, β = 0 / 0.5 / 1 and interior β (0.1, 0.25, 0.75, 0.9) in the form ``FORM``, temperature ≠ 1,
+top-k, the full vocabulary, empty masks, a BF16 student's gradient of ``total / num_valid``, the contract ms-swift's
+callers rely on (return types, the graph of an empty partition, bit-identical repeats, no_grad / inference_mode,
+exceptions reaching the caller, no global torch state or input changed by any call), and vocab-parallel primitives
+on 2 gloo ranks where megatron-core is importable (skipped with that reason elsewhere). Run: ``pytest THIS_FILE``.
 """
 
 import importlib
@@ -16,12 +18,13 @@ import socket
 import sys
 import tempfile
 import zlib  # noqa: F401 (the inputs' seeds)
-from typing import Optional  # noqa: F401
+from typing import Any, Dict, List, Optional  # noqa: F401
 
 import pytest
 import torch
 
 TARGET = "swift.rlhf_trainers.gkd_loss"  # EXPORT: target
+FORM = "paper"  # EXPORT: form
 
 # EXPORT: inline gkd_harness.harness.loss.reference
 from gkd_harness.harness.loss.reference import reference_gkd  # noqa: E402
@@ -33,6 +36,8 @@ from gkd_harness.harness.loss.tolerances import ONE_ROUNDING_GRAD_FACTOR, grad_t
 def _load_target():
     if TARGET.endswith(".py"):
         spec = importlib.util.spec_from_file_location("gkd_loss_under_test", TARGET)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"{TARGET}: cannot be loaded as a module")
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         return mod
@@ -45,10 +50,32 @@ TeacherOutput = target.TeacherOutput
 # EXPORT: inline gkd_harness.analysis.certify.cases:DTYPES,seed_of,problem
 from gkd_harness.analysis.certify.cases import DTYPES, problem, seed_of  # noqa: E402,F401
 
+# EXPORT: inline gkd_harness.analysis.certify.evaluate:torch_state,_equal_state
+from gkd_harness.analysis.certify.evaluate import _equal_state, torch_state  # noqa: E402
+
 
 # ------------------------------------------------------------------------------------------------ judging
 def _copy(t):
     return t.clone() if torch.is_tensor(t) else t
+
+
+def call(student, teacher, labels, beta, temperature, **kwargs):
+    """``target.gkd_loss`` once; asserts that it left the global torch state (default dtype, RNG, grad mode,
+    deterministic flags) as it found it and wrote into no input, not even one it restored (the version counter)."""
+    fields = ("full_logits", "topk_logprobs", "topk_indices", "labels")
+    tensors = {"student_logits": student, "labels": labels}
+    tensors.update({f"teacher_output.{f}": getattr(teacher, f) for f in fields if torch.is_tensor(getattr(teacher, f))})
+    versions = {k: v._version for k, v in tensors.items()}
+    torch.rand(())  # the RNG moves on between calls, so a reseed to any seed shows
+    before = torch_state()
+    out = target.gkd_loss(student, teacher, labels, beta, temperature, **kwargs)
+    after = torch_state()
+    changed = [k for k in before if not _equal_state(before[k], after.get(k))]
+    assert not changed, f"gkd_loss changed global torch state: {changed}"
+    moved = [k for k, v in tensors.items() if v._version != versions[k]]
+    assert not moved, f"gkd_loss wrote into {moved} in place"
+    assert isinstance(out, (tuple, list)) and len(out) == 2, f"gkd_loss returned {type(out).__name__}"
+    return out
 
 
 def run(student, teacher, labels, beta, temperature, **kwargs):
@@ -58,7 +85,7 @@ def run(student, teacher, labels, beta, temperature, **kwargs):
     t_copy = TeacherOutput(**{f: _copy(getattr(teacher, f)) for f in fields})
     s = student.detach().clone().requires_grad_(True)
     lab = labels.clone()
-    total, num_valid = target.gkd_loss(s, t_copy, lab, beta, temperature, **kwargs)
+    total, num_valid = call(s, t_copy, lab, beta, temperature, **kwargs)
     n = int(num_valid)
     loss = total / n if n else total * 0
     if loss.requires_grad:
@@ -73,7 +100,7 @@ def run(student, teacher, labels, beta, temperature, **kwargs):
     return total.detach(), n, (s.grad if s.grad is not None else torch.zeros_like(s))
 
 
-def check(student, teacher, labels, beta, temperature, form="paper", ref=None, factor=None, **kwargs):
+def check(student, teacher, labels, beta, temperature, form=FORM, ref=None, factor=None, **kwargs):
     """The target against the FP64 reference: num_valid equal, |Δtotal| ≤ loss_tol, gradient rel-L2 ≤ grad_tol."""
     total, n, grad = run(student, teacher, labels, beta, temperature, **kwargs)
     ref_total, ref_n, ref_grad = reference_gkd(student, labels, beta, temperature, form, **ref)
@@ -116,7 +143,7 @@ def test_mixed_fp32_student_bf16_teacher(mode, beta, noise):
 )
 @pytest.mark.parametrize("mode", MODES)
 def test_dtype_pairs(pair, mode):
-    s, t, lab, ref = case(("pairs", pair, mode), *pair, mode, NEAR)
+    s, t, lab, ref = case(("pairs", pair, mode), pair[0], pair[1], mode, NEAR)
     check(s, t, lab, 0.5, 1.0, ref=ref)
 
 
@@ -126,6 +153,15 @@ def test_dtype_pairs(pair, mode):
 def test_temperature_not_1(mode, beta, temperature):
     s, t, lab, ref = case(("temperature", mode, beta, temperature), "fp32", "bf16", mode, NEAR)
     check(s, t, lab, beta, temperature, ref=ref)
+
+
+@pytest.mark.parametrize("beta", [0.1, 0.25, 0.75, 0.9])
+@pytest.mark.parametrize("mode", MODES)
+def test_interior_beta(mode, beta):
+    """β inside (0, 1), in the form this module was written for (FORM): a β rounded to BF16 (0.1, 0.9 are not
+    exact) or the other form's weights (they agree only at 0, 0.5 and 1) fail here."""
+    s, t, lab, ref = case(("interior", mode, beta), "fp32", "bf16", mode, NEAR)
+    check(s, t, lab, beta, 1.0, ref=ref)
 
 
 @pytest.mark.parametrize("k", [1, 16, 96])
@@ -173,6 +209,65 @@ def test_bf16_student_gradient_of_total_over_num_valid_is_rounded_once(mode, mas
         topk=64,
     )
     check(s, t, lab, 0.5, 0.9, ref=ref, factor=ONE_ROUNDING_GRAD_FACTOR)
+
+
+# ------------------------------------------------------------------------------------------------ the contract
+@pytest.mark.parametrize("masked", [3, 24], ids=["positions", "empty-partition"])
+@pytest.mark.parametrize("pair", [("fp32", "bf16"), ("bf16", "bf16")], ids="/".join)
+@pytest.mark.parametrize("mode", MODES)
+def test_contract_return_types_and_graph(mode, pair, masked):
+    """``total``: a 0-dim floating tensor at least as wide as the student's dtype, on its device, connected to the
+    student's graph (an empty partition too: backward() runs on every rank); ``num_valid``: a tensor."""
+    s, t, lab, _ = case(("contract", mode, pair, masked), pair[0], pair[1], mode, NEAR, masked_prefix=masked)
+    x = s.detach().clone().requires_grad_(True)
+    total, num_valid = call(x, t, lab.clone(), 0.5, 0.9)
+    assert torch.is_tensor(total) and total.dim() == 0, f"total: {total!r}"
+    assert total.is_floating_point() and torch.promote_types(total.dtype, x.dtype) == total.dtype, total.dtype
+    assert total.device == x.device
+    assert torch.is_tensor(num_valid), f"num_valid is a {type(num_valid).__name__}"
+    assert total.requires_grad, "total is not connected to the student's graph"
+    (grad,) = torch.autograd.grad(total, x, allow_unused=True)
+    assert grad is not None, "total does not depend on the student logits"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_contract_repeat_is_bit_identical_and_grad_modes_agree(mode):
+    s, t, lab, _ = case(("repeat", mode), "fp32", "bf16", mode, NEAR)
+    t1, n1, g1 = run(s, t, lab, 0.5, 0.9)
+    t2, n2, g2 = run(s, t, lab, 0.5, 0.9)
+    assert torch.equal(t1, t2) and n1 == n2 and torch.equal(g1, g2), "two calls on the same inputs differ"
+    for ctx in (torch.no_grad, torch.inference_mode):
+        x, t_c, lab_c = s.clone(), TeacherOutput(**{f: _copy(getattr(t, f)) for f in _FIELDS}), lab.clone()
+        with ctx():
+            total, _ = call(x, t_c, lab_c, 0.5, 0.9)
+        v = float(total.double())
+        assert abs(v - float(t1.double())) <= loss_tol(float(t1.double()), n1), f"under {ctx.__name__}: {v}"
+
+
+_FIELDS = ("full_logits", "topk_logprobs", "topk_indices", "labels")
+
+
+class _Sentinel(Exception):
+    pass
+
+
+def _raising(*args, **kwargs):
+    raise _Sentinel("raised by an injected primitive")
+
+
+def test_contract_a_label_mismatch_raises():
+    s, t, lab, _ = case(("mismatch",), "fp32", "bf16", "full", NEAR)
+    t_labels = lab.clone()
+    t_labels[0, -1] = -100
+    with pytest.raises(Exception):  # noqa: B017 - any error, as long as it reaches the caller
+        call(s.clone(), TeacherOutput(full_logits=t.full_logits, labels=t_labels), lab.clone(), 0.5, 1.0)
+
+
+@pytest.mark.parametrize("mode,primitive", [("full", "log_softmax_fn"), ("topk", "gather_fn")])
+def test_contract_an_error_in_an_injected_primitive_reaches_the_caller(mode, primitive):
+    s, t, lab, _ = case(("raising", mode), "fp32", "bf16", mode, NEAR)
+    with pytest.raises(_Sentinel):
+        target.gkd_loss(s.clone(), t, lab.clone(), 0.5, 1.0, **{primitive: _raising})
 
 
 # ------------------------------------------------------------------------------------------------ 2 gloo ranks

@@ -34,7 +34,7 @@ def _candidate_file(run: Dict[str, Any]) -> Optional[str]:
 def _certificate(
     source: str, name: Optional[str], beta_form: str, cache_root: Optional[Path], quick: bool, strict: bool
 ) -> Dict[str, Any]:
-    from gkd_harness.analysis.certify.certificate import CERTIFICATE_JSON, certify, write
+    from gkd_harness.analysis.certify.certificate import CERTIFICATE_JSON, certify, recall, write
     from gkd_harness.harness.loss.candidate import load_candidate, loss_source_sha256
 
     sha = loss_source_sha256(CANDIDATE, source)
@@ -47,7 +47,9 @@ def _certificate(
         cert = json.loads((cache / CERTIFICATE_JSON).read_text())
         cert["cached"] = str(cache)
         return cert
-    cert = certify(load_candidate(source, name), beta_form, quick, strict)
+    # the certificate gkd-certify --out kept for this file (sha256) and harness version, if any (issue 40, item 8)
+    kept = recall(sha, beta_form, quick, strict) if sha else None
+    cert = kept if kept is not None else certify(load_candidate(source, name), beta_form, quick, strict)
     if cache is not None:
         try:
             write(cert, cache)

@@ -94,6 +94,211 @@ EDITS: Dict[str, Tuple[str, List[Tuple[str, str]]]] = {
 }
 
 
+_PROMOTE = "    dtype = torch.float32\n"
+_EXTRACT = "    s_active, t_active, num_valid = extract_active(student_logits, teacher_output, labels)\n"
+_SIGNATURE = (
+    "def gkd_loss(\n"
+    "    student_logits: torch.Tensor,\n"
+    "    teacher_output: TeacherOutput,\n"
+    "    labels: torch.Tensor,\n"
+    "    beta: float,\n"
+    "    temperature: float,\n"
+    "    gather_fn: Callable = default_gather,\n"
+    "    log_softmax_fn: Callable = default_log_softmax,\n"
+    "    kl_div_fn: Callable = default_kl_div,\n"
+    "    chunk_size: int = 512,\n"
+    ") -> Tuple[torch.Tensor, torch.Tensor]:\n"
+)
+_CALL_ARGS = (
+    "student_logits, teacher_output, labels, beta, temperature, gather_fn, log_softmax_fn, kl_div_fn, chunk_size"
+)
+_CALLER_PROMOTE_LINE = (
+    "        s_logits, t_logits = _promote(s_active, t_active.full_logits)  # before alignment and temperature\n"
+)
+
+#: Issue 37's classes: each a one-change copy of the good worked example, of a kind a pull request could contain.
+#: name -> (base, edits, the family that must fail, the recognised cause or None).
+ISSUE_37: Dict[str, Tuple[str, List[Tuple[str, str]], str, object]] = {
+    # sizes
+    "no_promotion_over_4096_positions": (
+        "good",
+        [
+            (
+                _PROMOTE,
+                "    if tensors[0].dim() == 2 and tensors[0].shape[0] > 4096:\n        return tensors\n" + _PROMOTE,
+            )
+        ],
+        "production sizes",
+        None,
+    ),
+    "no_promotion_over_65536_vocab": (
+        "good",
+        [(_PROMOTE, "    if tensors[0].shape[-1] > 65536:\n        return tensors\n" + _PROMOTE)],
+        "production sizes",
+        None,
+    ),
+    "drops_positions_over_1024": (
+        "good",
+        [
+            (
+                _EXTRACT,
+                _EXTRACT + "    if s_active.shape[0] >= 1024:\n"
+                "        g = torch.Generator().manual_seed(int(s_active.shape[0]))\n"
+                "        keep = torch.rand(s_active.shape[0], generator=g) >= 0.001\n"
+                "        s_active, t_active = s_active[keep], t_active.select(keep)\n",
+            )
+        ],
+        "production sizes",
+        None,
+    ),
+    # call mode
+    "no_promotion_under_no_grad": (
+        "good",
+        [(_PROMOTE, "    if not torch.is_grad_enabled():\n        return tensors\n" + _PROMOTE)],
+        "production sizes",
+        "the value depends on the autograd mode",
+    ),
+    # the contract
+    "num_valid_int": (
+        "good",
+        [("    return total, num_valid\n", "    return total, int(num_valid)\n")],
+        "the contract",
+        "num_valid is not a tensor",
+    ),
+    "empty_partition_constant_zero": (
+        "good",
+        [
+            (
+                "        return s_logits.sum()  # Keep the empty partition connected to the student graph.\n",
+                "        return s_logits.new_zeros(())\n",
+            )
+        ],
+        "the contract",
+        "an empty partition (or a path) returns a total outside the student's graph",
+    ),
+    "swallows_exceptions": (
+        "good",
+        [
+            (
+                _SIGNATURE,
+                _SIGNATURE + f"    try:\n        return _gkd_loss({_CALL_ARGS})\n"
+                "    except Exception:\n        return student_logits.sum() * 0, torch.tensor(0)\n\n\n"
+                + _SIGNATURE.replace("def gkd_loss(", "def _gkd_loss("),
+            )
+        ],
+        "the contract",
+        "swallows exceptions",
+    ),
+    # global state
+    "sets_default_dtype": (
+        "good",
+        [
+            (
+                "    teacher_output.validate()\n",
+                "    teacher_output.validate()\n    torch.set_default_dtype(torch.float64)\n",
+            )
+        ],
+        "mixed FP32/BF16 (the defect)",
+        "changes global torch state (default dtype torch.float32 -> torch.float64)",
+    ),
+    "reseeds_rng": (
+        "good",
+        [("    teacher_output.validate()\n", "    teacher_output.validate()\n    torch.manual_seed(0)\n")],
+        "mixed FP32/BF16 (the defect)",
+        "changes global torch state (RNG state)",
+    ),
+    # the exported β
+    "silent_continuous": (
+        "good",
+        [
+            (
+                "            jsd = beta_t * kl_div_fn(m_log, t_log) + (1 - beta_t) * kl_div_fn(m_log, s_log)\n",
+                "            jsd = (1 - beta_t) * kl_div_fn(m_log, t_log) + beta_t * kl_div_fn(m_log, s_log)\n",
+            )
+        ],
+        "beta 0, 0.5, 1 and interior",
+        None,
+    ),
+    # causes that must not be named
+    "mean_clamp_count": (
+        "good",
+        [("    return total, num_valid\n", "    return total / num_valid.clamp(min=1), num_valid\n")],
+        "injected primitives (2 vocab-parallel ranks)",
+        "a mean instead of a sum",
+    ),
+    "restored_in_place_shift": (
+        "good",
+        [
+            (
+                "    teacher_output.validate()\n",
+                "    teacher_output.validate()\n"
+                "    shift = None\n"
+                "    if teacher_output.full_logits is not None:\n"
+                "        shift = teacher_output.full_logits.amax(dim=-1, keepdim=True)\n"
+                "        teacher_output.full_logits.sub_(shift)\n",
+            ),
+            (
+                "    return total, num_valid\n",
+                "    if shift is not None:\n        teacher_output.full_logits.add_(shift)\n    return total, num_valid\n",
+            ),
+        ],
+        "mixed FP32/BF16 (the defect)",
+        "writes into an input tensor (teacher_output.full_logits (in place, even if restored afterwards))",
+    ),
+    # a cause from the pattern (issue 40, item 9): the bug report's snippet promotes the top-k branch only
+    "promotes_topk_only": (
+        "good",
+        [
+            (_CALLER_PROMOTE_LINE, "        s_logits, t_logits = s_active, t_active.full_logits\n"),
+            (
+                "    s_logits, t_logits = _promote(s_logits, t_logits)\n    N = s_logits.size(0)\n",
+                "    N = s_logits.size(0)\n",
+            ),
+        ],
+        "mixed FP32/BF16 (the defect)",
+        None,
+    ),
+    # a speed regression: one position per chunk
+    "one_position_chunks": (
+        "good",
+        [
+            (
+                "    for start in range(0, N, chunk_size):\n        end = min(start + chunk_size, N)\n",
+                "    for start in range(0, N, 1):\n        end = min(start + 1, N)\n",
+            )
+        ],
+        "",
+        None,
+    ),
+}
+
+#: Candidates whose failures must not be explained as "a mean instead of a sum" (issue 37, item 14), under --strict.
+NOT_A_MEAN: Dict[str, Tuple[str, List[Tuple[str, str]]]] = {
+    "beta_clamp": (
+        "good",
+        [
+            (
+                "    s_logits, t_logits = _promote(s_logits, t_logits)\n    N = s_logits.size(0)\n",
+                "    beta = min(max(beta, 1e-3), 1 - 1e-3)\n"
+                "    s_logits, t_logits = _promote(s_logits, t_logits)\n    N = s_logits.size(0)\n",
+            )
+        ],
+    ),
+    "harmless_jsd_clamp": (
+        "good",
+        [("        total = total + jsd.sum()\n", "        total = total + jsd.clamp(min=0).sum()\n")],
+    ),
+}
+EDITS.update(NOT_A_MEAN)
+
+#: Correct fixes that must pass: the good example with FP64 arithmetic inside (a correct rewrite).
+CORRECT = {
+    "fp64_internal": ("good", [(_PROMOTE, "    dtype = torch.float64\n")]),
+}
+EDITS.update({k: (v[0], v[1]) for k, v in ISSUE_37.items()})
+EDITS.update(CORRECT)
+
+
 def source(name: str) -> str:
     from gkd_harness.harness.loss.candidate import upstream_file
 
@@ -102,7 +307,9 @@ def source(name: str) -> str:
     for old, new in edits:
         assert text.count(old) >= 1, (name, old)
         text = text.replace(old, new)
-    return text.replace("GKD_CERTIFY_UNCHANGED = ('float32/float32', )", "GKD_CERTIFY_UNCHANGED = ()")
+    for declared in ("GKD_CERTIFY_UNCHANGED = ('float32/float32', )", 'GKD_CERTIFY_UNCHANGED = ("float32/float32",)'):
+        text = text.replace(declared, "GKD_CERTIFY_UNCHANGED = ()")
+    return text
 
 
 def write(name: str, folder: Path) -> Path:
