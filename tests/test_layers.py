@@ -192,10 +192,8 @@ VARIANT_LITERALS_LEFT: dict = {
     "analysis/certify/families.py": 1,
     "bench/cases.py": 15,
     "bench/scaling.py": 3,
-    "bench/synthetic.py": 7,
     "harness/loss/stable.py": 1,
     "launch/gpu_bare.py": 2,
-    "launch/gpu_check.py": 1,
 }
 
 

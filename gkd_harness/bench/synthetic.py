@@ -29,10 +29,13 @@ from gkd_harness.analysis.signoff.betacurve import beta_defect_inputs, fp64_beta
 from gkd_harness.harness.contract import (
     BETA_FORMS,
     CONFIG_FILE,
+    FP32,
+    FP64,
     JSD_LOSS,
     LOSS_CALLS_TOTAL,
     METRICS_FILE,
     MIN_TOKEN_JSD,
+    NATIVE,
     NEG_LOSS_CALLS,
     NEG_LOSS_CALLS_TOTAL,
     NEG_TOKEN_FRAC,
@@ -53,7 +56,7 @@ from gkd_harness.harness.contract import (
 
 __all__ = ["write_run", "write_sweep", "main"]
 
-_PRECISION_TO_LOSS_CFG = {"native": "original", "fp32": "fp32", "fp64": "fp64"}
+_PRECISION_TO_LOSS_CFG = {NATIVE: "original", FP32: "fp32", FP64: "fp64"}  # precision -> configs/loss preset
 
 
 def _seed_for(*parts) -> int:
@@ -96,7 +99,7 @@ def write_run(
     # Same stream for both forms where the forms coincide (β ∈ {0, 0.5, 1}).
     form_key = "any" if beta in (0.0, 0.5, 1.0) else beta_form
     rng = np.random.default_rng(_seed_for(beta, form_key, precision, seed, temperature, steps))
-    mixed = precision == "native" and teacher_dtype in ("bfloat16", "float16") and student_dtype != teacher_dtype
+    mixed = precision == NATIVE and teacher_dtype in ("bfloat16", "float16") and student_dtype != teacher_dtype
     config = {
         "loss.precision": precision,
         "loss.beta_form": beta_form,
@@ -178,7 +181,7 @@ def write_run(
         "provenance": {  # as gkd_harness.harness.store.provenance records it (fixed stand-ins for the hashes)
             "harness_commit": "0" * 40,
             "harness_dirty": False,
-            "loss_sha256": ("a" if precision == "native" else "b") * 64,
+            "loss_sha256": ("a" if precision == NATIVE else "b") * 64,
             "rank_sha256": "c" * 64,
         },
         "last_step": last,
@@ -195,7 +198,7 @@ def write_sweep(
     *,
     betas: Sequence[float] = (0.0, 0.5, 0.9, 0.99, 1.0),
     forms: Sequence[str] = BETA_FORMS,
-    precisions: Sequence[str] = ("native", "fp32"),
+    precisions: Sequence[str] = (NATIVE, FP32),
     temperatures: Sequence[float] = (0.9, 1.0),
     seeds: Sequence[int] = (0, 1, 2, 3, 4),
     steps: int = 2000,

@@ -45,6 +45,7 @@ from typing import Any, Iterable
 from gkd_harness.harness.contract import (
     LOSS_CALLS_TOTAL,
     METRICS_FILE,
+    NATIVE,
     NEG_LOSS_CALLS_TOTAL,
     SPOT_LOSS_REL_ERR,
     SUMMARY_FILE,
@@ -274,7 +275,7 @@ def judge_run(rec: dict[str, Any]) -> tuple[str, str]:
         return "FAIL", ", ".join(parts) + (f", error: {err[-1][:120]}" if err else f", rc {rec.get('rc')}")
     expect = dict(rec.get("expect") or {})
     if expect.get("neg_calls") == "by_precision":
-        native = (summary.get("config") or {}).get("loss.precision") == "native"
+        native = (summary.get("config") or {}).get("loss.precision") == NATIVE
         expect["neg_calls"] = "positive" if native else "zero"
     for side in ("student", "teacher"):
         want = expect.get(f"{side}_dtype")
