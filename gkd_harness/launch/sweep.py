@@ -59,13 +59,24 @@ DECLARED_KEYS = ("run.seed", "run.max_steps", "run.logging_steps", "monitor.eval
 MANIFEST_SCHEMA = 2
 
 
-def _select(config: Any, key: str) -> Any:
-    try:
-        from omegaconf import OmegaConf
+def _base_values(config: Any) -> dict:
+    """:data:`DECLARED_KEYS` as the sweep's config gives them (attributes, read once; None where a value only
+    resolves inside a job)."""
 
-        return OmegaConf.select(config, key, default=None)
-    except Exception:  # noqa: BLE001 - an interpolation that only resolves inside a job
-        return None
+    def read(get: Any) -> Any:
+        try:
+            return get()
+        except Exception:  # noqa: BLE001 - an interpolation that only resolves inside a job, a missing group
+            return None
+
+    run, monitor = read(lambda: config.run), read(lambda: config.monitor)
+    values = (
+        read(lambda: run.seed),
+        read(lambda: run.max_steps),
+        read(lambda: run.logging_steps),
+        read(lambda: monitor.eval.every_n_steps),
+    )
+    return dict(zip(DECLARED_KEYS, values))
 
 
 def declared_point(job_overrides: list[str], config: Any) -> dict:
@@ -73,8 +84,7 @@ def declared_point(job_overrides: list[str], config: Any) -> dict:
     point's own ``key=value`` override where it has one, and ``overrides`` (the point's override list; the keys
     it sweeps are what may differ between runs)."""
     out: dict = {}
-    for key in DECLARED_KEYS:
-        v = _select(config, key)
+    for key, v in _base_values(config).items():
         out[key] = int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
     for line in job_overrides:
         key, sep, value = str(line).lstrip("+~").partition("=")

@@ -18,6 +18,7 @@ from typing import Any, Optional
 from gkd_harness.analysis.signoff.criteria import Evidence, build_evidence, evaluate_evidence
 from gkd_harness.analysis.signoff.criteria_file import SignoffCriteria, load_criteria
 from gkd_harness.analysis.sweep.evidence import mixed_evidence
+from gkd_harness.analysis.sweep.plan import plan_problems
 from gkd_harness.analysis.sweep.records import Sweep, UnusableInput, mixed_sweep_problems
 
 __all__ = ["Judged", "load_runs", "judge", "margin_line"]
@@ -79,7 +80,7 @@ def _only_group(sweep: Sweep, group: str) -> Sweep:
 
 def mixed_problems(sweep: Sweep) -> list:
     """Why the loaded runs are not one comparison (empty when they are)."""
-    return mixed_sweep_problems(sweep) + mixed_evidence(sweep)
+    return plan_problems(sweep.runs, getattr(sweep, "plan", None)) + mixed_sweep_problems(sweep) + mixed_evidence(sweep)
 
 
 def judge(sweep: Sweep, criteria_file: Optional[Path] = None, allow_mixed: bool = False, label: Any = None) -> Judged:
