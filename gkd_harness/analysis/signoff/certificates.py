@@ -48,7 +48,7 @@ def _certificate(
         cert["cached"] = str(cache)
         return cert
     # the certificate gkd-certify --out kept for this file (sha256) and harness version, if any (issue 40, item 8)
-    kept = recall(sha, beta_form, quick, strict) if sha else None
+    kept = recall(sha, beta_form, quick, strict, name=name) if sha else None
     cert = kept if kept is not None else certify(load_candidate(source, name), beta_form, quick, strict)
     if cache is not None:
         try:
