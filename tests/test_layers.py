@@ -185,11 +185,8 @@ _KEY_VARIANT_NAMES = ("native", "fp32", "fp64", "paper", "continuous")
 #: Files not converted yet (issue 39), with how many variant names each still spells: a file may not spell more.
 VARIANT_LITERALS_LEFT: dict = {
     "analysis/certify/cases.py": 3,
-    "analysis/certify/causes.py": 1,
     "analysis/certify/certificate.py": 1,
-    "analysis/certify/export.py": 2,
     "analysis/certify/search.py": 2,  # in certify "fp32"/"fp64" also name dtypes (bf16, fp16, fp32, fp64)
-    "analysis/certify/families.py": 1,
     "bench/cases.py": 15,
     "bench/scaling.py": 3,
     "harness/loss/stable.py": 1,

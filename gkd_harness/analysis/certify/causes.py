@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from gkd_harness.analysis.certify.cases import Case
+from gkd_harness.harness.contract import CONTINUOUS, PAPER
 from gkd_harness.harness.loss.reference import reference_gkd
 from gkd_harness.harness.loss.tolerances import loss_tol
 
@@ -117,7 +118,7 @@ def _mean(case: Case) -> Optional[float]:
 
 
 def _other_form(case: Case) -> Optional[float]:
-    other = "continuous" if case.form == "paper" else "paper"
+    other = CONTINUOUS if case.form == PAPER else PAPER
     if case.beta in (0.0, 0.5, 1.0):  # the forms agree there
         return None
     return reference_gkd(case.student, case.labels, case.beta, case.temperature, other, **case.ref)[0]

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import List
 
-from gkd_harness.harness.contract import BETA_FORMS
+from gkd_harness.harness.contract import BETA_FORMS, PAPER
 
 DEFAULT_TARGET = "swift.rlhf_trainers.gkd_loss"
 MARK = "# EXPORT:"
@@ -85,7 +85,7 @@ def _suite_source() -> str:
     return Path(spec.origin).read_text()
 
 
-def render(target: str = DEFAULT_TARGET, beta_form: str = "paper") -> str:
+def render(target: str = DEFAULT_TARGET, beta_form: str = PAPER) -> str:
     """The suite's text for ``target``, judged in ``beta_form`` (``paper`` or ``continuous``)."""
     if beta_form not in BETA_FORMS:
         raise ValueError(f"beta_form: {beta_form!r}")
@@ -113,7 +113,7 @@ def render(target: str = DEFAULT_TARGET, beta_form: str = "paper") -> str:
     return "\n".join(out) + "\n"
 
 
-def export_pytest(path: Path, target: str = DEFAULT_TARGET, beta_form: str = "paper") -> Path:
+def export_pytest(path: Path, target: str = DEFAULT_TARGET, beta_form: str = PAPER) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render(target, beta_form))

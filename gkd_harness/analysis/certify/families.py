@@ -16,7 +16,7 @@ import torch
 from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
 from gkd_harness.analysis.certify.cases import Case, make, problem, rows_case, seed_of, sharded_primitives
-from gkd_harness.harness.contract import BETA_FORMS
+from gkd_harness.harness.contract import BETA_FORMS, PAPER
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,7 +274,7 @@ def pinned(form: str, quick: bool) -> List[Case]:
         rows_case("TRL identical inputs -> 0", same, same, 0.5, 1.0, form, check="pinned", expected=0.0, abs_tol=5e-7)
     )
     z, w = _report_001_rows()
-    col = 0 if form == "paper" else 1
+    col = 0 if form == PAPER else 1
     for b in _pick(quick, sorted(REPORT_001), [0.0, 0.1, 0.5, 1.0]):
         out.append(
             rows_case(
