@@ -348,14 +348,20 @@ def build_case(name: str, sizes: Sizes, device: str) -> Case:
 
 
 #: Loss groups measured at other sizes than their kind's: ``group -> (kind, overrides of the run's Sizes)``.
-#: ``wide`` is the seed's vocabulary; the rest make the scaling table (N × 4, × 16 of ``full_n``; k = 8, 512).
+#: ``wide`` is the seed's vocabulary; ``small_v`` / ``small_n`` small shapes; the rest make the scaling table (N × 4,
+#: × 16 of ``full_n``; k = 8, 512).
 SIZED_GROUPS: Dict[str, tuple] = {
     "wide": ("full", lambda s: {"full_v": 248320}),
     "full_n4": ("full", lambda s: {"full_n": s.full_n * 4}),
     "full_n16": ("full", lambda s: {"full_n": s.full_n * 16}),
     "topk_k8": ("topk", lambda s: {"topk_k": 8}),
     "topk_k512": ("topk", lambda s: {"topk_k": 512}),
+    # small shapes, where fixed per-block costs weigh most: a 32k vocabulary (Llama-2, Mistral) at N = 128, and
+    # the seed's full vocabulary at N = 16 (a short micro-batch)
+    "small_v": ("full", lambda s: {"full_n": 128, "full_v": 32768}),
+    "small_n": ("full", lambda s: {"full_n": 16}),
 }
+SMALL_GROUPS = ("small_v", "small_n")
 SCALE_GROUPS = ("full_n4", "full_n16", "topk_k8", "topk_k512")
 
 

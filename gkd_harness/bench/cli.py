@@ -13,9 +13,9 @@ Groups: ``topk``, ``full``, ``spot_topk``, ``spot_full`` (:mod:`gkd_harness.benc
 bare loss call side by side in one process, the amortised spot check and the host synchronisations per call,
 :mod:`gkd_harness.bench.instrument_cost`), ``analysis`` (loading and the sign-off report over a synthetic sweep of 200 runs x
 2,000 steps ÷ a plain ``json.loads`` pass, side by side in one worker, and the loader's peak RSS over 10⁶ metric
-lines, :mod:`gkd_harness.bench.analysis_time`), and, only when asked for (``--only e2e``), ``e2e`` (tiny real ``gkd-train``
-runs, monitoring on vs off, :mod:`gkd_harness.bench.e2e`: a step of the tiny model is too short to resolve a few per cent on a
-shared CPU).
+lines, :mod:`gkd_harness.bench.analysis_time`), and, only when asked for (``--only e2e``), ``e2e`` (training steps of the tiny
+embedded model: bare ``swift rlhf``, ``gkd-train monitor=off`` and the default monitoring, one run per side per
+round, :mod:`gkd_harness.bench.e2e`).
 """
 
 from __future__ import annotations
@@ -40,11 +40,12 @@ SCALE = ("full_n4", "full_n16", "topk_k8", "topk_k512")  # gkd_harness.bench.cas
 SPOT_WIDE = tuple(
     SPOT_GROUPS
 )  # gkd_harness.bench.spot_cases: spot checks at V=248,320 (--only spot_wide spot_topk_wide)
-GROUPS = ("topk", "full", "spot_topk", "spot_full", "instr", "e2e", "analysis", "wide") + SCALE + SPOT_WIDE
+SMALL = ("small_v", "small_n")  # gkd_harness.bench.cases.SMALL_GROUPS
+GROUPS = ("topk", "full", "spot_topk", "spot_full", "instr", "e2e", "analysis", "wide") + SCALE + SPOT_WIDE + SMALL
 GROUP_CHOICES = GROUPS + ("scale",)  # --only scale = the four scaling groups
-DEFAULT_GROUPS = ("topk", "full", "spot_topk", "spot_full", "instr", "analysis")
+DEFAULT_GROUPS = ("topk", "full", "small_v", "small_n", "spot_topk", "spot_full", "instr", "analysis")
 DEFAULT_GROUPS_QUICK = DEFAULT_GROUPS
-MEMORY_GROUPS = ("topk", "full", "wide") + SCALE + SPOT_WIDE
+MEMORY_GROUPS = ("topk", "full", "wide") + SCALE + SPOT_WIDE + SMALL
 #: Groups timed in the first round only (one slow call per size on a CPU; the scaling table, not a goal).
 FIRST_ROUND_ONLY = SCALE
 NOTES_MARKER = "<!-- notes below are kept when the benchmark regenerates this file -->"
@@ -83,6 +84,8 @@ GOALS = (
     ),
     Goal("instr_topk/instrumented", "syncs_added", 1, "device→host syncs added per loss call, monitoring on = 1"),
     Goal("instr_topk/monitor_off", "syncs_added", 0, "device→host syncs added per loss call, monitoring off = 0"),
+    Goal("small_v/fp32", "time_ratio", 1.0, "full-vocab time fp32 ÷ upstream at V=32,768, N=128 ≤ 1"),
+    Goal("small_n/fp32", "time_ratio", 1.0, "full-vocab time fp32 ÷ upstream at N=16, V=151,936 ≤ 1"),
     Goal("e2e/monitor_off", "time_ratio", 1.05, "training step, gkd-train monitor=off ÷ bare swift rlhf ≤ 1.05 (CPU)"),
     Goal(
         "analysis/load",
@@ -137,6 +140,8 @@ def _reps(name: str, quick: bool, device: str) -> tuple[int, int]:
         return (1, 2) if quick else ((1, 2) if device == "cpu" else (3, 10))
     if group in ("full_n4", "full_n16"):
         return (1, 2) if quick else ((0, 1) if device == "cpu" else (2, 5))
+    if group in SMALL:
+        return (1, 3) if quick else (2, 10)
     if group in ("full", "spot_full"):
         return (1, 2) if quick else ((1, 2) if device == "cpu" else (3, 10))
     if group == "spot_topk":

@@ -13,7 +13,8 @@ the arrival of the lines of ms-swift's ``logging.jsonl`` (one per step with ``lo
 ms-swift on all three sides alike; the worker polls it every 5 ms). At each arrival the worker reads the CPU time
 of the run's whole process tree from ``/proc``, so a step's CPU time (steadier than wall time on a shared
 machine; 10 ms resolution) is the difference between two lines. The first ``SKIP`` steps (warm-up) are dropped.
-Ratios are of the **mean** CPU time per step (a median would hide the rare slower step).
+Ratios are of the **mean** CPU time per step (a median would hide the rare slower step); the last line, which
+arrives as the run's processes exit, is not a step.
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 
 def _tree_cpu_s(root: int) -> float:
-    """User+system CPU seconds of the live processes under ``root`` (itself included), from ``/proc``."""
+    """User+system CPU seconds of the processes under ``root`` (itself included), from ``/proc``: each live
+    process's own time plus that of its children it has already waited for (``cutime``, ``cstime``), so the total
+    does not drop when a helper process ends."""
     parent, cpu = {}, {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -59,7 +62,7 @@ def _tree_cpu_s(root: int) -> float:
             continue
         pid = int(entry)
         parent[pid] = int(fields[1])
-        cpu[pid] = (int(fields[11]) + int(fields[12])) / _TICK
+        cpu[pid] = (int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])) / _TICK
     children: Dict[int, List[int]] = {}
     for pid, ppid in parent.items():
         children.setdefault(ppid, []).append(pid)
@@ -175,6 +178,8 @@ def measure_e2e(side: str, quick: bool, work_dir: str, steps: int = 0) -> Dict:
     total = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{side} exited {proc.returncode}: {log_path.read_text()[-1500:]}")
+    # the last line arrives as the run ends (its processes exiting): not a training step
+    arrivals, cpus = arrivals[:-1], cpus[:-1]
     steps_s = [b - a for a, b in zip(arrivals[SKIP:], arrivals[SKIP + 1 :])]
     steps_cpu = [b - a for a, b in zip(cpus[SKIP:], cpus[SKIP + 1 :])]
     if not steps_s:

@@ -73,6 +73,8 @@ class _RecomputedChunkedJSD(torch.autograd.Function):
     def backward(ctx, grad_out):
         s, t = ctx.saved_tensors
         need_s, need_t = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if torch.is_grad_enabled():  # create_graph=True: a gradient that can be differentiated again
+            return _recomputed_grads_with_graph(ctx.fn, ctx.rows, s, t, grad_out, need_s, need_t) + (None,) * 3
         grad_s = torch.zeros_like(s) if need_s else None
         grad_t = torch.zeros_like(t) if need_t else None
         for start in range(0, s.shape[0], ctx.rows):
@@ -89,6 +91,33 @@ class _RecomputedChunkedJSD(torch.autograd.Function):
             if grad_t is not None:  # need_t
                 grad_t[sl] = next(it)
         return grad_s, grad_t, None, None, None
+
+
+def _recomputed_grads_with_graph(fn, rows: int, s, t, grad_out, need_s: bool, need_t: bool):
+    """``(grad_s, grad_t)`` of :class:`_RecomputedChunkedJSD` under ``create_graph=True``: each row block's graph
+    is rebuilt from the saved inputs themselves (not detached copies), so the returned gradients carry a graph to
+    ``s``, ``t`` and ``grad_out`` (a Hessian-vector product, a gradient penalty). Blocks joined by ``torch.cat``."""
+    parts_s, parts_t = [], []
+    for start in range(0, s.shape[0], rows):
+        sl = slice(start, start + rows)
+        s_c, t_c = s[sl], t[sl]
+        out = fn(s_c, t_c)
+        inputs = [x for x, need in ((s_c, need_s), (t_c, need_t)) if need]
+        grads = iter(torch.autograd.grad(out, inputs, grad_outputs=grad_out[sl], create_graph=True))
+        if need_s:
+            parts_s.append(next(grads))
+        if need_t:
+            parts_t.append(next(grads))
+    return (torch.cat(parts_s) if need_s else None), (torch.cat(parts_t) if need_t else None)
+
+
+#: Raised by :class:`_FusedChunkedJSD` under ``create_graph=True`` (its gradient is not a function of a graph).
+DOUBLE_BACKWARD_ERROR = (
+    "the fp32 and fp64 GKD losses compute d loss / d student logits in closed form (one fused pass, no autograd graph), "
+    "so its gradient cannot be differentiated again (create_graph=True, higher-order derivatives); for that, call "
+    "gkd_harness.harness.losses.jsd_per_position(..., recompute=True) (autograd through the same "
+    "cancellation-free form, recomputed per row block) or use the native variant"
+)
 
 
 def _scaled(x: torch.Tensor, cd: torch.dtype, temperature: Optional[float]) -> torch.Tensor:
@@ -120,6 +149,7 @@ class _FusedChunkedJSD(torch.autograd.Function):
     def forward(ctx, s, t, cd, temperature, beta, beta_form, rows, ops=TorchRows):
         n = s.shape[0]
         need = ctx.needs_input_grad[0]
+        sync_free = is_sync_free(s.device)
         out = torch.empty(n, dtype=cd, device=s.device)
         # ∂JSD_i/∂z_s in the student's dtype: never a full-width FP32 copy for BF16 inputs (the architecture contract).
         dz = torch.empty(s.shape, dtype=s.dtype, device=s.device) if need else None
@@ -137,7 +167,13 @@ class _FusedChunkedJSD(torch.autograd.Function):
         for start in range(0, n, rows):
             sl = slice(start, start + rows)
             loss, g = _jsd_stable_and_grad(
-                _scaled(s[sl], cd, temperature), _scaled(t[sl], cd, temperature), beta, beta_form, need, rows=ops
+                _scaled(s[sl], cd, temperature),
+                _scaled(t[sl], cd, temperature),
+                beta,
+                beta_form,
+                need,
+                rows=ops,
+                sync_free=sync_free,
             )
             out[sl] = loss
             if dz is not None:  # need
@@ -159,6 +195,8 @@ class _FusedChunkedJSD(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        if torch.is_grad_enabled():  # create_graph=True: refused rather than a gradient without its graph
+            raise RuntimeError(DOUBLE_BACKWARD_ERROR)
         dz, row_scale, res = ctx.saved_tensors
         grad_s = None
         if dz is not None and ctx.needs_input_grad[0]:
@@ -194,6 +232,20 @@ def _with_residual(hi: torch.Tensor, res: torch.Tensor, cd: torch.dtype) -> torc
     """``hi + res · |hi| · 2^-k`` in ``cd`` ``[C, D]``: ∂JSD/∂z to within ``|hi| · 2^-(k+1)`` (an ulp/256 of BF16)."""
     h = hi.to(cd)
     return torch.addcmul(h, res.to(cd), h.abs(), value=2.0 ** -_residual_shift(hi.dtype))
+
+
+#: Per device type: does the fused path choose its per-element formulas without host reads
+#: (:class:`~gkd_harness.harness.loss.stable._Masked`)? On a GPU every host read of a mask (``bool(mask.any())``,
+#: boolean indexing) stalls the pipeline, and a call made 4–9 of them per row block, so their number grew with N
+#: and V; sync-free, a call's host synchronisations are a constant (ms-swift's ``extract_active`` and the
+#: caller's). On a CPU a host read costs nothing, and branching lets a block skip the formulas none of its
+#: elements needs. Other device types: sync-free.
+SYNC_FREE = {"cpu": False}
+
+
+def is_sync_free(device: torch.device) -> bool:
+    """Whether the fused path runs sync-free on ``device`` (:data:`SYNC_FREE`)."""
+    return SYNC_FREE.get(torch.device(device).type, True)
 
 
 #: Elements of one row block of the fused path, per device type. Every FP32 temporary of a block is this many

@@ -5,6 +5,7 @@ See docs/loss_accuracy.md for the formulas and where each one is chosen."""
 from __future__ import annotations
 
 import math
+from typing import Callable, Optional
 
 import torch
 
@@ -126,8 +127,10 @@ def _kappa(zs: torch.Tensor, zt: torch.Tensor, s_log: torch.Tensor, t_log: torch
 def _kappa_argmax(zs, zt, s_log, t_log):
     """``(κ [C, 1], argmax of zs [C, 1])``; see :func:`_kappa`."""
     m_s, j_s = zs.max(-1, keepdim=True)
-    m_t, j_t = zt.max(-1, keepdim=True)
-    return (m_t - m_s) + (s_log.gather(-1, j_s) - t_log.gather(-1, j_t)), j_s
+    # The teacher's argmax is not needed, only its values: log_softmax is monotone, so t_log's maximum is t_log at
+    # zt's argmax (equal values at ties), and a maximum without indices is several times cheaper on short rows.
+    m_t, t_top = zt.amax(-1, keepdim=True), t_log.amax(-1, keepdim=True)
+    return (m_t - m_s) + (s_log.gather(-1, j_s) - t_top), j_s
 
 
 def _zero_sum_at_argmax(grad: torch.Tensor, j: torch.Tensor, p_j: torch.Tensor) -> torch.Tensor:
@@ -205,7 +208,14 @@ def _jsd_stable(s: torch.Tensor, t: torch.Tensor, beta: float, beta_form: str, c
 
 
 def _jsd_stable_and_grad(
-    zs: torch.Tensor, zt: torch.Tensor, beta: float, beta_form: str, need_grad: bool, cut: float = _CUT, rows=TorchRows
+    zs: torch.Tensor,
+    zt: torch.Tensor,
+    beta: float,
+    beta_form: str,
+    need_grad: bool,
+    cut: float = _CUT,
+    rows=TorchRows,
+    sync_free: bool = False,
 ):
     """Per-position JSD of :func:`_jsd_stable`'s form and its closed-form gradient, with few full-size temporaries.
 
@@ -227,6 +237,10 @@ def _jsd_stable_and_grad(
     Args:
         zs, zt: ``[C, D]`` temperature-scaled logits in the compute dtype; consumed (modified in place).
         rows: the row operations (:class:`TorchRows`, or :class:`InjectedRows` for a vocabulary shard).
+        sync_free: no host read: every per-element formula choice (direct elements, far rows, shifted elements)
+            is made with ``torch.where`` over the whole block instead of asking the host whether a mask has an
+            element and computing on the selected ones (:func:`_Masked`). The same formulas per element; more
+            arithmetic on blocks with no such element, no pipeline stall on a GPU.
     Returns:
         ``(loss [C], grad [C, D] w.r.t. zs, or None)``.
     """
@@ -236,7 +250,9 @@ def _jsd_stable_and_grad(
     d = zt.sub_(zs).sub_(kappa)  # (zt − zs) − κ, in zt's storage
     del zs, zt
     far = (kappa.abs() > _KAPPA_MAX).squeeze(-1)
-    if bool(far.any()):
+    if sync_free:
+        torch.where(far[:, None], t_log - s_log, d, out=d)
+    elif bool(far.any()):
         if bool(far.all()):
             torch.sub(t_log, s_log, out=d)
         else:
@@ -245,28 +261,34 @@ def _jsd_stable_and_grad(
     q = t_log.exp_()
     del s_log, t_log
     d_t, d_s = _direct_bounds(beta)
+    # One pass and one host read for the block's range of d (not needed sync-free): a mask is made and asked
+    # only when some element may fall in it (NaN compares False, so a NaN block makes every mask).
+    d_min, d_max = (-math.inf, math.inf) if sync_free else map(float, torch.aminmax(d))
     ph, shifted, c = None, None, 0.0
     if beta == 0.0:
-        big = d < -cut
-        if d_t < math.inf:
-            big |= d > d_t
+
+        def big():
+            m = d < -cut
+            return m | (d > d_t) if d_t < math.inf else m
+
         term = torch.neg(d).expm1_().add_(d).mul_(q)  # q·(expm1(−d) + d)
-        if bool(big.any()):
-            db, pb, qb = d[big], p[big], q[big]
-            term[big] = (pb - qb) + _times(qb, db)
+        on = _Masked(big, sync_free, maybe=not (d_min >= -cut and d_max <= d_t))
+        if on.any:
+            db, pb, qb = on.sel(d), on.sel(p), on.sel(q)
+            on.put(term, (pb - qb) + _times(qb, db))
         loss = rows.sum(term)
         del term
         if need_grad:
-            up = d > cut  # −p·expm1(d) may overflow: p − q there
+            up = _Masked(lambda: d > cut, sync_free, maybe=not d_max <= cut)  # −p·expm1(d) may overflow: p − q
             ph = torch.expm1(d).mul_(p).neg_()
-            if bool(up.any()):
-                ph[up] = p[up] - q[up]
+            if up.any:
+                up.put(ph, up.sel(p) - up.sel(q))
     elif beta == 1.0:
-        big = d > cut
         term = torch.expm1(d).sub_(d).mul_(p)  # p·(expm1(d) − d)
-        if bool(big.any()):
-            db, pb, qb = d[big], p[big], q[big]
-            term[big] = (qb - pb) - _times(pb, db)
+        on = _Masked(lambda: d > cut, sync_free, maybe=not d_max <= cut)
+        if on.any:
+            db, pb, qb = on.sel(d), on.sel(p), on.sel(q)
+            on.put(term, (qb - pb) - _times(pb, db))
         loss = rows.sum(term)
         del term
         if need_grad:
@@ -274,64 +296,70 @@ def _jsd_stable_and_grad(
     else:
         w_t, w_s = _weights(beta, beta_form)
         log_b, log_1mb = math.log(beta), math.log1p(-beta)
-        big_s = d > cut
-        if d_s > -math.inf:
-            big_s |= d < d_s
-        big_t = d < -cut
-        if d_t < math.inf:
-            big_t |= d > d_t
-        any_s, any_t = bool(big_s.any()), bool(big_t.any())
+
+        def big_s():
+            m = d > cut
+            return m | (d < d_s) if d_s > -math.inf else m
+
+        def big_t():
+            m = d < -cut
+            return m | (d > d_t) if d_t < math.inf else m
+
+        on_s = _Masked(big_s, sync_free, maybe=not (d_max <= cut and d_min >= d_s))
+        on_t = _Masked(big_t, sync_free, maybe=not (d_min >= -cut and d_max <= d_t))
         # S side: p·ψ(β·x) and ℓ = log1p(β·x).
         xs = torch.expm1(d)  # x (may be inf where d > 88: those elements are direct)
         bx = torch.mul(xs, beta)
         ell = torch.log1p(bx)
         term = bx.sub_(ell).mul_(p)
         del bx
-        if any_s:
-            pb, qb = p[big_s], q[big_s]
-            dsb = _live(d[big_s], pb)  # p = 0: every S-side quantity is weighted by p; keep it finite
+        if on_s.any:
+            pb, qb = on_s.sel(p), on_s.sel(q)
+            dsb = _live(on_s.sel(d), pb)  # p = 0: every S-side quantity is weighted by p; keep it finite
             ellb = torch.logaddexp(torch.full_like(dsb, log_1mb), dsb + log_b)
-            term[big_s] = beta * (qb - pb) - pb * ellb
-            ell[big_s] = ellb
+            on_s.put(term, beta * (qb - pb) - pb * ellb)
+            on_s.put(ell, ellb)
         loss = w_s * rows.sum(term)
         # T side: q·ψ((1−β)·expm1(−d)), computed in term's storage.
         u = torch.neg(d, out=term).expm1_().mul_(1.0 - beta)
         lg = torch.log1p(u)
         u.sub_(lg).mul_(q)
         del lg
-        if any_t:
-            db, pb, qb = d[big_t], p[big_t], q[big_t]
+        if on_t.any:
+            db, pb, qb = on_t.sel(d), on_t.sel(p), on_t.sel(q)
             tmb = torch.logaddexp(torch.full_like(db, log_b), log_1mb - _live(db, qb)).neg_()  # log(T/M)
-            u[big_t] = _times(qb, tmb) + (1.0 - beta) * (pb - qb)
+            on_t.put(u, _times(qb, tmb) + (1.0 - beta) * (pb - qb))
         loss = loss + w_t * rows.sum(u)
         del u, term
         if need_grad:
             # Elements near h's limit c (the teacher's share vanishes): ℓ < log(1−β)/2.
-            shifted = (ell < 0.5 * log_1mb) & (p > 0)
-            any_shift = rows.any(shifted)
-            if not any_shift:
-                shifted = None
+            lim = 0.5 * log_1mb
+            # TorchRows: no shifted element where the block's least ℓ is not below the limit (one pass, one
+            # host read instead of three passes and one); InjectedRows asks every shard alike (a collective).
+            maybe = rows is not TorchRows or sync_free or not float(ell.amin()) >= lim
+            on_sh = _Masked(lambda: (ell < lim) & (p > 0), sync_free, rows, maybe=maybe)
+            shifted = on_sh.mask if on_sh.any else None
             if beta_form == "paper":
                 c = -(1.0 - beta) * log_1mb
                 if shifted is not None:
-                    ell_sh = _softplus(d[shifted] + (log_b - log_1mb))  # ℓ' = ℓ − log(1−β)
-                    ell[shifted] = ell_sh
+                    on_sh.put(ell, _softplus(on_sh.sel(d) + (log_b - log_1mb)))  # ℓ' = ℓ − log(1−β)
                 ph = ell.mul_(p).mul_(-(1.0 - beta))  # shifted elements: −(1−β)·ℓ' = h − c
             else:
                 c = -(2.0 * beta - 1.0) + beta * (-log_1mb)
                 y = xs.div_(torch.mul(xs, beta).add_(1.0))  # x/(1+βx)
-                if any_s:
-                    y[big_s] = torch.exp(dsb - ellb) - torch.exp(-ellb)
+                if on_s.any:
+                    on_s.put(y, torch.exp(dsb - ellb) - torch.exp(-ellb))
                 if shifted is not None and beta > 0.5:
                     # h − c without the cancellation of its two terms (β near 1): y = 0, β·ℓ = −(h − c) below.
-                    y[shifted] = 0.0
-                    ell[shifted] = _continuous_h_minus_c(d[shifted] + (log_b - log_1mb), beta).div_(-beta)
+                    on_sh.put(y, 0.0)
+                    on_sh.put(ell, _continuous_h_minus_c(on_sh.sel(d) + (log_b - log_1mb), beta).div_(-beta))
                 elif shifted is not None:
-                    ell_sh = _softplus(d[shifted] + (log_b - log_1mb))
-                    e_dl = torch.exp(d[shifted] - log_1mb - ell_sh)  # e^(d−ℓ)
+                    dsh = on_sh.sel(d)
+                    ell_sh = _softplus(dsh + (log_b - log_1mb))
+                    e_dl = torch.exp(dsh - log_1mb - ell_sh)  # e^(d−ℓ)
                     # h − c = (2β−1)·e^(d−ℓ) − β·ℓ', written so the common code below forms it.
-                    y[shifted] = e_dl / (1.0 - beta)  # times (1−β)(2β−1) below
-                    ell[shifted] = ell_sh
+                    on_sh.put(y, e_dl / (1.0 - beta))  # times (1−β)(2β−1) below
+                    on_sh.put(ell, ell_sh)
                 ph = y.mul_((1.0 - beta) * (2.0 * beta - 1.0)).sub_(ell, alpha=beta).mul_(p)
         del xs
     if ph is not None:
@@ -339,6 +367,40 @@ def _jsd_stable_and_grad(
         _gradient_from_h(ph, p, shifted, c, rows)
         rows.fix_argmax(ph, j_s, top)
     return loss, ph
+
+
+class _Masked:
+    """Elements of a block ``[C, D]`` that take another formula: ``mask`` (bool ``[C, D]``).
+
+    Host-branching (``sync_free`` false, the default on a CPU, where a host read costs nothing): the mask is made
+    (``make_mask()``) unless the caller knows it is empty (``maybe`` false, from the block's range of d), and
+    :attr:`any` asks the host whether it has an element (one synchronisation), :meth:`sel` picks the masked elements
+    (``x[mask]``, 1-D) and :meth:`put` writes values for them (``dst[mask] = v``), so the other formula runs on
+    those elements only. Sync-free (on a GPU): :attr:`any` is True without asking, :meth:`sel` is the whole
+    block, and :meth:`put` is ``torch.where(mask, v, dst)`` written into ``dst``: the other formula runs on
+    every element and is kept where the mask holds, with no host read (the values are the same per element).
+    """
+
+    def __init__(self, make_mask: Callable[[], torch.Tensor], sync_free: bool, rows=TorchRows, maybe: bool = True):
+        self.sync_free = sync_free
+        self.mask: Optional[torch.Tensor] = None
+        self.any = sync_free
+        if sync_free or maybe:  # ``maybe`` False: the caller knows the mask is empty (no host read, no mask)
+            self.mask = make_mask()
+            self.any = True if sync_free else bool(rows.any(self.mask))
+
+    def sel(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.sync_free else x[self.mask]
+
+    def put(self, dst: torch.Tensor, value) -> None:
+        mask = self.mask
+        assert mask is not None, "put() on a mask known to be empty"
+        if not self.sync_free:
+            dst[mask] = value
+        elif isinstance(value, torch.Tensor):
+            torch.where(mask, value, dst, out=dst)
+        else:
+            dst.masked_fill_(mask, value)
 
 
 def _gradient_from_h(ph: torch.Tensor, p: torch.Tensor, shifted, c: float, rows) -> torch.Tensor:
