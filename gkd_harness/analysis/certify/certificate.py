@@ -130,6 +130,7 @@ def certify(
             upstream=upstream.gkd_loss,
             source=source,
             relative=strict and bar == "upstream" and not f.required,
+            explain=f.required or strict,
         )
         for f in families_for(cand, strict, only, (search_seed, draws, search_draw))
     ]

@@ -45,6 +45,7 @@ class CaseResult:
     nonfinite: bool = False
     note: str = ""
     value: Optional[float] = None  # the candidate's total (reference checks)
+    ref_value: Optional[float] = None  # the FP64 reference's total (reference checks)
     n: Optional[int] = None  # its num_valid
     cause: str = ""  # a recognised cause (see gkd_harness.analysis.certify.causes), set for failing cases
     mode: str = ""  # the case's teacher form ("full vocabulary" / "top-k") and dtype pair, for the failure pattern
@@ -308,6 +309,10 @@ def _textbook_fp32(upstream: Callable, case: Case, ref) -> Tuple[float, str]:
 
 def _reference_check(fn: Callable, case: Case, upstream: Optional[Callable] = None) -> CaseResult:
     ref = reference_of(case)
+
+    def out(*args, **kwargs) -> CaseResult:
+        return dataclasses.replace(CaseResult(*args, **kwargs), ref_value=float(ref[0]))
+
     total, n, grad = _loss_and_grad(fn, case)
     value = float(total.double())
     nonfinite = not (math.isfinite(value) and _finite(grad))
@@ -317,11 +322,11 @@ def _reference_check(fn: Callable, case: Case, upstream: Optional[Callable] = No
         up, up_note = _textbook_fp32(upstream, case, ref)
         bar = max(1.0, up)
     if n != ref[1]:
-        return CaseResult(case.id, math.inf, True, negative, nonfinite, f"num_valid {n}, expected {ref[1]}", value, n)
+        return out(case.id, math.inf, True, negative, nonfinite, f"num_valid {n}, expected {ref[1]}", value, n)
     if nonfinite:
         if math.isinf(bar):
-            return CaseResult(case.id, math.inf, False, negative, True, f"non-finite, as {up_note}", value, n)
-        return CaseResult(case.id, math.inf, True, negative, True, f"non-finite total {value} or gradient", value, n)
+            return out(case.id, math.inf, False, negative, True, f"non-finite, as {up_note}", value, n)
+        return out(case.id, math.inf, True, negative, True, f"non-finite total {value} or gradient", value, n)
     v_ratio, g_ratio = _ratios(value, grad, case, ref)
     z, rep = zeroed(grad, case, ref)
     ratio = math.inf if z else max(v_ratio, g_ratio)
@@ -337,7 +342,7 @@ def _reference_check(fn: Callable, case: Case, upstream: Optional[Callable] = No
         )
         if up_note:
             note += f"; {up_note}"
-    return CaseResult(case.id, ratio, ratio > bar, negative, False, note, value, n)
+    return out(case.id, ratio, ratio > bar, negative, False, note, value, n)
 
 
 def _value(fn: Callable, case: Case) -> torch.Tensor:
@@ -734,9 +739,11 @@ def run_family(
     max_failing: int = 5,
     relative: bool = False,
     source: Optional[str] = None,
+    explain: bool = True,
 ) -> FamilyResult:
     """Every case of ``family`` through ``fn``. ``relative``: the bar is upstream's formula in FP32 (hard regimes
-    under ``--strict``). ``source``: the candidate's source text, for the recognised causes."""
+    under ``--strict``). ``source``: the candidate's source text, for the recognised causes; ``explain``: look for
+    one (a family that does not gate is reported without a cause: the search costs reference evaluations)."""
     from gkd_harness.analysis.certify.causes import recognise
 
     t0 = time.perf_counter()
@@ -752,7 +759,9 @@ def run_family(
         results.append(evaluate(fn, c, upstream))
     bad = [r for r in results if r.failed]
     # paired by position: ids may repeat within a family (e.g. two noise levels under one name)
-    cause = recognise(fn, [(c, r) for c, r in zip(cases, results) if r.failed], source, upstream) if bad else ""
+    cause = (
+        recognise(fn, [(c, r) for c, r in zip(cases, results) if r.failed], source, upstream) if bad and explain else ""
+    )
     bad.sort(key=lambda r: -r.ratio)
     modes: Dict[str, List[int]] = {}
     pairs: Dict[str, List[int]] = {}
