@@ -180,11 +180,16 @@ def test_a_refused_rerun_writes_nothing_into_the_folders_it_does_not_own(app):
     names = ["gkd.beta=0.1", "gkd.beta=0.5"]
     manifest = json.loads((sweep / "sweep_manifest.json").read_text())
     assert manifest["points"] == names and manifest["group"] == "unit"
+    # the plan (issue 38): each point's declared seed, steps and overrides; the launch, append-only
+    assert manifest["declared"][names[0]]["overrides"] == ["gkd.beta=0.1"]
+    assert [x["id"] for x in manifest["launches"]] == [1] and manifest["launches"][0]["adds"] == names
     before = {n: (sweep / n / ".hydra" / "job_return.json").read_text() for n in names}
     live = sweep / "gkd.beta=0.5" / "summary.json"  # as if another sweep's point were running there
     live.write_text(json.dumps({"status": "running", "error": None, "config": {}}))
     second, out2 = _run(app, *args, "run.dataset=b")  # run.dataset is not in the folder name
-    assert second.returncode != 0, out2
+    assert second.returncode == 2, out2  # refused, as gkd-train refusing one folder (README: exit 2)
+    relaunch = json.loads((sweep / "sweep_manifest.json").read_text())["launches"]
+    assert [x["id"] for x in relaunch] == [1, 2] and relaunch[1]["adds"] == [] and relaunch[1]["drops"] == []
     assert {n: (sweep / n / ".hydra" / "job_return.json").read_text() for n in names} == before
     assert json.loads(before["gkd.beta=0.1"])["status"] == "COMPLETED"
     assert json.loads(live.read_text())["status"] == "running"
