@@ -314,7 +314,7 @@ class SweepStatusCallback(Callback):
         return {"progress_interval_s": self.progress_interval_s, "plan": self.plan, "launch_id": self.launch_tag}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(**state)
+        SweepStatusCallback.__init__(self, **state)
 
     # -- printing
     def _print(self, text: str) -> None:
@@ -477,7 +477,7 @@ class SweepStatusCallback(Callback):
         if invalid:  # gkd-train's exit-code contract holds for a sweep too: a config error is 2, not "failed"
             self._print(
                 f"[sweep {self._group}] {len(invalid)} of {len(points)} points have an invalid config "
-                f"(first: {invalid[0].error.split(': ', 1)[-1]})"
+                f"(first: {str(invalid[0].error).split(': ', 1)[-1]})"
             )
             sys.exit(EXIT_CONFIG)
         if any(p.status == "refused" for p in points):  # as gkd-train refusing one folder (README: exit 2)
