@@ -153,7 +153,8 @@ def test_typed_values_are_the_yaml_values():
     cfg, run_dir = point_config(["experiment=seed", "run.dataset=x/y"], run_dir="/tmp/unused")
     assert cfg.run.max_steps == 100 and isinstance(cfg.run.max_steps, int)
     assert cfg.gkd.topk == 64 and cfg.gkd.beta == 0.5 and isinstance(cfg.gkd.beta, float)
-    assert cfg.backend.nproc_per_node == 8 and cfg.backend.nnodes is None and cfg.run.extra_args == []
+    assert cfg.backend.nproc_per_node == 8 and cfg.backend.nnodes is None
+    assert cfg.run.extra_args == ["--save_total_limit", "2"]  # the seed keeps its newest 2 checkpoints
     assert cfg.rollout.vllm.gpu_memory_utilization == 0.3  # configs/rollout/vllm_colocate.yaml, the one home
     assert cfg.run.output_dir == str(run_dir) == "/tmp/unused"
     assert flatten(cfg)["loss.precision"] == cfg.loss.precision
