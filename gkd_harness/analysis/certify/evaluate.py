@@ -45,8 +45,8 @@ class CaseResult:
     nonfinite: bool = False
     note: str = ""
     value: Optional[float] = None  # the candidate's total (reference checks)
-    ref_value: Optional[float] = None  # the FP64 reference's total (reference checks)
     n: Optional[int] = None  # its num_valid
+    ref_value: Optional[float] = None  # the FP64 reference's total (reference checks)
     cause: str = ""  # a recognised cause (see gkd_harness.analysis.certify.causes), set for failing cases
     mode: str = ""  # the case's teacher form ("full vocabulary" / "top-k") and dtype pair, for the failure pattern
     pair: str = ""
