@@ -1,8 +1,9 @@
 """A run's identity: the fingerprint of its resolved config, and the keys that differ from an earlier attempt.
 
-:func:`config_fingerprint` hashes every key of the resolved (flat, redacted) config plus the harness's commit
-(:func:`version_identity`: the commit and dirty flag, not the dev distance, which a stale ``gkd_harness.egg-info``
-can change between two processes of one commit);
+:func:`config_fingerprint` hashes every key of the resolved (flat, redacted) config plus the code that runs a
+training (:func:`gkd_harness.harness.store.provenance.harness_code_sha256`: every ``*.py`` of ``gkd_harness/harness/``),
+not the commit: a docs-, tests- or analysis-only commit between two points of a sweep changes no run's identity, and
+neither does the dev distance of the version, which a stale ``gkd_harness.egg-info`` can change;
 :func:`summary_diff` lists what differs from a folder's summary.json, and :func:`mismatch_message` says it in one
 line (:class:`ConfigMismatch`).
 """
@@ -17,7 +18,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional
 from gkd_harness.harness.config.secrets import redact
 from gkd_harness.harness.contract import ARCHIVE_DIR, SUMMARY_FILE
 from gkd_harness.harness.store.files import RunFolderError
-from gkd_harness.harness.store.provenance import harness_version
+from gkd_harness.harness.store.provenance import harness_code_sha256, harness_version
 
 #: Keys that say where and how to run a config, not what it trains: left out of the fingerprint and the diff.
 FINGERPRINT_EXCLUDE = frozenset(
@@ -34,10 +35,9 @@ class ConfigMismatch(RunFolderError):
 
 
 def version_identity(version: str) -> str:
-    """What of a harness version identifies the code: its local part, the commit and dirty flag
-    (``"0.1.dev5+g1a2b3c4d5.dirty"`` -> ``"g1a2b3c4d5.dirty"``), not the dev distance before it, which comes from
-    package metadata (a stale, git-ignored ``gkd_harness.egg-info`` in the working directory changes it); a
-    version without a local part (a release, ``"unknown"``) as it is."""
+    """What of a harness version names the code: its local part, the commit and dirty flag
+    (``"0.1.dev5+g1a2b3c4d5.dirty"`` -> ``"g1a2b3c4d5.dirty"``), not the dev distance before it; a version without
+    a local part as it is. Shown in messages; the fingerprint keys on the code itself (:func:`harness_code_sha256`)."""
     public, sep, local = str(version).partition("+")
     return local if sep and local else public
 
@@ -51,14 +51,14 @@ def canonical_config(flat_config: Mapping[str, Any], exclude: Iterable[str] = FI
 
 
 def config_fingerprint(
-    flat_config: Mapping[str, Any], version: Optional[str] = None, exclude: Iterable[str] = FINGERPRINT_EXCLUDE
+    flat_config: Mapping[str, Any], code: Optional[str] = None, exclude: Iterable[str] = FINGERPRINT_EXCLUDE
 ) -> str:
     """sha256 (hex, 64 characters) over every key and value of the flat resolved config (paths included; the
-    ``exclude`` keys that only say where/how to run left out) plus the harness ``version``'s commit
-    (:func:`version_identity`)."""
+    ``exclude`` keys that only say where/how to run left out) plus ``code``, the sha256 of the code that runs a
+    training (default :func:`harness_code_sha256`)."""
     payload = {
         "config": canonical_config(flat_config, exclude),
-        "harness_version": version_identity(harness_version() if version is None else version),
+        "harness_code_sha256": harness_code_sha256() if code is None else code,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
@@ -71,17 +71,15 @@ def config_diff(
     return sorted(k for k in set(old) | set(new) if old.get(k, ...) != new.get(k, ...))
 
 
-def summary_diff(
-    summary: Mapping[str, Any], flat_config: Mapping[str, Any], version: Optional[str] = None
-) -> List[str]:
-    """Keys that differ between a folder's summary.json and a new flat config; ``"harness_version"`` when the
-    versions' commits differ (:func:`version_identity`), ``"fingerprint"`` when the stored fingerprint is absent (a folder of an older harness) or
-    does not match although no key differs. Empty: same config."""
-    version = harness_version() if version is None else version
+def summary_diff(summary: Mapping[str, Any], flat_config: Mapping[str, Any], code: Optional[str] = None) -> List[str]:
+    """Keys that differ between a folder's summary.json and a new flat config; ``"harness_code"`` when the code
+    that runs a training differs (``summary["harness_code_sha256"]``; absent in a folder of an older harness),
+    ``"fingerprint"`` when the stored fingerprint does not match although nothing else differs. Empty: same run."""
+    code = harness_code_sha256() if code is None else code
     keys = config_diff(summary.get("config") or {}, flat_config)
-    if version_identity(str(summary.get("harness_version"))) != version_identity(version):
-        keys.append("harness_version")
-    if not keys and summary.get("fingerprint") != config_fingerprint(flat_config, version):
+    if summary.get("harness_code_sha256") != code:
+        keys.append("harness_code")
+    if not keys and summary.get("fingerprint") != config_fingerprint(flat_config, code):
         keys.append("fingerprint")
     return keys
 
@@ -102,8 +100,11 @@ def mismatch_message(
     old, new = canonical_config(summary.get("config") or {}), canonical_config(flat_config)
     shown = []
     for k in differing[:8]:
-        if k == "harness_version":
-            shown.append(f"harness_version {_show(summary.get('harness_version'))} -> {_show(harness_version())}")
+        if k == "harness_code":
+            shown.append(
+                f"the harness code (gkd_harness/harness/*.py) {_show(summary.get('harness_version'))} -> "
+                f"{_show(harness_version())}"
+            )
         elif k == "fingerprint":
             shown.append("fingerprint (absent or different)")
         else:

@@ -21,6 +21,7 @@ Torch-free and import-free of the other layers (the store layer imports only con
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import subprocess
 from pathlib import Path
@@ -30,6 +31,7 @@ from gkd_harness.harness.config.source_files import source_file
 from gkd_harness.harness.contract import CANDIDATE, NATIVE
 
 __all__ = [
+    "harness_code_sha256",
     "provenance",
     "git_state",
     "loss_code_path",
@@ -135,6 +137,17 @@ def loss_code_path(precision: Optional[str], source: Optional[str] = None) -> Op
             return None
         return path if path.exists() else None
     return _HARNESS_DIR / "loss"
+
+
+@functools.lru_cache(maxsize=1)
+def harness_code_sha256() -> str:
+    """sha256 of the code that runs a training: every ``*.py`` under ``gkd_harness/harness/`` (relative path and
+    contents, in path order). The resume fingerprint's code identity: a commit that touches only docs, tests,
+    analysis or benchmarks leaves it unchanged, and so does package metadata (a stale ``egg-info``)."""
+    h = hashlib.sha256()
+    for f in sorted(_HARNESS_DIR.rglob("*.py")):
+        h.update(f.relative_to(_HARNESS_DIR).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def sha256_path(path: Path) -> str:

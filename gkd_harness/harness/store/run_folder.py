@@ -53,7 +53,7 @@ from gkd_harness.harness.store.files import write_in_place as _write_in_place
 from gkd_harness.harness.store.fingerprint import canonical_config, config_fingerprint
 from gkd_harness.harness.store.lock import RunLock, describe_owner, owned_by_this_process, read_lock
 from gkd_harness.harness.store.metrics_io import last_metrics_step, read_metrics, record_step
-from gkd_harness.harness.store.provenance import harness_version, package_versions
+from gkd_harness.harness.store.provenance import harness_code_sha256, harness_version, package_versions
 
 log = logging.getLogger("gkd_harness.run_folder")
 
@@ -205,8 +205,9 @@ class RunFolder:
             "run_name": redact_name(str(run_name)),
             "group": group,
             "config": canonical_config(flat_config, exclude=()),
-            "fingerprint": config_fingerprint(flat_config, version),
+            "fingerprint": config_fingerprint(flat_config),
             "harness_version": version,
+            "harness_code_sha256": harness_code_sha256(),
             "dtypes_seen": {},
             "versions": package_versions(),
             "last_step": 0,

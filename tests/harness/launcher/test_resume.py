@@ -108,7 +108,7 @@ def test_unfinished_attempts_resume_only_with_the_same_config(tmp_path):
 def test_a_folder_written_by_an_older_harness_is_not_skipped(tmp_path):
     folder = RunFolder(tmp_path / "run").create()
     folder.summary_path.write_text(json.dumps({"status": "completed", "config": FLAT}))  # no fingerprint
-    with pytest.raises(ConfigMismatch, match="harness_version"):
+    with pytest.raises(ConfigMismatch, match="the harness code"):
         _decide(folder, FLAT)
     assert _decide(RunFolder(tmp_path / "empty"), FLAT).action == "new"
     MetricsWriter(tmp_path / "orphan" / "metrics.jsonl").write({"step": 1})

@@ -1,4 +1,5 @@
-"""A run's identity (gkd_harness.harness.store.fingerprint): every key and the harness version, stable across processes."""
+"""A run's identity (gkd_harness.harness.store.fingerprint): every key and the code that runs a training, stable across
+processes and across commits that do not touch that code."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def test_fingerprint_covers_every_key_and_the_version_and_is_stable_across_proce
     assert config_fingerprint({**FLAT, "run.dataset": "x/y"}) != fp
     assert config_fingerprint({**FLAT, "gkd.beta": 0.5000001}) != fp
     assert config_fingerprint({**FLAT, "new.key": 1}) != fp
-    assert config_fingerprint(FLAT, version="9.9.9") != config_fingerprint(FLAT, version=harness_version())
+    assert config_fingerprint(FLAT, code="0" * 64) != fp  # other training code, other run
     for key in FINGERPRINT_EXCLUDE:  # where/how to run, not what
         assert config_fingerprint({**FLAT, key: "elsewhere"}) == fp
     code = (
@@ -62,13 +63,38 @@ def test_a_stale_egg_info_does_not_change_the_fingerprint(tmp_path):
     assert out[1] == config_fingerprint(FLAT)
 
 
-def test_the_resume_check_compares_commits_not_dev_numbers():
-    from gkd_harness.harness.store.fingerprint import summary_diff, version_identity
+def test_the_resume_check_compares_the_training_code_not_the_commit():
+    """Issue 38 item 9: a commit during a sweep that changes no code of gkd_harness/harness/ (docs, tests, analysis)
+    leaves every run's identity as it was; a change to that code, or a folder of an older harness that recorded no
+    code hash, does not match."""
+    from gkd_harness.harness.store.fingerprint import summary_diff
+    from gkd_harness.harness.store.provenance import harness_code_sha256
 
-    assert version_identity("0.1.dev5+g1a2b3c4d5.dirty") == "g1a2b3c4d5.dirty"
-    assert version_identity("0.2.0") == "0.2.0" and version_identity("unknown") == "unknown"
-    done = {"config": FLAT, "harness_version": "0.1.dev5+g1a2b3c4d5"}
-    done["fingerprint"] = config_fingerprint(FLAT, done["harness_version"])
-    assert summary_diff(done, FLAT, version="0.1.dev9+g1a2b3c4d5") == []
-    assert summary_diff(done, FLAT, version="0.1.dev5+g1a2b3c4d5.dirty") == ["harness_version"]
-    assert summary_diff(done, FLAT, version="0.1.dev5+g0000000aa") == ["harness_version"]
+    code = harness_code_sha256()
+    done = {"config": FLAT, "harness_version": "0.1.dev5+g1a2b3c4d5", "harness_code_sha256": code}
+    done["fingerprint"] = config_fingerprint(FLAT)
+    assert summary_diff(done, FLAT) == []  # the version differs from this process's: not part of the identity
+    assert summary_diff(done, FLAT, code="f" * 64) == ["harness_code"]
+    assert summary_diff({k: v for k, v in done.items() if k != "harness_code_sha256"}, FLAT) == ["harness_code"]
+
+
+def test_the_code_hash_covers_the_training_code_only(tmp_path, monkeypatch):
+    """Hashing a copy of gkd_harness/harness/ gives the same digest; a byte changed in a rank-side file changes it; the
+    repository's docs, tests and analysis are not part of it."""
+    import shutil
+
+    from gkd_harness.harness.store import provenance
+
+    here = provenance.harness_code_sha256()
+    copy = tmp_path / "harness"
+    shutil.copytree(REPO / "gkd_harness" / "harness", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(provenance, "_HARNESS_DIR", copy)
+    provenance.harness_code_sha256.cache_clear()
+    try:
+        assert provenance.harness_code_sha256() == here
+        plugin = copy / "rank" / "plugin.py"
+        plugin.write_text(plugin.read_text() + "\n# changed\n")
+        provenance.harness_code_sha256.cache_clear()
+        assert provenance.harness_code_sha256() != here
+    finally:
+        provenance.harness_code_sha256.cache_clear()
