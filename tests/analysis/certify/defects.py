@@ -232,14 +232,15 @@ ISSUE_37: Dict[str, Tuple[str, List[Tuple[str, str]], str, object]] = {
             (
                 "    teacher_output.validate()\n",
                 "    teacher_output.validate()\n"
-                "    shift = None\n"
+                "    saved = None\n"
                 "    if teacher_output.full_logits is not None:\n"
-                "        shift = teacher_output.full_logits.amax(dim=-1, keepdim=True)\n"
-                "        teacher_output.full_logits.sub_(shift)\n",
+                "        saved = teacher_output.full_logits.clone()\n"
+                "        teacher_output.full_logits.sub_(teacher_output.full_logits.amax(dim=-1, keepdim=True))\n",
             ),
             (
                 "    return total, num_valid\n",
-                "    if shift is not None:\n        teacher_output.full_logits.add_(shift)\n    return total, num_valid\n",
+                "    if saved is not None:\n        teacher_output.full_logits.copy_(saved)  # restored bit for bit\n"
+                "    return total, num_valid\n",
             ),
         ],
         "mixed FP32/BF16 (the defect)",
