@@ -304,7 +304,9 @@ def source(name: str) -> str:
     from gkd_harness.harness.loss.candidate import upstream_file
 
     base, edits = EDITS[name]
-    text = (GOOD if base == "good" else upstream_file()).read_text()
+    path = GOOD if base == "good" else upstream_file()
+    assert path is not None, "ms-swift's gkd_loss.py is not installed"
+    text = path.read_text()
     for old, new in edits:
         assert text.count(old) >= 1, (name, old)
         text = text.replace(old, new)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-import mpmath
+import mpmath  # type: ignore[import-untyped]
 import pytest
 import torch
 

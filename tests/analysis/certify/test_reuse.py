@@ -23,6 +23,7 @@ def test_gkd_analyze_reuses_the_certificate_gkd_certify_kept(capsys, tmp_path, m
     monkeypatch.setenv("GKD_HARNESS_CACHE", str(tmp_path / "cache"))
     cand = EXAMPLES / "broken_cast_back.py"
     sha = loss_source_sha256("candidate", str(cand))
+    assert sha is not None
     # a search other than the default is not what gkd-analyze computes: not kept
     code, out = _gkd_certify(capsys, cand, "--quick", "--family", "mixed", "--out", tmp_path / "part")
     assert code == 1 and "kept for gkd-analyze" not in out and recall(sha, "paper", True, False) is None
