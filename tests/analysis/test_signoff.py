@@ -73,7 +73,11 @@ def test_passing_sweep_exit_0_and_report_files(synthetic_sweep_dir, tmp_path):
         assert (report / name).stat().st_size > 0, name
     html = (report / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 5
-    assert not re.search(r"(src|href)=['\"](?!data:|#)", html)  # self-contained (in-page anchors allowed)
+    # self-contained: every resource inline (data: URIs), no stylesheet or script fetched; links are in-page anchors
+    # or the run folders of the provenance section (relative paths, no URL scheme)
+    assert not re.search(r"src=['\"](?!data:)", html) and "<link" not in html
+    hrefs = re.findall(r"href=['\"]([^'\"]*)", html)
+    assert hrefs and all(h.startswith("#") or "://" not in h for h in hrefs), hrefs
     md = (report / "report.md").read_text().replace("\\|", "|")  # table cells escape "|"
     for c in v["criteria"]:  # every criterion with its threshold and measured value, in both renderings
         assert c["title"] in md and c["measured"].split(";")[0] in md
