@@ -40,8 +40,12 @@ def test_the_certificate_fails_a_reinjected_defect_naming_the_family(defect, fam
 
     from tests.harness.loss.reinject_defects import ROOT, inject
 
-    for folder in ("harness", "analysis", "gkd_harness"):  # a source tree: gkd_harness maps its folders
-        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__", "_version.py"))
+    # a source tree as the repository lays it out: the package folder, and the top-level folders as links into it
+    shutil.copytree(
+        ROOT / "gkd_harness", tmp_path / "gkd_harness", ignore=shutil.ignore_patterns("__pycache__", "_version.py")
+    )
+    for folder in ("harness", "analysis", "launch", "bench", "configs"):
+        (tmp_path / folder).symlink_to(Path("gkd_harness") / folder)
     shutil.copy2(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     inject(tmp_path, defect)
     env = dict(os.environ, PYTHONPATH=str(tmp_path), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", WANDB_MODE="offline")
