@@ -190,18 +190,17 @@ def _clamp_line(source: Optional[str]) -> Optional[str]:
     return None
 
 
-def _clamp_shows(failing, upstream: Optional[Callable]) -> bool:
-    """A failing case whose total is ≥ 0 where upstream's own arithmetic (the installed gkd_loss) is negative on the
-    same inputs: the clamp hid a negative loss."""
-    if upstream is None:
+def _clamp_shows(failing, upstream_total: Optional[Callable[[Case], float]]) -> bool:
+    """A failing case whose total is ≥ 0 where upstream's own arithmetic (the installed gkd_loss, through
+    ``upstream_total``: the case's total under upstream) is negative on the same inputs: the clamp hid a negative
+    loss."""
+    if upstream_total is None:
         return False
-    from gkd_harness.analysis.certify.evaluate import _loss_and_grad
-
     for case, res in failing[:6]:
         if res.value is None or res.value < 0 or case.check != "reference":
             continue
         try:
-            total = float(_loss_and_grad(upstream, case)[0].double())
+            total = upstream_total(case)
         except Exception:  # noqa: BLE001 - no evidence from this case
             continue
         if total < 0:
@@ -210,9 +209,13 @@ def _clamp_shows(failing, upstream: Optional[Callable]) -> bool:
 
 
 def recognise(
-    fn: Callable, failing: List[Tuple[Case, Any]], source: Optional[str] = None, upstream: Optional[Callable] = None
+    fn: Callable,
+    failing: List[Tuple[Case, Any]],
+    source: Optional[str] = None,
+    upstream_total: Optional[Callable[[Case], float]] = None,
 ) -> str:
-    """One line naming the recognised cause of a family's failing cases, or ``""``."""
+    """One line naming the recognised cause of a family's failing cases, or ``""``. ``upstream_total``: a case's
+    total under upstream's installed loss (the caller evaluates it; this module only reasons over the results)."""
     for sub, kind in CONTRACT_NOTES:
         hit = [r.note for _, r in failing if sub in r.note]
         if hit:
@@ -241,7 +244,7 @@ def recognise(
     if _aligned_late(failing):
         return HINTS["alignment"]
     line = _clamp_line(source)
-    if line and _clamp_shows(failing, upstream):
+    if line and _clamp_shows(failing, upstream_total):
         return HINTS["clamp"].format(line)
     return ""
 

@@ -209,6 +209,13 @@ def _call(fn: Callable, case: Case, student: torch.Tensor, beta=None, temperatur
 GRAD_MODES = {"grad": contextlib.nullcontext, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
 
 
+def _total_under(upstream: Optional[Callable]) -> Optional[Callable[[Case], float]]:
+    """A case's total under ``upstream`` (FP64 number), for the recognised causes; None without upstream."""
+    if upstream is None:
+        return None
+    return lambda case: float(_loss_and_grad(upstream, case)[0].double())
+
+
 def _loss_and_grad(fn: Callable, case: Case, cast: Optional[torch.dtype] = None):
     """``(total, num_valid, grad of total/num_valid · loss_scale)`` of ``fn`` on copies of the case's inputs.
 
@@ -760,7 +767,9 @@ def run_family(
     bad = [r for r in results if r.failed]
     # paired by position: ids may repeat within a family (e.g. two noise levels under one name)
     cause = (
-        recognise(fn, [(c, r) for c, r in zip(cases, results) if r.failed], source, upstream) if bad and explain else ""
+        recognise(fn, [(c, r) for c, r in zip(cases, results) if r.failed], source, _total_under(upstream))
+        if bad and explain
+        else ""
     )
     bad.sort(key=lambda r: -r.ratio)
     modes: Dict[str, List[int]] = {}
