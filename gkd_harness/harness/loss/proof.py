@@ -181,7 +181,7 @@ def report_repro(
 
         upstream_jsd = upstream_module.jsd_loss
     if fixed is None:
-        from gkd_harness.harness.losses import make_gkd_loss
+        from gkd_harness.harness.loss.variants import make_gkd_loss
 
         fixed = make_gkd_loss("fp32")
     student, to, labels = seed_like_inputs(REPORT_ROWS, REPORT_VOCAB, device, "full", seed=seed)
