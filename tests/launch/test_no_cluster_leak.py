@@ -28,9 +28,9 @@ CLUSTER_KEYS = {
 
 
 def committed_config_files() -> list[Path]:
-    """Every file under configs/ that git would commit (tracked, or untracked and not ignored)."""
+    """Every file under gkd_harness/configs/ (the top-level configs/ links there) that git would commit (tracked, or untracked and not ignored)."""
     out = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "configs"],
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "gkd_harness/configs"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -78,14 +78,19 @@ def test_local_folder_is_ignored_except_docs_and_examples():
     def ignored(rel):
         return subprocess.run(["git", "check-ignore", "-q", rel], cwd=REPO).returncode == 0
 
-    assert ignored("configs/local/default.yaml")
-    assert ignored("configs/local/my_cluster.yaml")
-    assert not ignored("configs/local/README.md")
+    assert ignored("gkd_harness/configs/local/default.yaml")
+    assert ignored("gkd_harness/configs/local/my_cluster.yaml")
+    assert not ignored("gkd_harness/configs/local/README.md")
 
 
 def test_example_file_is_committable():
-    """.gitignore must keep `!configs/local/*.example.yaml` so the documented example reaches users."""
-    assert subprocess.run(["git", "check-ignore", "-q", "configs/local/slurm.example.yaml"], cwd=REPO).returncode == 1
+    """.gitignore must keep `!gkd_harness/configs/local/*.example.yaml` (``configs/`` is a link into gkd_harness/) so the documented example reaches users."""
+    assert (
+        subprocess.run(
+            ["git", "check-ignore", "-q", "gkd_harness/configs/local/slurm.example.yaml"], cwd=REPO
+        ).returncode
+        == 1
+    )
 
 
 @pytest.mark.parametrize(
