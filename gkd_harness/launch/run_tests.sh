@@ -28,7 +28,9 @@ if [ "$fast" = 1 ]; then
     echo "run_tests: fast lane (-m \"$FAST\"); the full suite is bash launch/run_tests.sh"
     exit "$rc"
 fi
-"$py" -m pytest --durations=15 ${args[@]+"${args[@]}"}   # the 15 slowest tests close the report
+# the whole suite on 2 pytest-xdist workers as well (GKD_WORKERS to change; 1 runs it in one process): the slow and
+# the parallel (torchrun, gloo) tests pass side by side; one torch thread per worker unless OMP_NUM_THREADS is set
+OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" "$py" -m pytest --durations=15 -n "${GKD_WORKERS:-2}" ${args[@]+"${args[@]}"}   # the 15 slowest close the report
 rc=$?
 if [ -x .venv-vllm/bin/python ]; then
     PATH="$PWD/.venv-vllm/bin:$PATH" .venv-vllm/bin/python -m pytest -m vllm tests/vllm -p no:cacheprovider
