@@ -34,14 +34,6 @@ class ConfigMismatch(RunFolderError):
         self.differing = list(differing)
 
 
-def version_identity(version: str) -> str:
-    """What of a harness version names the code: its local part, the commit and dirty flag
-    (``"0.1.dev5+g1a2b3c4d5.dirty"`` -> ``"g1a2b3c4d5.dirty"``), not the dev distance before it; a version without
-    a local part as it is. Shown in messages; the fingerprint keys on the code itself (:func:`harness_code_sha256`)."""
-    public, sep, local = str(version).partition("+")
-    return local if sep and local else public
-
-
 def canonical_config(flat_config: Mapping[str, Any], exclude: Iterable[str] = FINGERPRINT_EXCLUDE) -> Dict[str, Any]:
     """The comparable form of a flat config: secrets redacted, ``exclude`` keys dropped, values as they read back
     from summary.json (a JSON round trip: tuples -> lists, unknown types -> str), keys sorted."""
@@ -120,7 +112,6 @@ def mismatch_message(
 
 __all__ = [
     "FINGERPRINT_EXCLUDE",
-    "version_identity",
     "ConfigMismatch",
     "canonical_config",
     "config_fingerprint",
