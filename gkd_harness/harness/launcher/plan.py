@@ -25,6 +25,7 @@ from gkd_harness.harness.launcher.swift_argv import (
     megatron_batch_note,
     megatron_batch_sizes,
 )
+from gkd_harness.harness.launcher.wandb_env import WANDB_SERVICE_ENV
 
 #: Prefixes of the variables the plan sets (shown by the dry run and saved in command.json; never a key).
 SHOWN_PREFIXES = (
@@ -63,8 +64,12 @@ class LaunchPlan:
 
     def process_env(self, base_env: Mapping[str, str]) -> Dict[str, str]:
         """The full environment of the ms-swift process: ``base_env`` with the plan's variables on top. A node
-        without torchrun gets none of the torchrun variables, even when ``base_env`` had them."""
+        without torchrun gets none of the torchrun variables, even when ``base_env`` had them. The caller's wandb
+        service (``WANDB_SERVICE``, set in any process with a live wandb run, and inherited by its children) is
+        dropped: the ranks start their own, so a killed run's wandb stream ends with it and a resume can take the
+        same run id again (before: "run ID ... is in use" from the caller's service, and the resume failed)."""
         out = dict(base_env)
+        out.pop(WANDB_SERVICE_ENV, None)
         if not self.layout.torchrun:
             for key in ("NPROC_PER_NODE", "NNODES", "NODE_RANK"):
                 out.pop(key, None)

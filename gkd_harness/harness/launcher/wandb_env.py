@@ -16,6 +16,10 @@ from gkd_harness.harness.config.schema import WANDB_MODES
 from gkd_harness.harness.config.secrets import redact_name
 from gkd_harness.harness.contract import WANDB_DIR, role_of
 
+#: wandb's variable naming a live wandb service (``wandb.env.SERVICE``): a process with a wandb run sets it, and its
+#: children join that service instead of starting their own.
+WANDB_SERVICE_ENV = "WANDB_SERVICE"
+
 
 # ----------------------------------------------------------------------------------------------------------
 # wandb

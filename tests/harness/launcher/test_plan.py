@@ -134,6 +134,17 @@ def test_hf_single_process_runs_without_torchrun_and_drops_stale_variables(tmp_p
     assert "NPROC_PER_NODE" not in full and "NNODES" not in full and full["MASTER_ADDR"] == "127.0.0.1"
 
 
+@pytest.mark.parametrize("backend", ["hf", "megatron"])
+def test_the_ranks_never_join_the_callers_wandb_service(tmp_path, backend):
+    """A caller with a live wandb run (a notebook, an agent, a test process) has WANDB_SERVICE set; ranks that joined
+    that service left the killed run's stream open in it, and the resume's same run id was refused ("run ID ... is in
+    use"). The ranks start their own service."""
+    cfg, run_dir = point_config([f"run.output_dir={tmp_path}", f"backend={backend}"])
+    plan = make_plan(cfg, run_dir, base_env={}, dry_run=True)
+    full = plan.process_env({"WANDB_SERVICE": "3-123-unix-/tmp/wandb-123/socket", "PATH": "/usr/bin"})
+    assert "WANDB_SERVICE" not in full and full["PATH"] == "/usr/bin" and full["WANDB_RUN_ID"]
+
+
 def test_explicit_global_batch_not_divisible_is_refused_naming_the_key(tmp_path):
     from gkd_harness.harness.config.schema import ConfigError
 

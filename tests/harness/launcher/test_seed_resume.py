@@ -13,7 +13,9 @@ from tests.launch.helpers import task_config
 
 
 @pytest.mark.parametrize("name", ["seed", "seed_hf"])
-def test_the_seed_presets_checkpoint_every_tenth_of_the_run_and_resume(name):
+def test_the_seed_presets_checkpoint_every_tenth_of_the_run_and_resume(name, monkeypatch):
+    # the presets name hub models, which no cache here holds: validated as on a cluster node with hub access
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     cfg = task_config([f"experiment={name}", "run.dataset=org/gkd-prompts"])
     validate_config(cfg)  # run.extra_args checked against ms-swift's flags where the table is cached
     assert cfg.run.resume is True and cfg.run.save_steps == 10 and cfg.run.max_steps == 100

@@ -295,7 +295,23 @@ def test_a_second_run_into_a_live_folder_exits_at_once_naming_the_owner(embedded
     assert not (out / "previous_attempts").exists()
 
 
-def test_sigkill_mid_training_keeps_metrics_and_marks_failed_then_resumes(embedded_cache, tmp_path):
+@pytest.fixture
+def callers_wandb_service(monkeypatch):
+    """A live wandb service in this process, its WANDB_SERVICE in the environment every child inherits (as in a
+    notebook or a test worker that ran wandb): the CI failure "run ID ... is in use" on resume came from it."""
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    wandb.setup()
+    assert os.environ.get("WANDB_SERVICE")
+    yield
+    wandb.teardown()
+    os.environ.pop("WANDB_SERVICE", None)
+
+
+def test_sigkill_mid_training_keeps_metrics_and_marks_failed_then_resumes(
+    embedded_cache, tmp_path, callers_wandb_service
+):
     out = tmp_path / "killed"
     env = {**os.environ, "GKD_HARNESS_CACHE": str(embedded_cache)}
     args = [

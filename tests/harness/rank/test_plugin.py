@@ -31,18 +31,18 @@ def restore_swift():
     from swift.callbacks import callbacks_map
     from transformers.integrations import integration_utils as iu
 
-    saved = (
-        gkd_trainer.gkd_loss,
-        gkd_trainer.GKDTrainer.compute_loss,
-        iu.rewrite_logs,
-        dict(callbacks_map),
-        rank_state.STATE,
-    )
+    trainer_attrs = dict(vars(gkd_trainer.GKDTrainer))  # every method the plugin wraps (rollout step included)
+    saved = (gkd_trainer.gkd_loss, iu.rewrite_logs, dict(callbacks_map), rank_state.STATE)
     yield
-    gkd_trainer.gkd_loss, gkd_trainer.GKDTrainer.compute_loss, iu.rewrite_logs = saved[:3]
+    for name in set(vars(gkd_trainer.GKDTrainer)) - set(trainer_attrs):
+        delattr(gkd_trainer.GKDTrainer, name)
+    for name, value in trainer_attrs.items():
+        if vars(gkd_trainer.GKDTrainer).get(name) is not value:
+            setattr(gkd_trainer.GKDTrainer, name, value)
+    gkd_trainer.gkd_loss, iu.rewrite_logs = saved[:2]
     callbacks_map.clear()
-    callbacks_map.update(saved[3])
-    rank_state.STATE = saved[4]
+    callbacks_map.update(saved[2])
+    rank_state.STATE = saved[3]
 
 
 def settings(tmp_path, precision="fp32", monitor=True, overrides=(), **extra):

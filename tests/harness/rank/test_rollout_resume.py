@@ -157,6 +157,9 @@ def test_a_resumed_hf_run_draws_as_one_never_stopped(ga, spg):
 def test_unpatched_hf_resume_inside_a_cycle_draws_at_the_wrong_step():
     """ms-swift as shipped, steps_per_generation 4 over 1 accumulation step, resumed at global step 5 (inside the
     cycle that started at 4): the first draw is made at step 5, not 4."""
+    from swift.rlhf_trainers.gkd_trainer import GKDTrainer
+
+    assert not getattr(GKDTrainer._prepare_inputs, "_gkd_resume", False), "an earlier test left the patch installed"
     cls = _hf_class()
     whole = _hf_sources(cls, 1, 4, 0)
     assert any(_hf_sources(cls, 1, 4, k) != whole[k:] for k in (5, 6, 13))
