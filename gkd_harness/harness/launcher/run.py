@@ -2,8 +2,10 @@
 (``gkd_harness.harness.launcher.plan``) -> with ``run.dry_run=true``: print the plan and stop -> the attempt decision
 (``gkd_harness.harness.launcher.resume.decide_attempt``: skip, fresh, restart or resume) -> run folder (config.yaml, summary.json
 "running") -> plugin settings (:class:`gkd_harness.harness.contract.PluginSettings`) -> ``swift rlhf`` / ``megatron rlhf`` as a
-subprocess (``gkd_harness.harness.launcher.process``) -> summary.json "completed", or "failed" with the error, or
-"interrupted" with the signal (SIGTERM / SIGHUP / SIGINT: ms-swift's process group stopped, the lock released)."""
+subprocess (``gkd_harness.harness.launcher.process``) -> the harness's checks of what the rank reported (the plugin
+loaded, the process group had its ranks, the training steps called the harness's loss: :func:`loss_bypass_error`)
+-> summary.json "completed", or "failed" with the error, or "interrupted" with the signal (SIGTERM / SIGHUP / SIGINT:
+ms-swift's process group stopped, the lock released)."""
 
 from __future__ import annotations
 
@@ -13,10 +15,17 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence
 
 from gkd_harness.harness.config.schema import ConfigError, TrainConfig, to_dict, to_typed
-from gkd_harness.harness.contract import CANDIDATE, PLUGIN_SETTINGS_FILE, SWIFT_LOG, PluginSettings
+from gkd_harness.harness.contract import (
+    CANDIDATE,
+    LOSS_CALLS_FIELD,
+    PLUGIN_SETTINGS_FILE,
+    STEPS_TRAINED_FIELD,
+    SWIFT_LOG,
+    PluginSettings,
+)
 from gkd_harness.harness.launcher.plan import LaunchPlan, build_plan, resolve_inputs
 from gkd_harness.harness.launcher.process import Interrupted, TrainingFailed, execute, stop_signals
 
@@ -33,6 +42,27 @@ def _hydra_run_name() -> Optional[str]:
         return HydraConfig.get().job.override_dirname or None
     except Exception:  # noqa: BLE001 - not inside a Hydra app
         return None
+
+
+def loss_bypass_error(summary: Mapping[str, Any]) -> Optional[str]:
+    """The failure of a run whose training steps never called the harness's ``gkd_loss``, None otherwise.
+
+    ``summary``: ``summary.json`` after ms-swift exited 0, with the writer rank's ``loss_calls`` (training calls of
+    the installed loss, counted in every monitor mode) and ``steps_trained`` (optimizer steps this attempt trained).
+    Something routed the loss past the harness (a fused-loss flag such as ``--use_liger_kernel``, a plugin that
+    rebinds ``gkd_loss`` or the trainer's loss method after train begin, ...): the run measured nothing of the
+    chosen variant, and must not reach the sign-off as "completed". No judgement (None) without both counts (the
+    rank never reported them) or without a step trained (a resume at its last step).
+    """
+    steps, calls = summary.get(STEPS_TRAINED_FIELD), summary.get(LOSS_CALLS_FIELD)
+    if type(steps) is not int or type(calls) is not int or steps <= 0 or calls > 0:  # bool is no count
+        return None
+    return (
+        f"the harness's gkd_loss was never called in {steps} training step{'s' if steps != 1 else ''}: something "
+        "bypassed it (a fused-loss flag such as --use_liger_kernel, an external plugin rebinding gkd_loss or the "
+        f"trainer's loss method, ...); the run measured nothing (summary.json: {LOSS_CALLS_FIELD}=0, "
+        f"{STEPS_TRAINED_FIELD}={steps})"
+    )
 
 
 def run_name_for(cfg: TrainConfig, run_dir: Path) -> str:
@@ -196,7 +226,13 @@ def _train_main_node(
     if resume and ckpt_step is not None:  # a resume always names its checkpoint's step (decide_attempt)
         kept = folder.truncate_metrics(ckpt_step)
         log.info(f"{run_dir}: resuming from {resume[1]} (metrics kept up to step {ckpt_step}: {kept} lines)")
-        folder.update_summary(status="running", error=None, ended_at=None, resumed_from=resume[1])
+        folder.update_summary(
+            status="running",
+            error=None,
+            ended_at=None,
+            resumed_from=resume[1],
+            **{LOSS_CALLS_FIELD: None, STEPS_TRAINED_FIELD: None},  # this attempt's rank reports its own
+        )
     else:
         folder.create()
         folder.write_config(OmegaConf.to_yaml(OmegaConf.create(redact(to_dict(cfg)))))
@@ -237,7 +273,8 @@ def _train_main_node(
             stream=cfg.run.verbose,
             progress_of=None if multirun else (run_name_for(cfg, run_dir), folder.metrics_path, cfg.run.max_steps),
         )
-        seen = (folder.read_summary() or {}).get("world_size")
+        reported = folder.read_summary() or {}
+        seen = reported.get("world_size")
         if seen is None:
             raise TrainingFailed("the harness plugin never reported (was --external_plugins loaded?)")
         expected = plan.layout.world_size
@@ -246,6 +283,9 @@ def _train_main_node(
                 f"expected a process group of {expected} ranks but training saw world size {seen}: "
                 "ranks trained alone (on CPU, --use_cpu true is required for gloo DDP)"
             )
+        bypassed = loss_bypass_error(reported)
+        if bypassed:
+            raise TrainingFailed(bypassed)
     except Interrupted as e:
         folder.record_interrupt(e.signal_name)
         raise

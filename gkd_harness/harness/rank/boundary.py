@@ -1,6 +1,7 @@
 """The dtype boundary at the loss: casts the student / teacher logits to ``model.student_dtype`` / ``model.teacher_dtype``
-(the mixed FP32-student / BF16-teacher case of Megatron, made on purpose on the HF backend) and records the dtypes
-that arrived and the dtypes the loss saw."""
+(the mixed FP32-student / BF16-teacher case of Megatron, made on purpose on the HF backend), records the dtypes
+that arrived and the dtypes the loss saw, and counts the training calls (every monitor mode: the boundary is the
+``gkd_loss`` the plugin installs, with or without the instrument inside it)."""
 
 from __future__ import annotations
 
@@ -15,18 +16,25 @@ class DtypeBoundary:
 
     ``student_dtype`` / ``teacher_dtype``: ``torch.dtype`` or None (leave as is). The cast of the student is
     part of the graph (gradients flow back through it); teacher values are constants.
+
+    ``train_calls``: calls whose student logits carry a graph (training; an evaluation under ``no_grad`` is not
+    counted), a Python int incremented per call (no host sync). The callbacks record it in ``summary.json``
+    (``loss_calls``), where ``gkd-train`` fails a run whose training steps never called the loss.
     """
 
     def __init__(self, loss: Callable, student_dtype: Optional[torch.dtype], teacher_dtype: Optional[torch.dtype]):
         self.loss, self.student_dtype, self.teacher_dtype = loss, student_dtype, teacher_dtype
         self.arrived: Dict[str, str] = {}
         self.seen: Dict[str, str] = {}
+        self.train_calls = 0
 
     @staticmethod
     def _teacher_tensor(t) -> Optional[torch.Tensor]:
         return t.full_logits if t.full_logits is not None else t.topk_logprobs
 
     def __call__(self, student_logits, teacher_output, labels, beta, temperature, *args, **kwargs):
+        if student_logits.requires_grad:
+            self.train_calls += 1
         t_in = self._teacher_tensor(teacher_output)
         if not self.arrived:
             self.arrived = {

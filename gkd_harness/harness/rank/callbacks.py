@@ -1,7 +1,9 @@
 """The ``gkd_harness`` trainer callbacks (HF and Megatron): the instrument's metrics into the trainer's logs, the
 instrument's step kept current, and, on the rank that owns the wandb run (global rank 0 on HF, the last rank on
 Megatron: the last pipeline stage, which computes the loss), ``metrics.jsonl``, ``summary.json``'s world size,
-dtypes and last step, and the harness config on the wandb run."""
+dtypes, last step, loss calls and steps trained (:data:`~gkd_harness.harness.contract.LOSS_CALLS_FIELD`, in every
+monitor mode: ``gkd-train`` fails a run whose training steps never called the harness's loss), and the harness
+config on the wandb run."""
 
 from __future__ import annotations
 
@@ -13,7 +15,13 @@ import sys
 import time
 from typing import Any, Dict, Optional
 
-from gkd_harness.harness.contract import CALLBACK_NAME, SUMMARY_FILE, WANDB_DIR
+from gkd_harness.harness.contract import (
+    CALLBACK_NAME,
+    LOSS_CALLS_FIELD,
+    STEPS_TRAINED_FIELD,
+    SUMMARY_FILE,
+    WANDB_DIR,
+)
 from gkd_harness.harness.rank import state
 from gkd_harness.harness.rank.state import logger
 
@@ -39,12 +47,26 @@ def _runtime() -> Dict[str, Any]:
     }
 
 
-def _record_start(world_size: int, is_writer: bool) -> None:
-    """Summary fields and the harness config on the wandb run; only on the rank that owns the wandb run."""
+def _loss_call_fields(step: int) -> Dict[str, int]:
+    """``{loss_calls, steps_trained}`` at trainer step ``step``: this process's training calls of the installed
+    loss (the boundary's Python counter: no host sync) and the steps trained since train begin."""
+    st = state.current()
+    return {LOSS_CALLS_FIELD: int(st.boundary.train_calls), STEPS_TRAINED_FIELD: max(0, int(step) - st.begin_step)}
+
+
+def _record_start(world_size: int, is_writer: bool, step: int = 0) -> None:
+    """Remember the step training begins at (every rank); summary fields (the loss-call counts start at 0, so a
+    resumed attempt never shows the previous one's) and the harness config on the wandb run, only on the rank
+    that owns the wandb run."""
+    state.current().begin_step = int(step)
     if not is_writer:
         return
     _run_folder().update_summary(
-        world_size=world_size, train_pid=os.getpid(), plugin={"rebound": state.current().rebound}, runtime=_runtime()
+        world_size=world_size,
+        train_pid=os.getpid(),
+        plugin={"rebound": state.current().rebound},
+        runtime=_runtime(),
+        **_loss_call_fields(step),
     )
     try:
         from gkd_harness.harness.rank.wandb_run import attach_to_wandb_run
@@ -214,7 +236,7 @@ def _record_log(logs: Dict[str, Any], step: int, is_writer: bool) -> None:
     from gkd_harness.harness.rank.wandb_run import design_record, update_wandb_config
 
     rec, rec_ = design_record(logs, step), recorder()
-    fields: Dict[str, Any] = {"last_step": int(step)}
+    fields: Dict[str, Any] = {"last_step": int(step), **_loss_call_fields(step)}
     urgent = False
     if state.current().boundary.seen:
         seen, arrived = state.current().boundary.seen, state.current().boundary.arrived
@@ -229,6 +251,16 @@ def _record_log(logs: Dict[str, Any], step: int, is_writer: bool) -> None:
             except Exception as e:  # noqa: BLE001
                 logger.warning(f"could not add dtypes to the wandb run: {e}")
     rec_.log(rec, fields, urgent=urgent)
+
+
+def _record_end(step: int, is_writer: bool) -> None:
+    """At train end, on the writer rank: the final loss calls and steps trained, then every record flushed."""
+    if is_writer:
+        try:
+            recorder().log(None, _loss_call_fields(step))
+        except Exception as e:  # noqa: BLE001 - tracking never kills training (gkd-train then finds no count)
+            logger.warning(f"could not record the loss calls: {e}")
+    flush_records()
 
 
 def _close_captures() -> None:
@@ -284,7 +316,7 @@ def _make_hf_callback():
                 logger.info("logging_nan_inf_filter turned off: NaN/Inf losses are logged as themselves")
             check_run_folder_shared()
             world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-            _record_start(world, is_writer=tstate.is_world_process_zero)
+            _record_start(world, is_writer=tstate.is_world_process_zero, step=tstate.global_step)
 
         def on_step_begin(self, args, tstate, control, **kwargs):
             if state.current().instrument is not None:
@@ -303,7 +335,7 @@ def _make_hf_callback():
                 _check_finite_logs(logs, tstate.global_step)
 
         def on_train_end(self, args, tstate, control, **kwargs):
-            flush_records()
+            _record_end(tstate.global_step, is_writer=tstate.is_world_process_zero)
             _close_captures()
             # Reporting callbacks (wandb's among them) come first in the trainer's list, so they are done here.
             _finish_wandb_run()
@@ -400,7 +432,7 @@ def _make_megatron_callback():
                     inst.params = _megatron_params(self.trainer)
             check_run_folder_shared()
             world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-            _record_start(world, is_writer=_megatron_writer())
+            _record_start(world, is_writer=_megatron_writer(), step=int(self.state.iteration))
 
         def on_step_begin(self):
             if state.current().instrument is not None:
@@ -432,7 +464,7 @@ def _make_megatron_callback():
             _check_finite_logs(logs, int(self.state.iteration))
 
         def on_train_end(self):
-            flush_records()
+            _record_end(int(self.state.iteration), is_writer=_megatron_writer())
             _close_captures()
             _finish_wandb_run()
 

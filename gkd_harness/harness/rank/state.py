@@ -40,6 +40,7 @@ class PluginState:
     instrument: Any
     rebound: Dict[str, str]
     dtypes_sent: bool = False  # dtypes already added to the wandb run
+    begin_step: int = 0  # the trainer's step at train begin (a resumed run's checkpoint step)
 
     @property
     def fail_on_nonfinite(self) -> bool:

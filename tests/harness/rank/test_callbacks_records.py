@@ -52,7 +52,7 @@ def test_fifty_logging_steps_write_fifty_lines_but_sync_on_a_clock(tmp_path, res
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["dtypes_seen"] and summary.get("last_step", 0) < 50  # dtypes at once, last step on the clock
     assert summary_before.get("dtypes_seen") != summary["dtypes_seen"]
-    cb.on_train_end(None, types.SimpleNamespace(), None)
+    cb.on_train_end(None, types.SimpleNamespace(global_step=50, is_world_process_zero=True), None)
     assert json.loads((tmp_path / "summary.json").read_text())["last_step"] == 50
     assert counted_fsyncs  # train end synced
 

@@ -143,6 +143,14 @@ def test_megatron_param_grad_spot_check_uses_the_trainers_model(probe):
     assert row[SPOT_PARAM_GRAD_REL_L2] == value  # and it reaches metrics.jsonl
 
 
+def test_megatron_last_rank_records_the_loss_calls(probe):
+    """The bypass net's counts (issue 41) from ms-swift's Megatron callback on the last rank (the writer): one
+    training call of the installed loss in the one iteration trained."""
+    run_dir, _ = probe
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["loss_calls"], summary["steps_trained"]) == (1, 1)
+
+
 def test_megatron_wandb_files_land_in_the_run_folders_wandb(probe, tmp_path):
     """ms-swift's Megatron wandb callback with its real ``dir`` (``args.output_dir`` = gkd-train's
     ``<run>/swift``) writes into ``<run>/wandb/wandb/offline-run-*``, as HF does: every glob of the documented
