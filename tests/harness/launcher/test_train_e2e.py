@@ -98,6 +98,8 @@ def test_run_folder_contract(run, name):
     rows = metrics(out)
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     assert all("train/loss" in r and "train/grad_norm" in r and "train/learning_rate" in r for r in rows)
+    # the bypass net's counts (issue 41), monitoring on and off: the writer rank's calls, 1 per step (grad_accum 1)
+    assert summary["steps_trained"] == steps and summary["loss_calls"] == steps
     if summary["config"]["monitor.enabled"]:
         # every loss call of every rank went through the harness (1 call per step per rank here)
         assert last(out, "gkd/loss_calls_total") == steps * world
