@@ -45,23 +45,36 @@ def _hydra_run_name() -> Optional[str]:
 
 
 def loss_bypass_error(summary: Mapping[str, Any]) -> Optional[str]:
-    """The failure of a run whose training steps never called the harness's ``gkd_loss``, None otherwise.
+    """The failure of a run whose training steps did not all call the harness's ``gkd_loss``, None otherwise.
 
     ``summary``: ``summary.json`` after ms-swift exited 0, with the writer rank's ``loss_calls`` (training calls of
     the installed loss, counted in every monitor mode) and ``steps_trained`` (optimizer steps this attempt trained).
-    Something routed the loss past the harness (a fused-loss flag such as ``--use_liger_kernel``, a plugin that
-    rebinds ``gkd_loss`` or the trainer's loss method after train begin, ...): the run measured nothing of the
-    chosen variant, and must not reach the sign-off as "completed". No judgement (None) without both counts (the
-    rank never reported them) or without a step trained (a resume at its last step).
+    ms-swift's GKD trainers call ``gkd_loss`` once per training micro-batch (HF ``compute_loss``, Megatron's
+    ``loss_func`` on the last stage), so a step trained is at least one call. Fewer calls than steps: something
+    routed the loss past the harness (a fused-loss flag such as ``--use_liger_kernel``, a plugin that rebinds
+    ``gkd_loss`` or the trainer's loss method after train begin, ...), on every step (no call at all: the run
+    measured nothing of the chosen variant) or on some; such a run must not reach the sign-off as "completed". No
+    judgement (None) without both counts (the rank never reported them) or without a step trained (a resume at its
+    last step).
     """
     steps, calls = summary.get(STEPS_TRAINED_FIELD), summary.get(LOSS_CALLS_FIELD)
-    if type(steps) is not int or type(calls) is not int or steps <= 0 or calls > 0:  # bool is no count
+    if type(steps) is not int or type(calls) is not int or steps <= 0 or calls >= steps:  # bool is no count
         return None
+    counts = f"(summary.json: {LOSS_CALLS_FIELD}={calls}, {STEPS_TRAINED_FIELD}={steps})"
+    how = (
+        "a fused-loss flag such as --use_liger_kernel, an external plugin rebinding gkd_loss or the trainer's loss "
+        "method, ..."
+    )
+    s = "s" if steps != 1 else ""
+    if calls == 0:
+        return (
+            f"the harness's gkd_loss was never called in {steps} training step{s}: something bypassed it ({how}); "
+            f"the run measured nothing {counts}"
+        )
     return (
-        f"the harness's gkd_loss was never called in {steps} training step{'s' if steps != 1 else ''}: something "
-        "bypassed it (a fused-loss flag such as --use_liger_kernel, an external plugin rebinding gkd_loss or the "
-        f"trainer's loss method, ...); the run measured nothing (summary.json: {LOSS_CALLS_FIELD}=0, "
-        f"{STEPS_TRAINED_FIELD}={steps})"
+        f"the harness's gkd_loss was called {calls} time{'s' if calls != 1 else ''} in {steps} training steps (each "
+        f"step calls it at least once): something bypassed it on some steps ({how}); the run measured only part of "
+        f"its training {counts}"
     )
 
 
