@@ -116,7 +116,7 @@ SWIFT_DIR = "swift"
 #: ``summary.json`` fields the rank that writes the records keeps current (at each log and at train end): the
 #: training calls of the harness's ``gkd_loss`` (:class:`gkd_harness.harness.rank.boundary.DtypeBoundary`, every
 #: monitor mode) and the optimizer steps trained, both counted by this attempt's process. ``gkd-train`` fails a run
-#: with steps trained and no call (``gkd_harness.harness.launcher.run.loss_bypass_error``).
+#: with fewer calls than steps trained (``gkd_harness.harness.launcher.run.loss_bypass_error``).
 LOSS_CALLS_FIELD = "loss_calls"
 STEPS_TRAINED_FIELD = "steps_trained"
 HYDRA_DIR = ".hydra"

@@ -19,7 +19,7 @@ class DtypeBoundary:
 
     ``train_calls``: calls whose student logits carry a graph (training; an evaluation under ``no_grad`` is not
     counted), a Python int incremented per call (no host sync). The callbacks record it in ``summary.json``
-    (``loss_calls``), where ``gkd-train`` fails a run whose training steps never called the loss.
+    (``loss_calls``), where ``gkd-train`` fails a run with fewer calls than steps trained.
     """
 
     def __init__(self, loss: Callable, student_dtype: Optional[torch.dtype], teacher_dtype: Optional[torch.dtype]):

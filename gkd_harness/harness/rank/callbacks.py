@@ -2,7 +2,7 @@
 instrument's step kept current, and, on the rank that owns the wandb run (global rank 0 on HF, the last rank on
 Megatron: the last pipeline stage, which computes the loss), ``metrics.jsonl``, ``summary.json``'s world size,
 dtypes, last step, loss calls and steps trained (:data:`~gkd_harness.harness.contract.LOSS_CALLS_FIELD`, in every
-monitor mode: ``gkd-train`` fails a run whose training steps never called the harness's loss), and the harness
+monitor mode: ``gkd-train`` fails a run with fewer calls than steps trained), and the harness
 config on the wandb run."""
 
 from __future__ import annotations
