@@ -19,7 +19,7 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, Literal, Mapping, Optional, Tuple, get_args
+from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple, get_args
 
 # ---------------------------------------------------------------------------------------------------------------
 # Loss variants
@@ -137,12 +137,15 @@ class PluginSettings:
     run_dir: the run folder (absolute).
     experiment: the experiment preset's name, if any.
     resume_totals: cumulative metric totals to continue from (a resumed run), by metric name.
+    wandb_replay: ``metrics.jsonl`` rows (a resumed run) that the wandb run lacks up to the checkpoint (a killed
+        rank's wandb file ended before it): the rank that owns the wandb run logs them before training continues.
     """
 
     config: Dict[str, Any]
     run_dir: str
     experiment: Optional[str] = None
     resume_totals: Dict[str, float] = dataclasses.field(default_factory=dict)
+    wandb_replay: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def write(self, path: Path) -> Path:
         path.write_text(json.dumps(dataclasses.asdict(self), indent=2, default=str))

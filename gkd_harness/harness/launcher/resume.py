@@ -20,11 +20,20 @@ from __future__ import annotations
 
 import json
 import re
+import struct
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from gkd_harness.harness.contract import SWIFT_DIR, WANDB_STEP_FILE
+from gkd_harness.harness.contract import (
+    CUMULATIVE_METRICS,
+    METRICS_FILE,
+    SWIFT_DIR,
+    WANDB_DIR,
+    WANDB_STEP_FILE,
+)
+from gkd_harness.harness.store.metrics_io import record_step
 
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -48,38 +57,106 @@ def _complete(path: Path) -> bool:
     return (path / HF_COMPLETE).is_file() or is_megatron_checkpoint(path)
 
 
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """Newest ``checkpoint-<step>`` folder under ``<run_dir>/swift`` (any version subfolder), or None.
+def _safetensors_damage(path: Path) -> Optional[str]:
+    """Why the safetensors file ``path`` cannot be loaded whole, or None: its header (8-byte length, then JSON
+    naming each tensor's ``data_offsets``) must parse and the file must be exactly header + data long (what
+    ``safetensors`` checks before it reads a tensor; a copy or a save cut short fails it)."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return f"truncated ({size} bytes, no header)"
+            (n,) = struct.unpack("<Q", head)
+            if n > size - 8:
+                return f"truncated ({size} bytes, the header alone says {n + 8})"
+            header = json.loads(f.read(n))
+    except (OSError, ValueError) as e:
+        return f"unreadable header ({type(e).__name__})"
+    if not isinstance(header, dict):
+        return "unreadable header"
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)]
+    expected = 8 + n + max(ends, default=0)
+    if size != expected:
+        return f"{'truncated' if size < expected else 'longer than its header says'} ({size} of {expected} bytes)"
+    return None
+
+
+def _zip_damage(path: Path) -> Optional[str]:
+    """Why the torch archive ``path`` (``torch.save``'s zip format: optimizer.pt, rng_state.pth, ...) cannot be
+    opened, or None (a legacy pickle file is not checked)."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"PK\x03\x04":
+                return None
+        with zipfile.ZipFile(path) as z:
+            size = path.stat().st_size
+            if any(i.header_offset + i.compress_size > size for i in z.infolist()):
+                return "truncated"
+    except (OSError, zipfile.BadZipFile) as e:
+        return f"truncated or corrupt ({type(e).__name__}: {e})"
+    return None
+
+
+#: files a resume loads, by suffix, and the check each must pass (:func:`checkpoint_damage`)
+_CHECKS = {".safetensors": _safetensors_damage, ".pt": _zip_damage, ".pth": _zip_damage, ".bin": _zip_damage}
+
+
+def checkpoint_damage(path: Path) -> Optional[str]:
+    """``"<file>: <why>"`` for the first file of the checkpoint ``path`` that ms-swift could not load (a
+    truncated ``model.safetensors``, a cut ``optimizer.pt``: :data:`_CHECKS`), None when every file passes. Reads
+    headers and zip directories only, never the tensors."""
+    for file in sorted(p for p in path.rglob("*") if p.suffix in _CHECKS and p.is_file()):
+        why = _CHECKS[file.suffix](file)
+        if why is not None:
+            return f"{file.relative_to(path)}: {why}"
+    return None
+
+
+def find_checkpoint(run_dir: str | Path) -> Tuple[Optional[Path], List[str]]:
+    """Newest usable ``checkpoint-<step>`` folder under ``<run_dir>/swift`` (any version subfolder), or None, and
+    one line for each newer checkpoint skipped because a file of it is damaged (:func:`checkpoint_damage`).
 
     A checkpoint counts only when it is complete: ``trainer_state.json`` (written last by the HF trainer) or, on
     Megatron, ``latest_checkpointed_iteration.txt`` naming an ``iter_<N:07d>`` folder it holds (written after
     the distributed checkpoint); so a checkpoint cut short by the time limit is never resumed from. ms-swift's
-    ``checkpoint-<N>-merged`` folders (LoRA merged for export) are not checkpoints to resume.
+    ``checkpoint-<N>-merged`` folders (LoRA merged for export) are not checkpoints to resume. A complete one whose
+    weights or optimizer state are damaged (a truncated ``model.safetensors``: before, the resume failed on it
+    with a ``SafetensorError`` and so did every requeue) is skipped for the previous one.
     """
     root = Path(run_dir) / SWIFT_DIR
-    best: tuple[int, float, Path] | None = None
     if not root.is_dir():
-        return None
+        return None, []
+    found = []
     for path in root.rglob("checkpoint-*"):
         m = _CKPT.match(path.name)
-        if not m or not path.is_dir() or not _complete(path):
-            continue
-        key = (int(m.group(1)), path.stat().st_mtime, path)
-        if best is None or key[:2] > best[:2]:
-            best = key
-    return None if best is None else best[2]
+        if m and path.is_dir() and _complete(path):
+            found.append((int(m.group(1)), path.stat().st_mtime, path))
+    skipped: List[str] = []
+    for _, _, path in sorted(found, key=lambda k: k[:2], reverse=True):
+        why = checkpoint_damage(path)
+        if why is None:
+            return path, skipped
+        skipped.append(f"checkpoint {path} is damaged ({why}): not resumed from")
+    return None, skipped
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """Newest usable checkpoint of ``run_dir`` (:func:`find_checkpoint`), or None."""
+    return find_checkpoint(run_dir)[0]
+
+
+def checkpoint_args(ckpt: Path) -> list[str]:
+    """ms-swift arguments that continue from the checkpoint ``ckpt``."""
+    if is_megatron_checkpoint(ckpt):  # weights, optimizer, scheduler and iteration (finetune false)
+        return ["--mcore_model", str(ckpt), "--finetune", "false"]
+    return ["--resume_from_checkpoint", str(ckpt)]
 
 
 def resume_args(resume: bool, run_dir: str | Path) -> list[str]:
     """ms-swift arguments that continue a requeued run, or ``[]`` (no resume asked, or nothing to resume)."""
-    if not resume:
-        return []
-    ckpt = latest_checkpoint(run_dir)
-    if ckpt is None:
-        return []
-    if is_megatron_checkpoint(ckpt):  # weights, optimizer, scheduler and iteration (finetune false)
-        return ["--mcore_model", str(ckpt), "--finetune", "false"]
-    return ["--resume_from_checkpoint", str(ckpt)]
+    ckpt = latest_checkpoint(run_dir) if resume else None
+    return [] if ckpt is None else checkpoint_args(ckpt)
 
 
 def wandb_rewind_step(checkpoint: Path) -> Optional[int]:
@@ -110,23 +187,119 @@ def rewind_wandb_env(env: Dict[str, str], step: Optional[int]) -> Dict[str, str]
     return out
 
 
+def resume_totals(rows: Sequence[Mapping[str, Any]], checkpoint_step: int) -> Dict[str, float]:
+    """The cumulative counters (:data:`~gkd_harness.harness.contract.CUMULATIVE_METRICS`) at ``checkpoint_step``:
+    each one's value in the last ``metrics.jsonl`` row at or before that step that holds it. Rows after the
+    checkpoint are ignored, so every node reads the same totals whether or not node 0 has cut the file yet."""
+    totals: Dict[str, float] = {}
+    for row in rows:
+        step = record_step(row)
+        if step is None or step > checkpoint_step:
+            continue
+        totals.update({k: row[k] for k in CUMULATIVE_METRICS if k in row})
+    return totals
+
+
+def wandb_resume(
+    wandb_dir: Path, checkpoint_step: int, checkpoint_wandb_step: Optional[int], rows: Sequence[Mapping[str, Any]]
+) -> Tuple[Optional[int], List[Dict[str, Any]], List[str]]:
+    """``(rewind step, rows to replay, notes)``: how the resumed attempt's wandb run lines up with ``metrics.jsonl``.
+
+    The checkpoint says where wandb should be (``checkpoint_wandb_step``: :func:`wandb_rewind_step`), the wandb
+    files say what it holds (:func:`gkd_harness.harness.store.wandb_file.held_history`). A killed rank's file can
+    end before the checkpoint (issue 48: checkpoint-15, the file's last row step 13): rewinding to the checkpoint
+    then left steps 14-15 out of wandb for good. So when wandb holds less, the run is rewound to its last held row
+    and ``metrics.jsonl``'s rows after that row's step, up to the checkpoint, are replayed into it by the writer
+    rank before training continues (:func:`gkd_harness.harness.rank.wandb_run.replay_rows`). Without any wandb
+    file (wandb disabled, or a run that never logged), or without a recorded checkpoint step: the checkpoint's.
+    """
+    from gkd_harness.harness.store.wandb_file import held_history, wandb_files
+
+    held = held_history(wandb_files(wandb_dir))
+    if held is None or checkpoint_wandb_step is None:
+        return checkpoint_wandb_step, [], []
+    last = held[-1] if held else None
+    if last is not None and last.wandb_step >= checkpoint_wandb_step:
+        return checkpoint_wandb_step, [], []
+    after = last.step if last is not None else 0
+    replay = [dict(r) for r in rows if (step := record_step(r)) is not None and after < step <= checkpoint_step]
+    held_at = f"step {last.step} (wandb step {last.wandb_step})" if last is not None else "no step"
+    note = (
+        f"the wandb run holds {held_at}, short of the checkpoint's step {checkpoint_step}: rewound there, "
+        f"{len(replay)} metrics.jsonl row{'s' if len(replay) != 1 else ''} replayed into it"
+    )
+    return (last.wandb_step if last is not None else None), replay, [note]
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a resumed attempt continues, the same on every node (:func:`resume_point`).
+
+    checkpoint: the checkpoint folder (None: nothing to resume from; ``args`` is then empty).
+    args: the ms-swift arguments that load it (:func:`checkpoint_args`).
+    checkpoint_step: its step.
+    wandb_step: the step the wandb run is rewound to (:func:`wandb_resume`), None when unknown.
+    totals: the cumulative counters at the checkpoint (:func:`resume_totals`), for the writer rank.
+    wandb_replay: ``metrics.jsonl`` rows the writer rank logs to wandb before training continues.
+    notes: one line each (a damaged checkpoint skipped, a replay).
+    """
+
+    checkpoint: Optional[Path] = None
+    args: List[str] = field(default_factory=list)
+    checkpoint_step: Optional[int] = None
+    wandb_step: Optional[int] = None
+    totals: Dict[str, float] = field(default_factory=dict)
+    wandb_replay: List[Dict[str, Any]] = field(default_factory=list)
+    notes: Tuple[str, ...] = ()
+
+
+def resume_point(run_dir: str | Path) -> ResumePoint:
+    """The :class:`ResumePoint` of ``run_dir``: its newest usable checkpoint (:func:`find_checkpoint`), the
+    counters and the wandb rewind at it. Reads the folder, changes nothing: node 0 and every other node call it
+    (``gkd_harness.harness.launcher.run``), so the rank that owns the wandb run and writes the metrics (the last
+    rank on Megatron, on the last node) continues from the same totals and wandb step as node 0 would."""
+    from gkd_harness.harness.store.metrics_io import read_metrics
+
+    run_dir = Path(run_dir)
+    ckpt, skipped = find_checkpoint(run_dir)
+    m = _CKPT.match(ckpt.name) if ckpt is not None else None
+    if ckpt is None or m is None:
+        return ResumePoint(notes=tuple(skipped))
+    step = int(m.group(1))
+    rows = read_metrics(run_dir / METRICS_FILE)
+    wandb_step, replay, notes = wandb_resume(run_dir / WANDB_DIR, step, wandb_rewind_step(ckpt), rows)
+    return ResumePoint(
+        ckpt, checkpoint_args(ckpt), step, wandb_step, resume_totals(rows, step), replay, (*skipped, *notes)
+    )
+
+
 @dataclass(frozen=True)
 class Attempt:
     """What ``gkd-train`` does with a run folder: the one place the resume decision is made.
 
     action: ``"skip"`` (completed with the same config: ``summary`` is returned), ``"new"`` (nothing there),
         ``"restart"`` (an earlier attempt is archived under ``previous_attempts/`` first) or ``"resume"``
-        (continue from ``resume_args``' checkpoint, keeping the metrics up to ``checkpoint_step``).
+        (continue from ``point``, keeping the metrics up to its checkpoint's step).
     notes: one line each, for the log.
     """
 
     action: str
     summary: Optional[Dict[str, Any]] = None
-    resume_args: List[str] = field(default_factory=list)
-    checkpoint_step: Optional[int] = None
+    point: ResumePoint = field(default_factory=ResumePoint)
     notes: Tuple[str, ...] = ()
-    #: the wandb step to rewind the run to on a resume (:func:`wandb_rewind_step`), None when unknown
-    wandb_step: Optional[int] = None
+
+    @property
+    def resume_args(self) -> List[str]:
+        return self.point.args
+
+    @property
+    def checkpoint_step(self) -> Optional[int]:
+        return self.point.checkpoint_step
+
+    @property
+    def wandb_step(self) -> Optional[int]:
+        """The wandb step to rewind the run to on a resume (:func:`wandb_resume`), None when unknown."""
+        return self.point.wandb_step
 
 
 def decide_attempt(folder, flat_config: Mapping[str, Any], *, overwrite: bool, resume: bool) -> Attempt:
@@ -178,10 +351,10 @@ def decide_attempt(folder, flat_config: Mapping[str, Any], *, overwrite: bool, r
             action = "restart"
     notes: List[str] = []
     if action == "resume":
-        args = resume_args(True, folder.path)
-        m = _CKPT.match(Path(args[1]).name) if args else None  # resume_args names a checkpoint-<step> folder
-        if m is not None:
-            return Attempt("resume", summary, args, int(m.group(1)), wandb_step=wandb_rewind_step(Path(args[1])))
+        point = resume_point(folder.path)
+        notes.extend(point.notes)
+        if point.checkpoint is not None:
+            return Attempt("resume", summary, point, notes=tuple(notes))
         notes.append(
             f"run.resume=true but no usable checkpoint under {Path(folder.path) / SWIFT_DIR} "
             "(checkpoint-N with trainer_state.json, or Megatron's latest_checkpointed_iteration.txt): the "

@@ -15,7 +15,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Sequence
 
 from gkd_harness.harness.config.schema import ConfigError, TrainConfig, to_dict, to_typed
 from gkd_harness.harness.contract import (
@@ -28,11 +28,25 @@ from gkd_harness.harness.contract import (
 )
 from gkd_harness.harness.launcher.plan import LaunchPlan, build_plan, resolve_inputs
 from gkd_harness.harness.launcher.process import Interrupted, TrainingFailed, execute, stop_signals
+from gkd_harness.harness.launcher.resume import ResumePoint
 
 if TYPE_CHECKING:
     from gkd_harness.harness.store.run_folder import RunFolder
 
 log = logging.getLogger("gkd_harness.train")
+
+#: ``summary.json``'s fields that describe one attempt's end, as a new attempt starts them: a resumed attempt
+#: starts from these, never from the previous attempt's (its rank reports its own loss calls and steps trained)
+ATTEMPT_STATUS_FIELDS: Dict[str, Any] = {
+    "status": "running",
+    "error": None,
+    "signal": None,
+    "ended_at": None,
+    "wall_s": None,
+    "warnings": [],
+    LOSS_CALLS_FIELD: None,
+    STEPS_TRAINED_FIELD: None,
+}
 
 
 def _hydra_run_name() -> Optional[str]:
@@ -84,13 +98,43 @@ def run_name_for(cfg: TrainConfig, run_dir: Path) -> str:
 
 
 def plugin_settings(
-    cfg: TrainConfig, run_dir: Path, experiment: Optional[str] = None, resume_totals: Optional[Dict[str, float]] = None
+    cfg: TrainConfig, run_dir: Path, experiment: Optional[str] = None, point: Optional[ResumePoint] = None
 ) -> PluginSettings:
     """What the plugin inside ms-swift's ranks receives: the run folder, the typed config serialised, the
-    ``experiment=`` choice (added to the wandb run's config) and, for a resumed run, its cumulative totals."""
+    ``experiment=`` choice (added to the wandb run's config) and, for a resumed run (``point``), its cumulative
+    totals and the ``metrics.jsonl`` rows the wandb run lacks."""
+    point = point or ResumePoint()
     return PluginSettings(
-        config=to_dict(cfg), run_dir=str(run_dir), experiment=experiment, resume_totals=dict(resume_totals or {})
+        config=to_dict(cfg),
+        run_dir=str(run_dir),
+        experiment=experiment,
+        resume_totals=dict(point.totals),
+        wandb_replay=[dict(r) for r in point.wandb_replay],
     )
+
+
+def attempt_plan(
+    cfg: TrainConfig,
+    run_dir: Path,
+    experiment: Optional[str],
+    point: ResumePoint,
+    write_settings: Callable[[PluginSettings], Path],
+) -> LaunchPlan:
+    """This node's launch plan of an attempt that continues from ``point`` (an empty one: from step 0), on every
+    node alike: the plugin settings (written by ``write_settings``, which returns their path) carry the resume
+    totals and the wandb replay, ms-swift's argv loads the checkpoint, and the wandb run is rewound to
+    ``point.wandb_step`` (:func:`gkd_harness.harness.launcher.resume.rewind_wandb_env`). Before, only node 0 got
+    the totals and the rewind, while on Megatron the rank that writes the metrics and owns the wandb run is the
+    last rank, on the last node: a requeued multi-node run restarted its cumulative counters at the checkpoint."""
+    from gkd_harness.harness.launcher.resume import rewind_wandb_env
+
+    settings_path = write_settings(plugin_settings(cfg, run_dir, experiment, point))
+    plan = make_plan(cfg, run_dir, extra_args=point.args, settings_path=settings_path, experiment=experiment)
+    if point.args:  # the same wandb run, rewound to what it holds at the checkpoint
+        rewound = rewind_wandb_env(plan.env, point.wandb_step)
+        plan.env.clear()
+        plan.env.update(rewound)
+    return plan
 
 
 def _wandb_mode(cfg: TrainConfig, dry_run: bool) -> str:
@@ -198,22 +242,26 @@ def train(
             return _train_main_node(cfg, run_dir, folder, experiment, hydra_task_cfg, multirun)
 
 
+def other_node_plan(cfg: TrainConfig, run_dir: Path, experiment: Optional[str], node: str) -> LaunchPlan:
+    """The launch plan of node ``node`` (not node 0): with ``run.resume``, the same :class:`ResumePoint` node 0
+    resumes from (read from the shared run folder: checkpoint, totals, wandb rewind and replay), its plugin
+    settings in a node-local file."""
+    from gkd_harness.harness.launcher.resume import resume_point
+
+    point = resume_point(run_dir) if cfg.run.resume else ResumePoint()
+    for note in point.notes:
+        log.info(f"{run_dir} (node {node}): {note}")
+    settings_path = Path(tempfile.mkdtemp(prefix=f"gkd-node{node}-")) / PLUGIN_SETTINGS_FILE
+    return attempt_plan(cfg, run_dir, experiment, point, lambda s: s.write(settings_path))
+
+
 def _train_other_node(cfg: TrainConfig, run_dir: Path, experiment: Optional[str]) -> Dict[str, Any]:
-    from gkd_harness.harness.launcher.resume import resume_args
     from gkd_harness.harness.store.run_folder import RunFolder
 
     env = dict(os.environ)
     node = env.get("NODE_RANK") or env.get("SLURM_NODEID", "?")
-    settings_path = Path(tempfile.mkdtemp(prefix=f"gkd-node{node}-")) / PLUGIN_SETTINGS_FILE
-    plugin_settings(cfg, run_dir, experiment).write(settings_path)
     run_dir.mkdir(parents=True, exist_ok=True)
-    plan = make_plan(
-        cfg,
-        run_dir,
-        extra_args=resume_args(cfg.run.resume, run_dir),
-        settings_path=settings_path,
-        experiment=experiment,
-    )
+    plan = other_node_plan(cfg, run_dir, experiment, node)
     execute(plan, run_dir / f"swift.node{node}.log", stream=cfg.run.verbose)
     return RunFolder(run_dir).read_summary_quietly() or {}
 
@@ -239,13 +287,8 @@ def _train_main_node(
     if resume and ckpt_step is not None:  # a resume always names its checkpoint's step (decide_attempt)
         kept = folder.truncate_metrics(ckpt_step)
         log.info(f"{run_dir}: resuming from {resume[1]} (metrics kept up to step {ckpt_step}: {kept} lines)")
-        folder.update_summary(
-            status="running",
-            error=None,
-            ended_at=None,
-            resumed_from=resume[1],
-            **{LOSS_CALLS_FIELD: None, STEPS_TRAINED_FIELD: None},  # this attempt's rank reports its own
-        )
+        # this attempt's status from scratch (before, a resume kept the killed attempt's "signal": "SIGTERM")
+        folder.update_summary(**ATTEMPT_STATUS_FIELDS, resumed_from=resume[1])
     else:
         folder.create()
         folder.write_config(OmegaConf.to_yaml(OmegaConf.create(redact(to_dict(cfg)))))
@@ -257,22 +300,13 @@ def _train_main_node(
             raise ConfigError("loss.source", "must be set with loss.precision=candidate")
         folder.update_summary(candidate=keep_in_run_folder(cfg.loss.source, cfg.loss.name, str(run_dir)))
     try:
-        totals = None
-        if resume:
-            from gkd_harness.harness.contract import CUMULATIVE_METRICS
-            from gkd_harness.harness.store.metrics_io import read_metrics
-
-            rows = read_metrics(folder.metrics_path)
-            totals = {k: rows[-1][k] for k in CUMULATIVE_METRICS if rows and k in rows[-1]}
-        settings = plugin_settings(cfg, run_dir, experiment, resume_totals=totals)
-        settings_path = folder.write_json(PLUGIN_SETTINGS_FILE, dataclasses.asdict(settings))
-        plan = make_plan(cfg, run_dir, extra_args=resume, settings_path=settings_path, experiment=experiment)
-        if resume:  # the same wandb run, rewound to the checkpoint (harness/launcher/resume.py)
-            from gkd_harness.harness.launcher.resume import rewind_wandb_env
-
-            rewound = rewind_wandb_env(plan.env, attempt.wandb_step)
-            plan.env.clear()
-            plan.env.update(rewound)
+        plan = attempt_plan(
+            cfg,
+            run_dir,
+            experiment,
+            attempt.point,
+            lambda s: folder.write_json(PLUGIN_SETTINGS_FILE, dataclasses.asdict(s)),
+        )
         folder.update_summary(
             wandb_mode=plan.env.get("WANDB_MODE", "disabled"),
             experiment=experiment,

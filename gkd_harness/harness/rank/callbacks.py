@@ -54,10 +54,11 @@ def _loss_call_fields(step: int) -> Dict[str, int]:
     return {LOSS_CALLS_FIELD: int(st.boundary.train_calls), STEPS_TRAINED_FIELD: max(0, int(step) - st.begin_step)}
 
 
-def _record_start(world_size: int, is_writer: bool, step: int = 0) -> None:
+def _record_start(world_size: int, is_writer: bool, step: int = 0, explicit_wandb_step: bool = False) -> None:
     """Remember the step training begins at (every rank); summary fields (the loss-call counts start at 0, so a
-    resumed attempt never shows the previous one's) and the harness config on the wandb run, only on the rank
-    that owns the wandb run."""
+    resumed attempt never shows the previous one's), the harness config on the wandb run and the rows a resumed
+    wandb run lacks (``PluginSettings.wandb_replay``, logged as the backend logs: ``explicit_wandb_step`` on
+    Megatron), only on the rank that owns the wandb run."""
     state.current().begin_step = int(step)
     if not is_writer:
         return
@@ -82,6 +83,15 @@ def _record_start(world_size: int, is_writer: bool, step: int = 0) -> None:
         )
     except Exception as e:  # noqa: BLE001 - tracking never kills training
         logger.warning(f"could not add the harness config to the wandb run: {e}")
+    replay = state.current().settings.wandb_replay
+    if replay:
+        from gkd_harness.harness.rank.wandb_run import replay_rows
+
+        try:
+            logged = replay_rows(replay, explicit_step=explicit_wandb_step)
+            logger.info(f"{logged} of {len(replay)} metrics.jsonl rows the wandb run lacked replayed into it")
+        except Exception as e:  # noqa: BLE001 - tracking never kills training
+            logger.warning(f"could not replay {len(replay)} metrics.jsonl rows into the wandb run: {e}")
 
 
 class RunFolderNotSharedError(RuntimeError):
@@ -432,7 +442,7 @@ def _make_megatron_callback():
                     inst.params = _megatron_params(self.trainer)
             check_run_folder_shared()
             world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-            _record_start(world, is_writer=_megatron_writer(), step=int(self.state.iteration))
+            _record_start(world, is_writer=_megatron_writer(), step=int(self.state.iteration), explicit_wandb_step=True)
 
         def on_step_begin(self):
             if state.current().instrument is not None:

@@ -7,7 +7,7 @@ import importlib
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 from gkd_harness.harness.config.flat import flatten
 from gkd_harness.harness.config.secrets import redact
@@ -18,6 +18,7 @@ from gkd_harness.harness.contract import (
     WANDB_STEP_FILE,
     WANDB_SUMMARIES,
 )
+from gkd_harness.harness.store.wandb_file import GLOBAL_STEP_KEY
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -86,6 +87,29 @@ def update_wandb_config(values: Mapping[str, Any]) -> None:
         return
     if wandb.run is not None:
         _add_to_wandb_config(wandb.run, redact(dict(values)))
+
+
+def replay_rows(rows: Sequence[Mapping[str, Any]], explicit_step: bool) -> int:
+    """Log ``rows`` (``metrics.jsonl`` records: metric names and ``step``) to the active wandb run, as the backend
+    logged them first: HF's ``WandbCallback`` without a step and with ``train/global_step`` (wandb's ``_step`` is its
+    log counter), ms-swift's Megatron callback with ``step=`` the iteration (``explicit_step``). A resumed attempt's
+    wandb run is rewound to the last row its killed predecessor's file holds; these are the rows between that one and
+    the checkpoint (``gkd_harness.harness.launcher.resume.wandb_resume``). Returns the rows logged (0 without a run)."""
+    try:
+        import wandb
+    except ImportError:
+        return 0
+    run = wandb.run
+    if run is None:
+        return 0
+    for row in rows:
+        step = int(row["step"])
+        values = {k: v for k, v in row.items() if k != "step"}
+        if explicit_step:
+            run.log(values, step=step)
+        else:
+            run.log({**values, GLOBAL_STEP_KEY: step})
+    return len(rows)
 
 
 def _keep_harness_names(rewrite: Callable) -> Callable:
