@@ -372,19 +372,28 @@ def _wandb_history(path):
 
 
 def _assert_wandb_rewound_to_the_checkpoint(out, checkpoint):
-    """Issue 41, item 6: the resumed attempt rewinds the same wandb run to the checkpoint (WANDB_RESUME_FROM, kept in
-    the offline .wandb file for `wandb sync`) at the step where the first attempt logged the checkpoint's global step
-    (one wandb row per step here: global step N is row N - 1); its own rows continue right after. Before, it resumed
-    with WANDB_RESUME=allow and no branch point, so the first attempt's values after the checkpoint stood."""
+    """Issue 41, item 6: the resumed attempt rewinds the same wandb run (WANDB_RESUME_FROM, kept in the offline .wandb
+    file for `wandb sync`) to the step where the first attempt logged the checkpoint's global step (one wandb row per
+    step here: global step N is row N - 1); its own rows continue right after. Before, it resumed with
+    WANDB_RESUME=allow and no branch point, so the first attempt's values after the checkpoint stood.
+
+    Issue 48, item 8: the killed attempt's file may end before the checkpoint (wandb's core dies with the rank); then
+    the rewind is to its last row and the rows from there to the checkpoint are replayed from metrics.jsonl. Either
+    way the synced history holds every step once, in order, as metrics.jsonl does."""
     from gkd_harness.harness.contract import WANDB_STEP_FILE
 
     ckpt_step = int(Path(checkpoint).name.split("-")[1])
     recorded = json.loads((Path(checkpoint) / WANDB_STEP_FILE).read_text())
     assert recorded["wandb_step"] == ckpt_step - 1
     first, second = sorted((out / "wandb").rglob("run-*.wandb"), key=lambda p: p.parent.name)[-2:]
-    assert _wandb_history(first)[0] is None
+    branch0, held = _wandb_history(first)
+    assert branch0 is None
     branch, rows = _wandb_history(second)
-    assert branch == (recorded["run_id"], "_step", recorded["wandb_step"])
-    assert rows[0] == (ckpt_step, ckpt_step + 1)  # the resumed values follow the rewind point
-    steps = [g for _, g in rows]  # one row per step, then HF's end-of-training summary row at the last step
-    assert steps == [*range(ckpt_step + 1, RESUME_STEPS + 1), RESUME_STEPS]
+    rewind = min(recorded["wandb_step"], held[-1][0]) if held else None
+    assert branch == (None if rewind is None else (recorded["run_id"], "_step", rewind))
+    merged = [r for r in held if rewind is not None and r[0] <= rewind] + rows
+    assert [w for w, _ in merged] == list(range(len(merged)))  # wandb's rows contiguous after the rewind
+    # one row per step, then HF's end-of-training summary row at the last step
+    assert [g for _, g in merged] == [*range(1, RESUME_STEPS + 1), RESUME_STEPS]
+    metric_steps = [r["step"] for r in read_metrics(out / "metrics.jsonl")]
+    assert metric_steps == [g for _, g in merged][:-1]
