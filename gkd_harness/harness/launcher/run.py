@@ -92,6 +92,30 @@ def loss_bypass_error(summary: Mapping[str, Any]) -> Optional[str]:
     )
 
 
+def wandb_lost_warning(run_dir: Path, env: Mapping[str, str]) -> Optional[str]:
+    """The warning of a run whose wandb files are gone when it ends, None otherwise (or with wandb disabled).
+
+    ``env``: the plan's ``WANDB_*`` variables. The rank that owns the wandb run writes ``run-<WANDB_RUN_ID>.wandb``
+    under the run folder's ``wandb/`` in either mode (offline: what ``wandb sync`` uploads; online: wandb's local
+    transaction log). None there at the end: the folder was deleted (or moved) while the run ran, and the wandb run
+    with it; before, such a run ended "completed" without a word. ``metrics.jsonl`` still holds every step.
+    """
+    from gkd_harness.harness.contract import WANDB_DIR
+    from gkd_harness.harness.store.wandb_file import wandb_files
+
+    run_id, mode = env.get("WANDB_RUN_ID"), env.get("WANDB_MODE", "disabled")
+    if mode == "disabled" or not run_id:
+        return None
+    where = run_dir / WANDB_DIR
+    if wandb_files(where, run_id):
+        return None
+    left = "the wandb server keeps what was uploaded" if mode == "online" else "nothing is left to `wandb sync`"
+    return (
+        f"the wandb run {run_id} is lost: {where} holds no run-{run_id}.wandb (the folder was deleted or moved while "
+        f"the run ran?); metrics.jsonl holds the run's metrics, {left}"
+    )
+
+
 def run_name_for(cfg: TrainConfig, run_dir: Path) -> str:
     """``run.name``, else Hydra's override_dirname, else the run folder's name."""
     return cfg.run.name or _hydra_run_name() or run_dir.name
@@ -333,6 +357,10 @@ def _train_main_node(
         bypassed = loss_bypass_error(reported)
         if bypassed:
             raise TrainingFailed(bypassed)
+        warnings = [w for w in (wandb_lost_warning(run_dir, plan.env),) if w]
+        for line in warnings:
+            log.warning(f"{run_dir}: {line}")
+        folder.update_summary(warnings=warnings)
     except Interrupted as e:
         folder.record_interrupt(e.signal_name)
         raise
