@@ -109,6 +109,27 @@ def _total_and_grad(
     return float(out.total.detach().to(torch.float64)), grad
 
 
+def _over_tensor_parallel(device, *squares: float) -> Tuple[float, ...]:
+    """``squares`` (sums of squares over this rank's entries) summed over the tensor-parallel group: the squared
+    norms of the whole vocabulary, so ``spot/grad_rel_l2`` is the global relative L2 ``‖g − g64‖ / ‖g64‖``.
+
+    Under Megatron TP each rank holds its vocabulary shard of the full-vocabulary gradient (top-k: the gathered
+    ``[n, K]`` values, the same on every rank, so the sum scales both norms alike and the ratio is unchanged). Before,
+    each rank's own shard ratio went to the metric, whose maximum over ranks is an upper bound, not the named
+    value. One all-reduce of a few FP64 numbers per spot check, on the TP group only (the ranks of one stage call
+    the loss together); nothing without TP."""
+    from gkd_harness.harness.rank.parallel_state import tensor_parallel_group
+
+    group, _, size = tensor_parallel_group()
+    if size <= 1:
+        return squares
+    import torch.distributed as dist
+
+    t = torch.tensor(squares, dtype=torch.float64, device=device)
+    dist.all_reduce(t, group=group)
+    return tuple(t.tolist())
+
+
 def _sq(x: torch.Tensor) -> float:
     """``‖x‖²`` accumulated in FP64."""
     return float(torch.linalg.vector_norm(x, dtype=torch.float64)) ** 2
@@ -175,8 +196,9 @@ def spot_check_pieces(
     0.05). ``exact`` also gives the dtype floor (rounding ``exact → g64``).
     """
     n, run_sum, ref_sum, dn2, gn2, round2, exact2 = 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
-    low = False
+    low, device = False, None
     for s, teacher, lab, kw in pieces:
+        device = s.device
         low = s.dtype not in (torch.float32, torch.float64)  # a BF16/FP16 student: the dtype floor is measured
         if s.shape[1] == 0:
             continue
@@ -205,6 +227,7 @@ def spot_check_pieces(
         del g64, grad
     if n == 0:
         return None
+    dn2, gn2, round2, exact2 = _over_tensor_parallel(device, dn2, gn2, round2, exact2)
     loss, ref = run_sum / n, ref_sum / n
     finite = math.isfinite(loss) and math.isfinite(ref)
     abs_err = abs(loss - ref) if finite else math.nan
