@@ -16,11 +16,13 @@ full call is compared with the one of the FP64 loss (``param_grad``: from a grap
 inputs, refused where Megatron's backward writes ``main_grad``), and the loss inputs are **captured** as
 safetensors (``gkd_harness.harness.rank.capture``: the rows the loss saw, whole under TP, written off the hot path).
 
-Cost per call: one device-to-host transfer (a stacked vector of five numbers), no other synchronisation.
+Cost per call: five statistics stacked on the device and queued, no host read, no collective; once per logging
+step (before the metrics' reduction) every queued call is read in one device-to-host transfer
+(:meth:`LossInstrument.flush`). Before: one transfer per call, i.e. per micro-batch, inside the pipeline schedule.
 
 **Context parallelism.** Under Megatron CP each CP rank holds a slice of the sequence and calls the loss on it.
-The instrument gathers the slices' statistics over the CP group (one collective, no extra host transfer), so
-one call of the CP group is one loss call, judged on the CP-reduced total ``sum(total) / sum(num_valid)`` (what
+The instrument gathers the slices' statistics over the CP group (one collective per logging step for all the
+queued calls, no extra host transfer), so one call of the CP group is one loss call, judged on the CP-reduced total ``sum(total) / sum(num_valid)`` (what
 ms-swift's ``cp_reduce`` computes), on every CP rank alike.
 
 **Metric reductions.** Values go into metric objects (:class:`SumMetric`, :class:`CumulativeSumMetric`,
@@ -128,6 +130,8 @@ class MetricReducer:
         self._cache: Optional[list] = None
         self._cache_version = -1
         self._consumed: set = set()
+        #: called before each reduction: the instrument's :meth:`LossInstrument.flush` of the queued calls
+        self.before_reduce: list = []
 
     def register(self, metric: "_HarnessMetric") -> None:
         self.members.append(metric)
@@ -144,6 +148,8 @@ class MetricReducer:
         return out
 
     def _reduce(self) -> list:
+        for hook in self.before_reduce:
+            hook()
         local = [m.local() for m in self.members]
         flat = [float(x) for values in local for x in values]
         rows = [flat]
@@ -380,8 +386,8 @@ class LossInstrument:
             (:class:`gkd_harness.harness.rank.capture.LossCapture`: whole under TP, written off the hot path; :meth:`close`).
         capture_max_tokens: rows kept per capture (the first active ones, as the spot check takes them).
         meta: strings stored in captures (precision, beta_form, ...).
-        fail_on_nonfinite: raise :class:`NonFiniteError` (naming the step) on a non-finite loss call, after
-            recording it.
+        fail_on_nonfinite: raise :class:`NonFiniteError` (naming the step) for a non-finite loss call, after
+            recording it, when the logging step reads the queued calls (:meth:`flush`).
     """
 
     def __init__(
@@ -409,6 +415,10 @@ class LossInstrument:
         self._spotted_step: Optional[int] = None
         self.params: Callable[[], list] = lambda: []
         self.calls = 0
+        self._pending: list = []  # (step, statistics [5] on the device, loss dtype) of calls not yet flushed
+        reducer = getattr(metrics.get(LOSS_CALLS_TOTAL), "reducer", None)
+        if reducer is not None:
+            reducer.before_reduce.append(self.flush)
 
     def _is_spot_step(self) -> bool:
         return self.spot_every > 0 and self.step % self.spot_every == 0 and self._spotted_step != self.step
@@ -427,24 +437,15 @@ class LossInstrument:
         out = self.terms_fn(student_logits, teacher_output, labels, beta, temperature, *args, **kwargs)
         self.calls += 1
         self.where.bind_loss_inputs(student_logits.device)
-        total, n = self._record(out)
-        if self.fail_on_nonfinite and not math.isfinite(total):
-            raise NonFiniteError(
-                f"non-finite GKD loss at step {self.step}: total {total} over {n} positions (rank {self.rank}); "
-                f"monitor.fail_on_nonfinite=true stops the run"
-            )
+        self._record(out)
         if spot:
             self._spot(pieces, pg_inputs, student_logits, teacher_output, labels, beta, temperature, *args, **kwargs)
         return out.total, out.num_valid
 
     @torch.no_grad()
-    def _record(self, out) -> tuple[float, int]:
-        """Update the per-call metrics with a single device→host transfer (this runs on every loss call).
-
-        Under CP > 1 the five statistics of the CP ranks are all-gathered first (one collective on the device),
-        so the call is judged on the CP-reduced total. Returns ``(total, num_valid)`` of the (reduced) call.
-        """
-        m = self.metrics
+    def _record(self, out) -> None:
+        """Queue the call's five statistics on the device (no host read, no collective: this runs on every loss
+        call, inside the pipeline schedule on the last stage); :meth:`flush` reads every queued call at once."""
         per = out.per_position.detach()
         total = out.total.detach()
         stats = torch.stack(
@@ -456,18 +457,58 @@ class LossInstrument:
                 per.min().to(torch.float64) if per.numel() else per.new_full((), math.inf, dtype=torch.float64),
             ]
         )
+        self._pending.append((self.step, stats, total.dtype))
+
+    @torch.no_grad()
+    def flush(self) -> None:
+        """Update the per-call metrics with every call queued since the last flush: under CP > 1 one all-gather
+        of the queued ``[calls, 5]`` statistics over the CP group (each call judged on its CP-reduced total), then
+        one device→host transfer. The metrics' reducer calls it before each logging step's reduction
+        (:class:`MetricReducer`), so it runs once per logging step, on every rank alike.
+
+        Before: one CP all-gather and one ``.tolist()`` per loss call (per micro-batch).
+
+        Raises:
+            NonFiniteError: with ``fail_on_nonfinite``, after recording, naming the step of the first
+                non-finite call (the run stops at that step's log: every step is logged, ``run.logging_steps``).
+        """
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        stats = torch.stack([p[1] for p in pending])  # [calls, 5]
         group, cp = context_parallel_group()
         if cp > 1:
             shards = [torch.empty_like(stats) for _ in range(cp)]
             dist.all_gather(shards, stats, group=group)
-            stats = torch.stack(shards)
-        stats = stats.reshape(-1, 5)
+            stats = torch.stack(shards, dim=1)  # [calls, cp, 5]
+        else:
+            stats = stats[:, None]
         # the loss as the trainer sees it: sum(total) / sum(num_valid) in the loss's own dtype (cp_reduce's
-        # arithmetic), on the device so the host reads everything in one transfer
-        t_sum, n_sum = stats[:, 0].sum(), stats[:, 1].sum()
-        loss_t = torch.where(n_sum > 0, t_sum.to(total.dtype) / n_sum.to(total.dtype), t_sum.to(total.dtype) * 0)
-        values = torch.cat([stats.flatten(), loss_t.to(torch.float64).reshape(1)]).tolist()  # the one transfer
-        rows, loss = [values[i : i + 5] for i in range(0, len(values) - 1, 5)], values[-1]
+        # arithmetic), on the device, so the host reads every call in one transfer
+        t_sum, n_sum = stats[..., 0].sum(1), stats[..., 1].sum(1)
+        losses = []
+        for i, (_, _, dtype) in enumerate(pending):
+            t, nv = t_sum[i].to(dtype), n_sum[i].to(dtype)
+            losses.append(torch.where(n_sum[i] > 0, t / nv, t * 0).to(torch.float64))
+        values = torch.cat([stats.flatten(), torch.stack(losses)]).tolist()  # the one transfer
+        width = cp * 5
+        first_bad = None
+        for i, (step, _, _) in enumerate(pending):
+            rows = [values[i * width + j * 5 : i * width + j * 5 + 5] for j in range(cp)]
+            total_v, n = self._record_values(rows, values[len(pending) * width + i])
+            if first_bad is None and not math.isfinite(total_v):
+                first_bad = (step, total_v, n)
+        if self.fail_on_nonfinite and first_bad is not None:
+            step, total_v, n = first_bad
+            raise NonFiniteError(
+                f"non-finite GKD loss at step {step}: total {total_v} over {n} positions (rank {self.rank}); "
+                f"monitor.fail_on_nonfinite=true stops the run"
+            )
+
+    def _record_values(self, rows, loss: float) -> tuple[float, int]:
+        """The metrics of one call from its statistics (``rows``: one ``[total, num_valid, negative positions,
+        positions, min per-position JSD]`` per CP rank) and its CP-reduced ``loss``; ``(total, num_valid)``."""
+        m = self.metrics
         total_v = sum(r[0] for r in rows)
         n = int(sum(r[1] for r in rows))
         neg_tokens, positions = sum(r[2] for r in rows), int(sum(r[3] for r in rows))

@@ -319,6 +319,7 @@ def test_plugin_installs_the_candidate_behind_the_boundary_and_the_instrument(tm
     t = dataclasses.replace(case.teacher, full_logits=case.teacher.full_logits.to(cast))
     want, want_n = load_candidate(str(GOOD)).gkd_loss(case.student, t, case.labels, 0.5, 0.9)
     assert torch.equal(total.detach(), want) and int(n) == int(want_n)
+    inst.flush()  # the calls are read at the logging step
     assert inst.calls == 1 and inst.metrics[LOSS_CALLS_TOTAL].value == 1
     assert inst.metrics[SPOT_LOSS_FP64].count == 1  # the FP64 spot check ran on the candidate's call
     import swift.rlhf_trainers.gkd_trainer as hf

@@ -395,13 +395,21 @@ def test_min_max_metrics_keep_nan():
 
 
 def test_fail_on_nonfinite_stops_naming_the_step():
+    """The calls are read at the logging step (one transfer for all of them): the stop names the step of the
+    first non-finite call, after recording it."""
     s, t, labels = mixed_inputs(6)
     s[0, 3, 0] = float("nan")
     inst = make_instrument("fp32", fail_on_nonfinite=True)
+    s1, t1, labels1 = mixed_inputs(5)
+    inst.step = 6
+    inst(s1, TeacherOutput(full_logits=t1, labels=labels1), labels1, BETA, T)
     inst.step = 7
+    inst(s, TeacherOutput(full_logits=t, labels=labels), labels, BETA, T)
+    inst(s, TeacherOutput(full_logits=t, labels=labels), labels, BETA, T)
     with pytest.raises(NonFiniteError, match=r"non-finite GKD loss at step 7"):
-        inst(s, TeacherOutput(full_logits=t, labels=labels), labels, BETA, T)
-    assert computed(inst.metrics)["gkd/nonfinite_calls_total"] == 1  # recorded before stopping
+        computed(inst.metrics)
+    m = computed(inst.metrics)  # recorded before stopping
+    assert m["gkd/nonfinite_calls_total"] == 2 and m["gkd/loss_calls_total"] == 3
     ok = make_instrument("fp32", fail_on_nonfinite=True)
     s2, t2, labels2 = mixed_inputs(7)
     ok(s2, TeacherOutput(full_logits=t2, labels=labels2), labels2, BETA, T)  # finite: no error
@@ -443,9 +451,11 @@ def test_sync_counter_sees_each_kind_of_host_read():
 
 @pytest.mark.parametrize("precision", ["native", "fp32"])
 @pytest.mark.parametrize("teacher_kind", ["full", "topk"])
-def test_instrument_adds_one_host_sync_per_loss_call_and_monitor_off_adds_none(tmp_path, precision, teacher_kind):
-    """Monitoring on: the plugin's loss (dtype boundary + instrument, spot checks off) = the bare loss's own
-    synchronisations + exactly 1. Monitoring off: the plugin's loss (dtype boundary only) adds 0."""
+def test_instrument_adds_no_host_sync_per_loss_call_and_one_per_logging_step(tmp_path, precision, teacher_kind):
+    """Issue 46, item 6. Monitoring on: the plugin's loss (dtype boundary + instrument, spot checks off) makes the
+    bare loss's own synchronisations and no more (before: + 1, a ``.tolist()`` per call, i.e. per micro-batch on
+    Megatron's last stage); the logging step reads every queued call in one transfer. Monitoring off: the plugin's
+    loss (dtype boundary only) adds 0."""
     from gkd_harness.harness.rank.plugin import build_loss
 
     s, t, labels = mixed_inputs(3, b=2, s=9, v=96)
@@ -462,9 +472,11 @@ def test_instrument_adds_one_host_sync_per_loss_call_and_monitor_off_adds_none(t
     settings = plugin_settings(cfg, run_dir)
     on, inst = build_loss(settings, cfg)
     assert inst is not None
-    with_monitor = count_host_syncs(on, *args)
-    assert len(with_monitor) == len(bare) + 1, (bare, with_monitor)
-    assert with_monitor.count("tolist") == bare.count("tolist") + 1  # the instrument's one transfer
+    with_monitor = [count_host_syncs(on, *args) for _ in range(3)]  # three micro-batches of one logging step
+    assert with_monitor == [bare] * 3, (bare, with_monitor)
+    logged = {}
+    assert count_host_syncs(lambda: logged.update(computed(inst.metrics))) == ["tolist"]  # the step's one transfer
+    assert logged["gkd/loss_calls_total"] == 3
     cfg.monitor.enabled = False
     off, none = build_loss(settings, cfg)
     assert none is None
