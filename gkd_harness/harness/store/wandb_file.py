@@ -21,14 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, List, Optional, Tuple
 
+from gkd_harness.harness.contract import TRAIN_GLOBAL_STEP
+
 _BLOCK = 32 * 1024
 _HEADER = 7
 _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 #: wandb's link to the newest run folder (a second path to one file)
 _LATEST_RUN = "latest-run"
-#: the history keys that carry the training step: HF's ``train/global_step`` (HF logs without an explicit step,
+#: the history key that carries the training step: HF's ``train/global_step`` (HF logs without an explicit step,
 #: so wandb's ``_step`` is a log counter), else wandb's ``_step`` (Megatron logs ``step=iteration``)
-GLOBAL_STEP_KEY = "train/global_step"
+GLOBAL_STEP_KEY = TRAIN_GLOBAL_STEP
 
 
 def _payloads(data: bytes) -> Iterator[bytes]:
