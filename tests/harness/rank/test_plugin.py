@@ -375,14 +375,18 @@ def test_fail_on_nonfinite_off_logs_nan_and_continues(tmp_path, restore_swift):
 
 
 def test_first_nonfinite_loss_call_stops_the_run(tmp_path, restore_swift):
+    """At the logging step that reads the calls (ms-swift's ``compute_custom_metrics``), naming the call's step."""
+    from swift.trainers.mixin import SwiftMixin
+
     from gkd_harness.harness.rank.instrument import NonFiniteError
 
     state = plugin.install(settings(tmp_path))
     state.instrument.step = 4
     s, t, labels = inputs()
     s[0, 3, 0] = float("inf")
+    state.boundary(s, TeacherOutput(full_logits=t, labels=labels), labels, 0.5, 0.9)
     with pytest.raises(NonFiniteError, match="non-finite GKD loss at step 4"):
-        state.boundary(s, TeacherOutput(full_logits=t, labels=labels), labels, 0.5, 0.9)
+        SwiftMixin.compute_custom_metrics(state.instrument.metrics)
 
 
 def test_hf_nan_filter_is_turned_off_at_train_begin(tmp_path, restore_swift):
