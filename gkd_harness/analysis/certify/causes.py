@@ -315,7 +315,7 @@ def recognise(
         ("primitive ignored", "ignores the injected "),
         ("num_valid", "num_valid "),
         ("memory", "keeps "),
-        ("memory", "RSS grew "),
+        ("memory", "RSS grew by "),
     ):
         hit = [r.note for _, r in failing if r.note.startswith(prefix)]
         if hit:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from gkd_harness.analysis.certify.certificate import certify, load
-from tests.analysis.certify.defects import ISSUE_44, write
+from tests.analysis.certify.defects import EDITS, ISSUE_44, write
 from tests.analysis.test_certify import EXAMPLES
 
 PANEL = Path(__file__).resolve().parent / "candidates"
@@ -219,9 +219,9 @@ RECOGNISERS = {
     "the teacher's rows selected with the student's labels": (
         "teacher labels",
         PANEL / "teacher_rows_by_student_labels.py",
-        "casts_teacher_to_student",
+        "swift.rlhf_trainers.gkd_loss",
     ),
-    "keeps memory across calls": ("memory", PANEL / "keeps_totals.py", PANEL / "threads_per_call.py"),
+    "keeps memory across calls": ("memory", PANEL / "keeps_totals.py", PANEL / "flush_denormal_per_call.py"),
     "the value depends on the autograd mode": ("production sizes", "no_promotion_under_no_grad", "stale_shape_cache"),
 }
 
@@ -231,7 +231,7 @@ def test_each_new_recogniser_names_its_candidate_and_not_another(tmp_path, cause
     family, named, other = RECOGNISERS[cause]
     got = []
     for cand in (named, other):
-        path = cand if not isinstance(cand, str) else write(cand, tmp_path)
+        path = write(cand, tmp_path) if cand in EDITS else cand
         cert = certify(load(str(path), None, "paper", ()), quick=True, search_draws=0, speed=False, only=[family])
         fam = _family(cert, family)
         assert not fam["passed"], (cand, fam)

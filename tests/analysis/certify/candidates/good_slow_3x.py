@@ -1,5 +1,5 @@
-"""CORRECT, slowly (issue 44): the promote-first fix computed three times per call and averaged (about 3x
-upstream's time, forward and backward). gkd-certify: PASS, with a speed note."""
+"""CORRECT, slowly (issue 44): the promote-first fix computed three times per call, forward and backward
+(about 3x upstream's time), one run's value and gradient returned. gkd-certify: PASS, with a speed note."""
 
 import functools
 import importlib.util
@@ -19,4 +19,5 @@ def gkd_loss(student_logits, teacher_output, labels, beta, temperature, *args, *
     runs = [
         _good.gkd_loss(student_logits, teacher_output, labels, beta, temperature, *args, **kwargs) for _ in range(3)
     ]
-    return (runs[0][0] + runs[1][0] + runs[2][0]) / 3, runs[0][1]
+    # the other two runs' graphs join with weight 0 (exact: backward runs through all three, the gradient is one's)
+    return runs[0][0] + 0 * (runs[1][0] + runs[2][0]), runs[0][1]
