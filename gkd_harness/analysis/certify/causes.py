@@ -190,12 +190,11 @@ def _in_student_dtype(case: Case, upstream_total: Optional[Callable[[Case], floa
     return upstream_total(dataclasses.replace(case, teacher=type(case.teacher)(**cast)))
 
 
-def _teacher_detached(fn: Callable, failing) -> bool:
+def _teacher_detached(run: Callable, failing) -> bool:
     """Every failing case has a full-vocabulary teacher narrower than the student (upstream's ``_align_vocab``
     fills its missing columns with the student's logits, graph kept), and the candidate's gradient is the FP64
     reference's with those columns detached (within the gradient tolerance, five times closer to it than to the
     reference's)."""
-    from gkd_harness.analysis.certify.evaluate import _loss_and_grad, reference_of
     from gkd_harness.harness.loss.tolerances import grad_tol
 
     if not failing:
@@ -205,7 +204,7 @@ def _teacher_detached(fn: Callable, failing) -> bool:
         if case.check != "reference" or t is None or t.shape[-1] >= case.student.shape[-1]:
             return False
         try:
-            grad = _loss_and_grad(fn, case)[2].double() / case.loss_scale
+            grad = run(case)[2].double() / case.loss_scale
         except Exception:  # noqa: BLE001 - no evidence
             return False
         pad = case.student[..., t.shape[-1] :].double()  # a constant: no graph back to the student
@@ -219,23 +218,21 @@ def _teacher_detached(fn: Callable, failing) -> bool:
             teacher_full=torch.cat([t.double(), pad], -1),
             **rest,
         )[2]
-        right = reference_of(case)[2]
+        right = reference_gkd(case.student, case.labels, case.beta, case.temperature, case.form, **case.ref)[2]
         off, miss = float((grad - detached).norm()), float((detached - right).norm())
         if not (off <= grad_tol(detached, case.student.dtype) * float(detached.norm()) and off <= 0.2 * miss):
             return False
     return True
 
 
-def _grad_mode_shows(fn: Callable, failing) -> bool:
+def _grad_mode_shows(run: Callable, failing) -> bool:
     """Every failing case runs under ``no_grad`` / ``inference_mode``, and the same inputs with grad give the
     FP64 value: the mode is what changes the value (a stale cache keyed by shape fails with grad too)."""
-    from gkd_harness.analysis.certify.evaluate import _loss_and_grad
-
     if not failing or any(c.grad_mode == "grad" or r.ref_value is None for c, r in failing):
         return False
     for case, res in failing:
         try:
-            value = float(_loss_and_grad(fn, dataclasses.replace(case, grad_mode="grad"))[0].double())
+            value = float(run(dataclasses.replace(case, grad_mode="grad"))[0].double())
         except Exception:  # noqa: BLE001
             return False
         if not abs(value - res.ref_value) <= loss_tol(res.ref_value, res.n or 0):
@@ -299,8 +296,11 @@ def recognise(
     failing: List[Tuple[Case, Any]],
     source: Optional[str] = None,
     upstream_total: Optional[Callable[[Case], float]] = None,
+    run: Optional[Callable[[Case], Tuple[Any, int, torch.Tensor]]] = None,
 ) -> str:
-    """One line naming the recognised cause of a family's failing cases, or ``""``. ``upstream_total``: a case's
+    """One line naming the recognised cause of a family's failing cases, or ``""``. ``run``: the candidate on a
+    case, ``(total, num_valid, gradient)`` (the evaluation's call: this module only reasons over what it returns).
+    ``upstream_total``: a case's
     total under upstream's installed loss (the caller evaluates it; this module only reasons over the results)."""
     for sub, kind in CONTRACT_NOTES:
         hit = [r.note for _, r in failing if sub in r.note]
@@ -323,14 +323,14 @@ def recognise(
             if kind == "global state":
                 what = hit[0][len(prefix) :]
             return HINTS[kind].format(what)
-    if _grad_mode_shows(fn, failing):
+    if run is not None and _grad_mode_shows(run, failing):
         modes = sorted({c.grad_mode for c, _ in failing})
         return HINTS["grad mode"].format(f"only the cases under {' and '.join(modes)} fail; with grad they pass")
     hypotheses = HYPOTHESES + [("student dtype", lambda case: _in_student_dtype(case, upstream_total))]
     for kind, alt in hypotheses:
         if _explains(alt, failing):
             return HINTS[kind]
-    if _teacher_detached(fn, failing):
+    if run is not None and _teacher_detached(run, failing):
         return HINTS["detached"]
     if _aligned_late(failing):
         return HINTS["alignment"]

@@ -118,7 +118,6 @@ def certify(
     from swift.rlhf_trainers import gkd_loss as upstream
 
     from gkd_harness.analysis.certify.evaluate import run_family
-    from gkd_harness.analysis.certify.search import DRAWS
 
     if bar not in STRICT_BARS:
         raise ValueError(f"bar: {bar!r}, expected one of {STRICT_BARS}")
@@ -126,17 +125,10 @@ def certify(
     torch.manual_seed(0)
     t0 = time.perf_counter()
     source = _source_text(cand)
-    draws = (DRAWS // 2 if quick else DRAWS) if search_draws is None else search_draws
-    options = dict(
-        candidate=cand.provenance(),
-        beta_form=beta_form,
-        quick=quick,
-        strict=strict,
-        bar=bar,
-        only=only,
-        search=(search_seed, draws, search_draw),
-        unchanged=cand.unchanged,
+    options = options_of(
+        cand.provenance(), beta_form, cand.unchanged, quick, strict, only, bar, search_seed, search_draws, search_draw
     )
+    draws = options["search"][1]
     rows = list(first_rows)
     for f in families_for(cand, strict, only, (search_seed, draws, search_draw)):
         tell(("family", f.name, f.limit_s))
@@ -158,6 +150,37 @@ def certify(
         tell(("family", "speed note", SPEED_LIMIT_S))
         note = speed_note(cand.gkd_loss, upstream.gkd_loss)
     return assemble(rows, options, speed=note, wall_s=time.perf_counter() - t0)
+
+
+def options_of(
+    candidate: Dict[str, Any],
+    beta_form: str,
+    unchanged: Sequence[str],
+    quick: bool = False,
+    strict: bool = False,
+    only: Sequence[str] = (),
+    bar: str = "upstream",
+    search_seed: int = 0,
+    search_draws: Optional[int] = None,
+    search_draw: Optional[int] = None,
+    **_: Any,
+) -> Dict[str, Any]:
+    """What a certificate records of how it was asked for (:func:`assemble`'s ``options``); the search's draws
+    default to :data:`search.DRAWS` (half with ``quick``)."""
+    from gkd_harness.analysis.certify.search import DRAWS
+
+    draws = (DRAWS // 2 if quick else DRAWS) if search_draws is None else search_draws
+    search = (search_seed, draws, search_draw)
+    return dict(
+        candidate=candidate,
+        beta_form=beta_form,
+        quick=quick,
+        strict=strict,
+        bar=bar,
+        only=list(only),
+        search=search,
+        unchanged=tuple(unchanged),
+    )
 
 
 #: The bound on the speed note's wall time in the child process (seconds).

@@ -845,7 +845,13 @@ def run_family(
     bad = [r for r in results if r.failed]
     # paired by position: ids may repeat within a family (e.g. two noise levels under one name)
     cause = (
-        recognise(fn, [(c, r) for c, r in zip(cases, results) if r.failed], source, _total_under(upstream))
+        recognise(
+            fn,
+            [(c, r) for c, r in zip(cases, results) if r.failed],
+            source,
+            _total_under(upstream),
+            run=lambda case: _loss_and_grad(fn, case),
+        )
         if bad and explain
         else ""
     )

@@ -62,7 +62,7 @@ def certify_in_child(
         CandidateError: the candidate is refused (cannot be loaded; exits, is killed or hangs while importing).
         JudgeError: the child failed before the candidate's import began.
     """
-    from gkd_harness.analysis.certify.certificate import assemble
+    from gkd_harness.analysis.certify.certificate import assemble, options_of
     from gkd_harness.harness.loss.candidate import CandidateError
 
     ctx = multiprocessing.get_context("spawn")
@@ -125,7 +125,7 @@ def certify_in_child(
                 where = f"in family {family!r}" + (f", case {case!r}" if case else "")
                 return assemble(
                     rows,
-                    _options(provenance, beta_form, unchanged, options),
+                    options_of(provenance, beta_form, unchanged, **options),
                     wall_s=time.monotonic() - t0,
                     process=f"{what} {where}",
                 )
@@ -136,66 +136,39 @@ def certify_in_child(
         receive.close()
 
 
-def _options(provenance: Dict[str, Any], beta_form: str, unchanged: Sequence[str], options: Dict[str, Any]):
-    """The certificate's options for :func:`~gkd_harness.analysis.certify.certificate.assemble`, as ``certify``
-    records them."""
-    from gkd_harness.analysis.certify.search import DRAWS
-
-    quick = bool(options.get("quick"))
-    draws = options.get("search_draws")
-    return dict(
-        candidate=provenance,
-        beta_form=beta_form,
-        quick=quick,
-        strict=bool(options.get("strict")),
-        bar=options.get("bar", "upstream"),
-        only=list(options.get("only") or ()),
-        search=(
-            options.get("search_seed", 0),
-            (DRAWS // 2 if quick else DRAWS) if draws is None else draws,
-            options.get("search_draw"),
-        ),
-        unchanged=tuple(unchanged),
-    )
-
-
 def _import_row(changed: List[str]) -> Dict[str, Any]:
     """The row of the candidate's import: one case, failed when the import changed global torch state (every rank
     imports the candidate, so a change there is a change to the trainer)."""
-    return {
-        "name": IMPORT_ROW,
-        "required": True,
-        "description": "the global torch state before and after importing the candidate",
-        "cases": 1,
-        "failures": int(bool(changed)),
-        "worst_ratio": math.inf if changed else 0.0,
-        "negatives": 0,
-        "nonfinite": 0,
-        "failing": [
+    from gkd_harness.analysis.certify.evaluate import FamilyResult
+
+    what = ", ".join(changed)
+    row = FamilyResult(
+        IMPORT_ROW,
+        True,
+        "the global torch state before and after importing the candidate",
+        cases=1,
+        failures=int(bool(changed)),
+        worst_ratio=math.inf if changed else 0.0,
+        negatives=0,
+        nonfinite=0,
+        failing=[
             {
                 "case": "import the candidate",
                 "ratio": math.inf,
-                "note": f"changes global torch state at import: {', '.join(changed)}",
+                "note": f"changes global torch state at import: {what}",
                 "cause": "global state",
                 "repro": "",
             }
         ]
         if changed
         else [],
-        "seconds": 0.0,
-        "severity": "defect" if changed else "",
-        "cause": (
-            f"changes global torch state ({', '.join(changed)}) at import: every rank imports the candidate; "
-            "leave it as found"
-            if changed
-            else ""
-        ),
-        "bar": "tolerance",
-        "modes": {},
-        "pairs": {},
-        "passed": not changed,
-        "gating": True,
-    }
+        seconds=0.0,
+        severity="defect" if changed else "",
+        cause=f"changes global torch state ({what}) at import: every rank imports the candidate; leave it as found"
+        if changed
+        else "",
+    )
+    return {**row.__dict__, "passed": row.passed, "gating": True}
 
 
 def _child(conn, spec: str, name: Optional[str], beta_form: str, unchanged: tuple, options: Dict[str, Any]) -> None:
