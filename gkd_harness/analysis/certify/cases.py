@@ -8,7 +8,9 @@ A :class:`Case` is one call of the candidate's ``gkd_loss`` (``student [B, S, V]
   ``grad_tol``;
 * ``pinned``: a value fixed by a published example (TRL's tests, the β defect, docs/defects.md), within ``abs_tol``;
 * ``differ`` / ``symmetric``: TRL's qualitative pins (two losses differ; β = 0.5 symmetric bit for bit);
-* ``identity``: bit-identical value and gradient with the installed ms-swift ``gkd_loss``.
+* ``identity``: bit-identical value and gradient with the installed ms-swift ``gkd_loss``;
+* ``memory``: tensors alive and RSS after ``calls`` repeated calls, against upstream's growth;
+* ``sharded`` / ``contract``: the injected primitives on 2 vocabulary shards; the caller's contract.
 
 Every input comes from :func:`problem`: student = BF16-rounded ``randn·2`` (a BF16 model's output), teacher =
 student + noise (0.03: near-identical distributions, where upstream goes negative; 1.0: different ones). The loss
@@ -48,12 +50,12 @@ class Case:
     divisor: float = 1.0  # check=pinned: TRL's reduction (batchmean: B)
     abs_tol: float = 0.0
     other: Optional["Case"] = None  # check=differ / symmetric: the second call
-    ref_teacher_labels: Optional[torch.Tensor] = None
     grad_factor: Optional[float] = None  # tolerances.grad_tol's low-precision factor (None: its default)
     relative: bool = False  # set by the evaluation: the bar is upstream's formula in FP32 (--strict)
     grad_mode: str = "grad"  # "grad", "no_grad" or "inference_mode": the call's autograd mode (value only unless grad)
     contract: str = ""  # check=contract: "call" (return, graph, repeat, modes), "mismatch", "raising <primitive>"
     repro: str = ""  # a one-line reproduction (the random search's draws)
+    calls: int = 0  # check=memory: the number of repeated calls measured
 
     @property
     def mode(self) -> str:

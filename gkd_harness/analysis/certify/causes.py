@@ -19,6 +19,7 @@ one dtype pair while the others pass.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -44,8 +45,8 @@ HINTS = {
     "alignment": "promotion after alignment: the BF16 teacher's pad columns hold the student's logits rounded to "
     "BF16 by upstream's _align_vocab; promote both sides before _align_vocab",
     "clamp": "a clamp ({}): it hides negative losses and zeroes the gradient where it bites; fix the arithmetic",
-    "global state": "changes global torch state ({}): the caller's default dtype, RNG, grad mode or deterministic "
-    "flags; leave them as found",
+    "global state": "changes global torch state ({}): the caller's threads, flush-denormal, default dtype, RNG, grad "
+    "mode, matmul precision or deterministic flags; leave them as found",
     "swallowed": "swallows exceptions ({}): a caller's error (a label mismatch, a failing collective) must reach "
     "the caller, not turn into a loss",
     "disconnected": "an empty partition (or a path) returns a total outside the student's graph: backward() raises "
@@ -54,6 +55,15 @@ HINTS = {
     "dtype": "the total is narrower than the student's dtype ({}): keep it in the compute dtype",
     "grad mode": "the value depends on the autograd mode ({}): e.g. a promotion only when grad is enabled",
     "repeat": "two calls on the same inputs differ ({}): the loss is not deterministic",
+    "memory": "keeps memory across calls ({}): a module-level list or cache of what it returns grows with every "
+    "training step; keep nothing between calls",
+    "student dtype": "the arithmetic stays in a BF16/FP16 student's dtype (the values follow upstream's with the "
+    "teacher cast to the student's dtype): promote both sides to FP32 (FP64 kept), never cast the teacher down",
+    "detached": "the teacher detached after _align_vocab: its missing vocabulary columns hold the student's logits, "
+    "and their gradient is lost (the value is right, the gradient is the FP64 one with those columns constant); "
+    "keep the graph",
+    "student labels": "the teacher's rows selected with the student's labels: in self-distillation "
+    "teacher_output.labels mark other positions (the same count); select the teacher's rows with its own labels",
 }
 
 #: (note substring, hint key) for the contract family's notes (evaluate._contract_problems).
@@ -124,7 +134,15 @@ def _other_form(case: Case) -> Optional[float]:
     return reference_gkd(case.student, case.labels, case.beta, case.temperature, other, **case.ref)[0]
 
 
+def _student_labels(case: Case) -> Optional[float]:
+    t_labels = case.ref.get("teacher_labels")
+    if t_labels is None or torch.equal(t_labels, case.labels):
+        return None
+    return _alt(case, ref={k: v for k, v in case.ref.items() if k != "teacher_labels"})
+
+
 HYPOTHESES: List[Tuple[str, Callable[[Case], Optional[float]]]] = [
+    ("student labels", _student_labels),
     ("other form", _other_form),
     ("mean", _mean),
     ("beta bf16", _beta_bf16),
@@ -153,8 +171,73 @@ def _explains(alt: Callable, failing) -> bool:
             continue
         changed += 1
         if abs(res.value - a) <= min(tol, 0.2 * abs(a - ref)):  # much closer to the mistake than to the reference
-            explained += 1
+            if abs(a) <= tol:  # the mistake's value is about 0: any loss that comes out near 0 matches it
+                changed -= 1
+            else:
+                explained += 1
     return changed > 0 and 2 * explained >= changed
+
+
+def _in_student_dtype(case: Case, upstream_total: Optional[Callable[[Case], float]]) -> Optional[float]:
+    """Upstream's arithmetic with the teacher cast to the student's dtype (a "fix" that casts instead of
+    promoting): for a BF16/FP16 student everything stays in its dtype; a wider student's value is right."""
+    if upstream_total is None or case.student.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    cast = {
+        f: (x.to(case.student.dtype) if torch.is_tensor(x) and x.is_floating_point() else x)
+        for f, x in vars(case.teacher).items()
+    }
+    return upstream_total(dataclasses.replace(case, teacher=type(case.teacher)(**cast)))
+
+
+def _teacher_detached(run: Callable, failing) -> bool:
+    """Every failing case has a full-vocabulary teacher narrower than the student (upstream's ``_align_vocab``
+    fills its missing columns with the student's logits, graph kept), and the candidate's gradient is the FP64
+    reference's with those columns detached (within the gradient tolerance, five times closer to it than to the
+    reference's)."""
+    from gkd_harness.harness.loss.tolerances import grad_tol
+
+    if not failing:
+        return False
+    for case, _ in failing:
+        t = case.ref.get("teacher_full")
+        if case.check != "reference" or t is None or t.shape[-1] >= case.student.shape[-1]:
+            return False
+        try:
+            grad = run(case)[2].double() / case.loss_scale
+        except Exception:  # noqa: BLE001 - no evidence
+            return False
+        pad = case.student[..., t.shape[-1] :].double()  # a constant: no graph back to the student
+        rest = {k: v for k, v in case.ref.items() if k != "teacher_full"}
+        detached = reference_gkd(
+            case.student,
+            case.labels,
+            case.beta,
+            case.temperature,
+            case.form,
+            teacher_full=torch.cat([t.double(), pad], -1),
+            **rest,
+        )[2]
+        right = reference_gkd(case.student, case.labels, case.beta, case.temperature, case.form, **case.ref)[2]
+        off, miss = float((grad - detached).norm()), float((detached - right).norm())
+        if not (off <= grad_tol(detached, case.student.dtype) * float(detached.norm()) and off <= 0.2 * miss):
+            return False
+    return True
+
+
+def _grad_mode_shows(run: Callable, failing) -> bool:
+    """Every failing case runs under ``no_grad`` / ``inference_mode``, and the same inputs with grad give the
+    FP64 value: the mode is what changes the value (a stale cache keyed by shape fails with grad too)."""
+    if not failing or any(c.grad_mode == "grad" or r.ref_value is None for c, r in failing):
+        return False
+    for case, res in failing:
+        try:
+            value = float(run(dataclasses.replace(case, grad_mode="grad"))[0].double())
+        except Exception:  # noqa: BLE001
+            return False
+        if not abs(value - res.ref_value) <= loss_tol(res.ref_value, res.n or 0):
+            return False
+    return True
 
 
 def _aligned_late(failing) -> bool:
@@ -213,8 +296,11 @@ def recognise(
     failing: List[Tuple[Case, Any]],
     source: Optional[str] = None,
     upstream_total: Optional[Callable[[Case], float]] = None,
+    run: Optional[Callable[[Case], Tuple[Any, int, torch.Tensor]]] = None,
 ) -> str:
-    """One line naming the recognised cause of a family's failing cases, or ``""``. ``upstream_total``: a case's
+    """One line naming the recognised cause of a family's failing cases, or ``""``. ``run``: the candidate on a
+    case, ``(total, num_valid, gradient)`` (the evaluation's call: this module only reasons over what it returns).
+    ``upstream_total``: a case's
     total under upstream's installed loss (the caller evaluates it; this module only reasons over the results)."""
     for sub, kind in CONTRACT_NOTES:
         hit = [r.note for _, r in failing if sub in r.note]
@@ -228,6 +314,8 @@ def recognise(
         ("global state", "changes global torch state: "),
         ("primitive ignored", "ignores the injected "),
         ("num_valid", "num_valid "),
+        ("memory", "keeps "),
+        ("memory", "RSS grew by "),
     ):
         hit = [r.note for _, r in failing if r.note.startswith(prefix)]
         if hit:
@@ -235,12 +323,15 @@ def recognise(
             if kind == "global state":
                 what = hit[0][len(prefix) :]
             return HINTS[kind].format(what)
-    if failing and all(c.grad_mode != "grad" for c, _ in failing):
+    if run is not None and _grad_mode_shows(run, failing):
         modes = sorted({c.grad_mode for c, _ in failing})
         return HINTS["grad mode"].format(f"only the cases under {' and '.join(modes)} fail; with grad they pass")
-    for kind, alt in HYPOTHESES:
+    hypotheses = HYPOTHESES + [("student dtype", lambda case: _in_student_dtype(case, upstream_total))]
+    for kind, alt in hypotheses:
         if _explains(alt, failing):
             return HINTS[kind]
+    if run is not None and _teacher_detached(run, failing):
+        return HINTS["detached"]
     if _aligned_late(failing):
         return HINTS["alignment"]
     line = _clamp_line(source)

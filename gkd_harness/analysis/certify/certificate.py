@@ -7,7 +7,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from gkd_harness.harness.contract import BUILTIN_PRECISIONS
 
@@ -57,7 +57,7 @@ def families_for(
     """The families to run: the required ones, the declared identity, the random search ``(seed, draws, only
     draw)`` and the hard regimes; ``only``: those whose name holds one of these substrings."""
     from gkd_harness.analysis.certify.families import HARD_FAMILIES, REQUIRED_FAMILIES, Family, identity_family
-    from gkd_harness.analysis.certify.search import BUDGET_S, FAMILY, search_cases
+    from gkd_harness.analysis.certify.search import FAMILY, search_cases
 
     fams = list(REQUIRED_FAMILIES)
     if cand.unchanged:
@@ -69,9 +69,8 @@ def families_for(
                 FAMILY,
                 True,
                 f"seed {seed}: {draws if one is None else 1} draws of dtype pair, mode, shape, V, k, β, T, mask and "
-                f"row offsets (analysis/certify/search.py); stops at {BUDGET_S:g} s",
+                f"row offsets (analysis/certify/search.py), every one",
                 search_cases(seed, draws, one),
-                budget_s=BUDGET_S,
             )
         )
     fams += HARD_FAMILIES
@@ -103,26 +102,37 @@ def certify(
     search_draws: Optional[int] = None,
     search_draw: Optional[int] = None,
     speed: bool = True,
+    on_event: Optional[Callable[[tuple], None]] = None,
+    first_rows: Sequence[Dict[str, Any]] = (),
 ) -> Dict[str, Any]:
-    """The certificate of a loaded candidate as plain data (what ``certificate.json`` holds).
+    """The certificate of a loaded candidate as plain data (what ``certificate.json`` holds), computed in this
+    process (``gkd-certify`` and the sign-off run it in the candidate's child process:
+    :func:`gkd_harness.analysis.certify.process.certify_in_child`).
 
     ``strict``: the hard regimes gate the verdict too, each case against ``bar`` (:data:`STRICT_BARS`).
     ``search_*``: the random search's seed, number of draws (default :data:`search.DRAWS`, 0: none) or one draw.
-    ``speed``: time the candidate against upstream at a production size (:func:`speed_note`; reported only)."""
+    ``speed``: time the candidate against upstream at a production size (:func:`speed_note`; reported only).
+    ``on_event``: told ``("family", name, limit_s)``, ``("case", id)`` and ``("row", family dict)`` as they happen;
+    ``first_rows``: family rows measured before (the candidate's import)."""
     import torch
     from swift.rlhf_trainers import gkd_loss as upstream
 
     from gkd_harness.analysis.certify.evaluate import run_family
-    from gkd_harness.analysis.certify.search import DRAWS
 
     if bar not in STRICT_BARS:
         raise ValueError(f"bar: {bar!r}, expected one of {STRICT_BARS}")
+    tell = on_event or (lambda event: None)
     torch.manual_seed(0)
     t0 = time.perf_counter()
     source = _source_text(cand)
-    draws = DRAWS if search_draws is None else search_draws
-    rows = [
-        run_family(
+    options = options_of(
+        cand.provenance(), beta_form, cand.unchanged, quick, strict, only, bar, search_seed, search_draws, search_draw
+    )
+    draws = options["search"][1]
+    rows = list(first_rows)
+    for f in families_for(cand, strict, only, (search_seed, draws, search_draw)):
+        tell(("family", f.name, f.limit_s))
+        r = run_family(
             cand.gkd_loss,
             f,
             beta_form,
@@ -131,30 +141,85 @@ def certify(
             source=source,
             relative=strict and bar == "upstream" and not f.required,
             explain=f.required or strict,
+            on_case=lambda case: tell(("case", case)),
         )
-        for f in families_for(cand, strict, only, (search_seed, draws, search_draw))
-    ]
-    gating = [r for r in rows if r.required or strict]
-    verdict = "PASS" if all(r.passed for r in gating) else "FAIL"
-    families = [{**r.__dict__, "passed": r.passed, "gating": r.required or strict} for r in rows]
+        rows.append({**r.__dict__, "passed": r.passed, "gating": r.required or strict})
+        tell(("row", rows[-1]))
+    note = None
+    if speed and not only:
+        tell(("family", "speed note", SPEED_LIMIT_S))
+        note = speed_note(cand.gkd_loss, upstream.gkd_loss)
+    return assemble(rows, options, speed=note, wall_s=time.perf_counter() - t0)
+
+
+def options_of(
+    candidate: Dict[str, Any],
+    beta_form: str,
+    unchanged: Sequence[str],
+    quick: bool = False,
+    strict: bool = False,
+    only: Sequence[str] = (),
+    bar: str = "upstream",
+    search_seed: int = 0,
+    search_draws: Optional[int] = None,
+    search_draw: Optional[int] = None,
+    **_: Any,
+) -> Dict[str, Any]:
+    """What a certificate records of how it was asked for (:func:`assemble`'s ``options``); the search's draws
+    default to :data:`search.DRAWS` (half with ``quick``)."""
+    from gkd_harness.analysis.certify.search import DRAWS
+
+    draws = (DRAWS // 2 if quick else DRAWS) if search_draws is None else search_draws
+    search = (search_seed, draws, search_draw)
+    return dict(
+        candidate=candidate,
+        beta_form=beta_form,
+        quick=quick,
+        strict=strict,
+        bar=bar,
+        only=list(only),
+        search=search,
+        unchanged=tuple(unchanged),
+    )
+
+
+#: The bound on the speed note's wall time in the child process (seconds).
+SPEED_LIMIT_S = 300.0
+
+
+def assemble(
+    rows: List[Dict[str, Any]],
+    options: Dict[str, Any],
+    speed: Optional[Dict[str, Any]] = None,
+    wall_s: float = 0.0,
+    process: Optional[str] = None,
+) -> Dict[str, Any]:
+    """The certificate from its family rows, in one place: the verdict is PASS only when every gating row passes
+    and the candidate's process (``process``: what went wrong with it, e.g. ``exited with code 0 ...``) finished."""
     from gkd_harness.analysis.certify.causes import failure_pattern
+    from gkd_harness.analysis.certify.search import FAMILY
     from gkd_harness.harness.store.provenance import harness_version
 
+    gating = [r for r in rows if r["gating"]]
+    seed, draws, one = options["search"]
+    ran = sum(r["cases"] for r in rows if r["name"] == FAMILY)
+    failed = [r["name"] for r in gating if not r["passed"]] + (["the candidate's process"] if process else [])
     return {
-        "candidate": cand.provenance(),
-        "beta_form": beta_form,
-        "quick": quick,
-        "strict": strict,
-        "strict_bar": bar if strict else None,
-        "only": list(only),
-        "search": {"seed": search_seed, "draws": draws, "draw": search_draw},
-        "declared_unchanged": list(cand.unchanged),
-        "verdict": verdict,
-        "failed_families": [r.name for r in gating if not r.passed],
-        "families": families,
-        "pattern": failure_pattern([f for f in families if f["gating"]]),
-        "speed": speed_note(cand.gkd_loss, upstream.gkd_loss) if speed and not only else None,
-        "wall_s": round(time.perf_counter() - t0, 2),
+        "candidate": options["candidate"],
+        "beta_form": options["beta_form"],
+        "quick": options["quick"],
+        "strict": options["strict"],
+        "strict_bar": options["bar"] if options["strict"] else None,
+        "only": list(options["only"]),
+        "search": {"seed": seed, "draws": draws, "draw": one, "draws_run": ran},
+        "declared_unchanged": list(options["unchanged"]),
+        "verdict": "FAIL" if failed else "PASS",
+        "failed_families": failed,
+        "process": process,
+        "families": rows,
+        "pattern": failure_pattern(gating),
+        "speed": speed,
+        "wall_s": round(wall_s, 2),
         "versions": _versions(),
         "harness_version": harness_version(),
     }
@@ -288,11 +353,11 @@ def render_text(cert: Dict[str, Any]) -> str:
         + (f" (failed: {', '.join(cert['failed_families'])})" if cert["failed_families"] else "")
         + f"  [{cert['wall_s']} s]"
     ]
+    if cert.get("process"):
+        tail.append(f"  the candidate's process: {cert['process']}")
     for f in cert["families"]:
         if f["failing"] and f["gating"]:
             tail.append(f"  {why(f)}")
-        if f.get("note"):
-            tail.append(f"  {f['name']}: {f['note']}")
         for x in f["failing"]:
             if x.get("repro"):
                 tail.append(f"  reproduce: gkd-certify {c['source']} {x['repro']}")
@@ -363,13 +428,25 @@ def cache_path(sha256: str, beta_form: str, quick: bool, strict: bool, bar: str 
     return cache_dir() / "certificates" / f"{sha256}-{beta_form}{mode}" / version
 
 
+def complete(cert: Dict[str, Any]) -> bool:
+    """The certificate ran everything it was asked to: its process finished and the search ran every draw asked
+    (``draws_run``). Only a complete certificate is kept or reused."""
+    search = cert.get("search") or {}
+    asked = 1 if search.get("draw") is not None else search.get("draws")
+    return not cert.get("process") and asked is not None and search.get("draws_run") == asked
+
+
 def _whole(cert: Dict[str, Any]) -> bool:
-    """A certificate of every family with the default search (what gkd-analyze would compute)."""
+    """A complete certificate of every family with the default search (what gkd-analyze would compute)."""
     from gkd_harness.analysis.certify.search import DRAWS
 
     search = cert.get("search") or {}
     return (
-        not cert.get("only") and search.get("seed") == 0 and search.get("draws") == DRAWS and search.get("draw") is None
+        complete(cert)
+        and not cert.get("only")
+        and search.get("seed") == 0
+        and search.get("draws") == (DRAWS // 2 if cert.get("quick") else DRAWS)
+        and search.get("draw") is None
     )
 
 

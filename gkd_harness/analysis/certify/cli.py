@@ -21,8 +21,6 @@ from gkd_harness.analysis.certify.certificate import (
     CERTIFICATE_JSON,
     CERTIFICATE_MD,
     STRICT_BARS,
-    certify,
-    load,
     remember,
     render_text,
     write,
@@ -75,13 +73,22 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help="the random search's number of draws (default 48; 0: no search); it stops at its 40 s budget",
+        help="the random search's number of draws, every one run on every machine (default 48, --quick 24; 0: no "
+        "search)",
     )
     p.add_argument(
         "--search-draw", type=int, default=None, metavar="I", help="run only draw I of the search (a reproduction)"
     )
     p.add_argument(
         "--no-speed", action="store_true", help="skip timing the candidate against upstream at a production size"
+    )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        metavar="S",
+        help="the bound, in seconds, on the candidate's import and on each family in its child process (default: "
+        "120 s for the import, each family's own); past it the child is killed and the certificate fails",
     )
     p.add_argument("--version", action="version", version=version_line("gkd-certify"))
     p.add_argument("--out", type=Path, help=f"write {CERTIFICATE_MD} and {CERTIFICATE_JSON} here")
@@ -123,28 +130,35 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         if len(pair.split("/")) != 2 or not set(x.strip() for x in pair.split("/")) <= pairs:
             print(f"gkd-certify: --unchanged {pair!r}: expected STUDENT/TEACHER from {sorted(pairs)}", file=sys.stderr)
             sys.exit(2)
-    try:
-        cand = load(args.candidate, args.name, args.beta_form, args.unchanged)
-    except CandidateError as e:
-        print(f"gkd-certify: {e}", file=sys.stderr)
-        sys.exit(2)
-    for key in ("search_draws", "search_draw"):
+    for key in ("search_draws", "search_draw", "time_limit"):
         if getattr(args, key) is not None and getattr(args, key) < 0:
             print(f"gkd-certify: --{key.replace('_', '-')} {getattr(args, key)}: must be >= 0", file=sys.stderr)
             sys.exit(2)
-    cert = certify(
-        cand,
-        args.beta_form,
-        args.quick,
-        args.strict,
-        args.family,
-        bar=args.strict_bar,
-        search_seed=args.search_seed,
-        search_draws=args.search_draws,
-        search_draw=args.search_draw,
-        speed=not args.no_speed,
-    )
-    if not cert["families"]:
+    from gkd_harness.analysis.certify.process import JudgeError, certify_in_child
+
+    try:
+        cert = certify_in_child(
+            args.candidate,
+            args.name,
+            args.beta_form,
+            args.unchanged,
+            time_limit_s=args.time_limit or None,
+            quick=args.quick,
+            strict=args.strict,
+            only=args.family,
+            bar=args.strict_bar,
+            search_seed=args.search_seed,
+            search_draws=args.search_draws,
+            search_draw=args.search_draw,
+            speed=not args.no_speed,
+        )
+    except CandidateError as e:
+        print(f"gkd-certify: {e}", file=sys.stderr)
+        sys.exit(2)
+    except JudgeError as e:
+        print(f"gkd-certify: {e}", file=sys.stderr)
+        sys.exit(2)
+    if not cert["families"] and not cert.get("process"):
         print(f"gkd-certify: no family matches {args.family}", file=sys.stderr)
         sys.exit(2)
     sys.stdout.write(render_text(cert))

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import math
+import os
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -70,7 +72,6 @@ class FamilyResult:
     bar: str = "tolerance"  # "tolerance" or "upstream" (no worse than upstream's formula in FP32)
     modes: Dict[str, List[int]] = dataclasses.field(default_factory=dict)  # mode -> [cases, failures]
     pairs: Dict[str, List[int]] = dataclasses.field(default_factory=dict)  # dtype pair -> [cases, failures]
-    note: str = ""  # e.g. the random search stopped at its time budget
 
     @property
     def passed(self) -> bool:
@@ -112,10 +113,31 @@ class StateChanged(Exception):
     """The candidate left global torch state changed (named in the message); the state was restored."""
 
 
+_set_num_threads = torch.set_num_threads
+
+
+def watch_threads() -> None:
+    """Make ``torch.set_num_threads`` record the values it is called with (its attribute ``calls``): a candidate
+    that sets the count the judge already runs with (1 on a CI runner) changes nothing visible, yet a trainer's."""
+    calls: List[int] = []
+
+    def set_num_threads(nthreads: int) -> None:
+        calls.append(int(nthreads))
+        _set_num_threads(nthreads)
+
+    set_num_threads.calls = calls  # type: ignore[attr-defined]
+    torch.set_num_threads = set_num_threads
+
+
 def torch_state() -> Dict[str, Any]:
-    """The global torch state a loss must leave as it found it: default dtype, grad mode, deterministic flags,
-    anomaly mode, matmul precision and the RNG states (CPU; CUDA where initialised)."""
+    """The global torch state a loss must leave as it found it: intra-op threads, flush-denormal, default dtype,
+    grad mode, deterministic flags, anomaly mode, matmul precision and the RNG states (CPU; CUDA where
+    initialised)."""
     st: Dict[str, Any] = {
+        # the calls torch.set_num_threads recorded (evaluate.watch_threads, in the candidate's child process)
+        "threads": (torch.get_num_threads(), len(getattr(torch.set_num_threads, "calls", ()))),
+        # torch has no getter for flush-denormal: a denormal FP32 product comes out 0 when it is on
+        "flush denormal": bool((torch.tensor(1e-39, dtype=torch.float32) * 1.0).item() == 0.0),
         "default dtype": torch.get_default_dtype(),
         "grad mode": torch.is_grad_enabled(),
         "deterministic algorithms": (
@@ -142,6 +164,8 @@ def _equal_state(a: Any, b: Any) -> bool:
 
 
 def restore_state(st: Dict[str, Any]) -> None:
+    _set_num_threads(st["threads"][0])
+    torch.set_flush_denormal(st["flush denormal"])
     torch.set_default_dtype(st["default dtype"])
     torch.set_grad_enabled(st["grad mode"])
     torch.use_deterministic_algorithms(st["deterministic algorithms"][0], warn_only=st["deterministic algorithms"][1])
@@ -160,10 +184,15 @@ def changed_state(before: Dict[str, Any]) -> List[str]:
     changed = [k for k in before if not _equal_state(before[k], after.get(k))]
     if changed:
         restore_state(before)
-    return [
-        f"{k} {before[k]} -> {after[k]}" if not torch.is_tensor(before[k]) and k != "CUDA RNG state" else k
-        for k in changed
-    ]
+    return [_change(k, before[k], after[k]) for k in changed]
+
+
+def _change(key: str, before: Any, after: Any) -> str:
+    if key == "threads":
+        calls = getattr(torch.set_num_threads, "calls", ())
+        called = f" (torch.set_num_threads({calls[-1]}) called)" if calls else ""
+        return f"threads {before[0]} -> {after[0]}{called}"
+    return f"{key} {before} -> {after}" if not torch.is_tensor(before) and key != "CUDA RNG state" else key
 
 
 def _versions(student: torch.Tensor, teacher: TeacherOutput, labels: torch.Tensor) -> Dict[str, int]:
@@ -401,6 +430,52 @@ def _identity_check(fn: Callable, upstream: Callable, case: Case) -> CaseResult:
         )
     )
     return CaseResult(case.id, 0.0 if same else math.inf, not same, float(t1) < 0, not _finite(t1), note)
+
+
+# ------------------------------------------------------------------------------------------------ memory
+def _alive() -> Tuple[int, Optional[int]]:
+    """``(tensors alive, RSS in bytes or None where /proc is not there)`` after a garbage collection."""
+    gc.collect()
+    tensors = sum(1 for o in gc.get_objects() if torch.is_tensor(o))
+    try:
+        with open("/proc/self/statm") as f:
+            return tensors, int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return tensors, None
+
+
+def _growth(fn: Callable, case: Case) -> Tuple[int, Optional[int]]:
+    """What ``case.calls`` calls of ``fn`` (value and backward, results dropped), in two halves after 2 warm-up
+    calls, leave behind: ``(more tensors alive, the smaller of the two halves' RSS growth in bytes)``. A leak grows
+    in both halves; the allocator's one-time growth does not."""
+    for _ in range(2):
+        _loss_and_grad(fn, case)
+    seen = [_alive()]
+    for _ in range(2):
+        for _ in range(case.calls // 2):
+            _loss_and_grad(fn, case)
+        seen.append(_alive())
+    rss = [r for _, r in seen]
+    grew = None if None in rss else min(rss[1] - rss[0], rss[2] - rss[1])  # type: ignore[operator]
+    return seen[2][0] - seen[0][0], grew
+
+
+def _memory_check(fn: Callable, case: Case, upstream: Optional[Callable]) -> CaseResult:
+    """Repeated calls leave no more behind than upstream's do: fewer than ``calls / 2`` more tensors alive, and an
+    RSS that does not keep growing by more than one student-sized FP32 tensor per call beyond upstream's growth (a
+    loss that keeps each call's total keeps its graph: several such tensors per call)."""
+    grown, rss = _growth(fn, case)
+    up_grown, up_rss = _growth(upstream, case) if upstream is not None else (0, 0)
+    per_half = case.calls // 2 * case.student.numel() * 4
+    problems = []
+    if grown - up_grown >= max(1, case.calls // 2):
+        problems.append(f"keeps {grown} more tensors alive after {case.calls} calls (upstream: {up_grown})")
+    if rss is not None and up_rss is not None and rss - max(up_rss, 0) > per_half:
+        problems.append(
+            f"RSS grew by {rss / 2**20:.0f} MiB in each half of {case.calls} calls (upstream: "
+            f"{max(up_rss, 0) / 2**20:.0f} MiB)"
+        )
+    return CaseResult(case.id, math.inf if problems else 0.0, bool(problems), note="; ".join(problems))
 
 
 # ------------------------------------------------------------------------------------------------ the contract
@@ -706,6 +781,8 @@ def _evaluate(fn: Callable, case: Case, upstream: Optional[Callable] = None) -> 
             return _identity_check(fn, upstream, case)
         if case.check == "contract":
             return _contract_check(fn, case)
+        if case.check == "memory":
+            return _memory_check(fn, case, upstream)
         raise ValueError(case.check)
     except InputWritten as e:
         return CaseResult(
@@ -747,10 +824,13 @@ def run_family(
     relative: bool = False,
     source: Optional[str] = None,
     explain: bool = True,
+    on_case: Optional[Callable[[str], None]] = None,
 ) -> FamilyResult:
-    """Every case of ``family`` through ``fn``. ``relative``: the bar is upstream's formula in FP32 (hard regimes
-    under ``--strict``). ``source``: the candidate's source text, for the recognised causes; ``explain``: look for
-    one (a family that does not gate is reported without a cause: the search costs reference evaluations)."""
+    """Every case of ``family`` through ``fn``, each one (by count, never by clock). ``relative``: the bar is
+    upstream's formula in FP32 (hard regimes under ``--strict``). ``source``: the candidate's source text, for the
+    recognised causes; ``explain``: look for one (a family that does not gate is reported without a cause: the
+    search costs reference evaluations). ``on_case``: called with each case's id before it runs (the child process
+    tells its parent where it is)."""
     from gkd_harness.analysis.certify.causes import recognise
 
     t0 = time.perf_counter()
@@ -758,16 +838,20 @@ def run_family(
     for c in cases:
         c.relative = relative and c.check == "reference"
     results: List[CaseResult] = []
-    note = ""
     for c in cases:
-        if family.budget_s is not None and results and time.perf_counter() - t0 > family.budget_s:
-            note = f"stopped at its {family.budget_s:g} s budget after {len(results)} of {len(cases)} cases"
-            break
+        if on_case is not None:
+            on_case(c.id)
         results.append(evaluate(fn, c, upstream))
     bad = [r for r in results if r.failed]
     # paired by position: ids may repeat within a family (e.g. two noise levels under one name)
     cause = (
-        recognise(fn, [(c, r) for c, r in zip(cases, results) if r.failed], source, _total_under(upstream))
+        recognise(
+            fn,
+            [(c, r) for c, r in zip(cases, results) if r.failed],
+            source,
+            _total_under(upstream),
+            run=lambda case: _loss_and_grad(fn, case),
+        )
         if bad and explain
         else ""
     )
@@ -795,5 +879,4 @@ def run_family(
         bar="upstream" if relative else "tolerance",
         modes=modes,
         pairs=pairs,
-        note=note,
     )

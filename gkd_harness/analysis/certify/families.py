@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Callable, List, Optional
+from typing import Callable, List
 
 import numpy as np
 import torch
@@ -25,7 +25,9 @@ class Family:
     required: bool
     description: str
     build: Callable[[str, bool], List[Case]]
-    budget_s: Optional[float] = None  # stop evaluating further cases past this many seconds (the random search)
+    #: the bound on the family's wall time in the candidate's child process: past it the child is killed and the
+    #: certificate fails saying so (a hang, not a verdict on accuracy; generous: 100x an idle machine's time)
+    limit_s: float = 300.0
 
 
 def _pick(quick: bool, full, fast):
@@ -34,6 +36,17 @@ def _pick(quick: bool, full, fast):
 
 MODES = ["full", "topk"]
 NEAR, FAR = 0.03, 1.0
+
+
+def with_fp16(pairs):
+    """``pairs`` and, beside each pair holding BF16, the same pair with FP16 (a fix that promotes only BF16 must
+    fail wherever one that forgets BF16 would)."""
+    out = list(pairs)
+    for a, b in pairs:
+        twin = (a.replace("bf16", "fp16"), b.replace("bf16", "fp16"))
+        if twin not in out:
+            out.append(twin)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ required
@@ -89,7 +102,7 @@ def dtype_pairs(form: str, quick: bool) -> List[Case]:
 
 
 def near_identical(form: str, quick: bool) -> List[Case]:
-    pairs = _pick(quick, [("fp32", "bf16"), ("bf16", "bf16"), ("fp32", "fp32")], [("fp32", "bf16")])
+    pairs = _pick(quick, with_fp16([("fp32", "bf16"), ("bf16", "bf16"), ("fp32", "fp32")]), [("fp32", "bf16")])
     betas = _pick(quick, [0.1, 0.5, 0.9], [0.5])
     return [
         make(f"{a}/{b} {m} noise=0.03 b={be}", a, b, m, NEAR, be, 1.0, form, seq=48)
@@ -98,7 +111,7 @@ def near_identical(form: str, quick: bool) -> List[Case]:
 
 
 def different(form: str, quick: bool) -> List[Case]:
-    pairs = _pick(quick, [("fp32", "bf16"), ("bf16", "bf16"), ("fp32", "fp32")], [("fp32", "bf16")])
+    pairs = _pick(quick, with_fp16([("fp32", "bf16"), ("bf16", "bf16"), ("fp32", "fp32")]), [("fp32", "bf16")])
     noises = _pick(quick, [1.0, 3.0], [1.0])
     return [
         make(f"{a}/{b} {m} noise={nz} b={be}", a, b, m, nz, be, 1.0, form)
@@ -109,15 +122,17 @@ def different(form: str, quick: bool) -> List[Case]:
 def betas(form: str, quick: bool) -> List[Case]:
     bs = _pick(quick, [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0], [0.0, 0.25, 0.5, 0.9, 1.0])
     return [
-        make(f"fp32/bf16 {m} b={b}", "fp32", "bf16", m, NEAR, b, 1.0, form)
-        for b, m in itertools.product(bs, _pick(quick, MODES, ["full"]))
+        make(f"{a}/{t} {m} b={b}", a, t, m, NEAR, b, 1.0, form)
+        for (a, t), b, m in itertools.product(
+            _pick(quick, with_fp16([("fp32", "bf16")]), [("fp32", "bf16")]), bs, _pick(quick, MODES, ["full"])
+        )
     ]
 
 
 def temperatures(form: str, quick: bool) -> List[Case]:
     # 0.5, 2 and 4 divide exactly in any binary format; 0.7, 0.9 and 1.5 round in BF16
     temps = _pick(quick, [0.5, 0.7, 0.9, 1.5, 2.0, 4.0], [0.9, 1.5])
-    pairs = _pick(quick, [("fp32", "bf16"), ("bf16", "bf16")], [("fp32", "bf16")])
+    pairs = _pick(quick, with_fp16([("fp32", "bf16"), ("bf16", "bf16")]), [("fp32", "bf16")])
     return [
         make(f"{a}/{b} {m} T={t} b={be}", a, b, m, NEAR, be, t, form)
         for (a, b), t, be, m in itertools.product(pairs, temps, _pick(quick, [0.0, 0.5, 1.0], [0.5]), MODES)
@@ -180,9 +195,9 @@ def vocab_mismatch(form: str, quick: bool) -> List[Case]:
     sizes = _pick(quick, [(96, 104), (104, 96)], [(96, 104), (104, 96)])
     return [
         make(
-            f"fp32/bf16 student V={vs} teacher V={vt} b={b}",
-            "fp32",
-            "bf16",
+            f"{a}/{t} student V={vs} teacher V={vt} b={b}",
+            a,
+            t,
             "full",
             NEAR,
             b,
@@ -191,7 +206,68 @@ def vocab_mismatch(form: str, quick: bool) -> List[Case]:
             vocab=vs,
             teacher_vocab=vt,
         )
-        for (vs, vt), b in itertools.product(sizes, _pick(quick, [0.0, 0.5, 1.0], [0.5]))
+        for (a, t), (vs, vt), b in itertools.product(
+            _pick(quick, with_fp16([("fp32", "bf16")]), [("fp32", "bf16")]), sizes, _pick(quick, [0.0, 0.5, 1.0], [0.5])
+        )
+    ]
+
+
+def teacher_labels(form: str, quick: bool) -> List[Case]:
+    """Self-distillation (ms-swift's OPSD): the teacher scored another prompt, so ``teacher_output.labels`` mark
+    other positions than the student's labels, the same count (the response tokens). Here the student's first 3
+    positions are masked and the teacher's last 3: student row p+3 pairs with teacher row p. A loss that selects
+    the teacher's rows with the student's labels pairs each student row with the teacher's row at its own
+    position instead."""
+    out = []
+    for (a, b), m, nz, be in itertools.product(
+        _pick(quick, with_fp16([("fp32", "bf16"), ("bf16", "bf16"), ("fp32", "fp32")]), [("fp32", "bf16")]),
+        MODES,
+        _pick(quick, [NEAR, FAR], [NEAR]),
+        _pick(quick, [0.0, 0.5, 1.0], [0.5]),
+    ):
+        c = make(
+            f"{a}/{b} {m} {'near' if nz == NEAR else 'far'} teacher labels 3 positions earlier b={be}",
+            a,
+            b,
+            m,
+            nz,
+            be,
+            1.0,
+            form,
+        )
+        t_labels = torch.roll(c.labels, -3, dims=1)  # the masked prefix of 3 becomes a masked suffix
+        t = c.teacher
+        c.teacher = TeacherOutput(
+            full_logits=t.full_logits, topk_logprobs=t.topk_logprobs, topk_indices=t.topk_indices, labels=t_labels
+        )
+        c.ref = {**c.ref, "teacher_labels": t_labels}
+        out.append(c)
+    return out
+
+
+def memory(form: str, quick: bool) -> List[Case]:
+    """Repeated calls (evaluate._memory_check): tensors alive and the process's RSS after ``calls`` calls with
+    backward, against upstream's own growth on the same calls. A loss that keeps what it returns (a module-level
+    list of totals, a cache keyed by call) grows with every training step."""
+    return [
+        make(
+            f"fp32/bf16 {m} {n} calls with backward b=0.5",
+            "fp32",
+            "bf16",
+            m,
+            NEAR,
+            0.5,
+            1.0,
+            form,
+            batch=1,
+            seq=256,
+            vocab=4096,
+            topk=64,
+            masked_prefix=0,
+            check="memory",
+            calls=n,
+        )
+        for m, n in [("full", 12)]  # each measurement collects the garbage: the costliest case per call
     ]
 
 
@@ -676,6 +752,18 @@ REQUIRED_FAMILIES = [
     Family("empty masks", True, "every label -100; top-k rows all -inf (dropped)", empty_masks),
     Family("chunking", True, "600 positions (> chunk 512); chunk_size 1, 7, 64", chunking),
     Family("vocab mismatch", True, "student and teacher vocabularies differ (upstream's alignment)", vocab_mismatch),
+    Family(
+        "teacher labels at other positions",
+        True,
+        "self-distillation: teacher_output.labels mark other positions than the student's, the same count",
+        teacher_labels,
+    ),
+    Family(
+        "memory across repeated calls",
+        True,
+        "tensors alive and RSS after 12 calls with backward (full vocabulary), against upstream's growth on the same calls",
+        memory,
+    ),
     Family("pinned (TRL style)", True, "TRL's generalized_jsd pins; the β defect's table (docs/defects.md)", pinned),
     Family(
         "the contract",

@@ -34,8 +34,9 @@ def _candidate_file(run: Dict[str, Any]) -> Optional[str]:
 def _certificate(
     source: str, name: Optional[str], beta_form: str, cache_root: Optional[Path], quick: bool, strict: bool
 ) -> Dict[str, Any]:
-    from gkd_harness.analysis.certify.certificate import CERTIFICATE_JSON, certify, recall, write
-    from gkd_harness.harness.loss.candidate import load_candidate, loss_source_sha256
+    from gkd_harness.analysis.certify.certificate import CERTIFICATE_JSON, complete, recall, write
+    from gkd_harness.analysis.certify.process import certify_in_child
+    from gkd_harness.harness.loss.candidate import loss_source_sha256
 
     sha = loss_source_sha256(CANDIDATE, source)
     cache = (
@@ -45,12 +46,13 @@ def _certificate(
     )
     if cache is not None and (cache / CERTIFICATE_JSON).is_file():
         cert = json.loads((cache / CERTIFICATE_JSON).read_text())
-        cert["cached"] = str(cache)
-        return cert
+        if complete(cert):  # one that ran fewer draws than asked, or whose process died, is recomputed
+            cert["cached"] = str(cache)
+            return cert
     # the certificate gkd-certify --out kept for this file (sha256) and harness version, if any (issue 40, item 8)
     kept = recall(sha, beta_form, quick, strict, name=name) if sha else None
-    cert = kept if kept is not None else certify(load_candidate(source, name), beta_form, quick, strict)
-    if cache is not None:
+    cert = kept if kept is not None else certify_in_child(source, name, beta_form, quick=quick, strict=strict)
+    if cache is not None and complete(cert):
         try:
             write(cert, cache)
             cert["cached"] = str(cache)

@@ -292,6 +292,69 @@ NOT_A_MEAN: Dict[str, Tuple[str, List[Tuple[str, str]]]] = {
 }
 EDITS.update(NOT_A_MEAN)
 
+#: Issue 44's causes named without evidence, each a one-change copy of the good example: name -> (base, edits, the
+#: family that must fail, the cause it must get, the cause the old code named wrongly).
+ISSUE_44: Dict[str, Tuple[str, List[Tuple[str, str]], str, str, str]] = {
+    # the teacher detached after _align_vocab: its pad columns (the student's logits) lose their gradient
+    "detaches_teacher": (
+        "good",
+        [
+            (
+                "        s_logits, t_logits = _align_vocab(s_logits, t_logits)\n",
+                "        s_logits, t_logits = _align_vocab(s_logits, t_logits)\n        t_logits = t_logits.detach()\n",
+            )
+        ],
+        "vocab mismatch",
+        "the teacher detached after _align_vocab",
+        "promotion after alignment",
+    ),
+    # a sign error in the mixture's weights: near 0 on near-identical distributions, as a mean over many rows is
+    "sign_error": (
+        "good",
+        [
+            (
+                "jsd = beta_t * kl_div_fn(m_log, t_log) + (1 - beta_t)",
+                "jsd = beta_t * kl_div_fn(m_log, t_log) - (1 - beta_t)",
+            )
+        ],
+        "production sizes",
+        "",
+        "a mean instead of a sum",
+    ),
+    # a stale per-shape cache: the first result of each shape is returned for every later call of that shape
+    "stale_shape_cache": (
+        "good",
+        [
+            (
+                _SIGNATURE,
+                "_STALE = {}\n\n\n" + _SIGNATURE + "    key = tuple(student_logits.shape)\n"
+                "    if key in _STALE:\n        total, num_valid = _STALE[key]\n"
+                "        return total + student_logits.sum() * 0, num_valid\n"
+                f"    total, num_valid = _gkd_loss({_CALL_ARGS})\n"
+                "    _STALE[key] = (total.detach(), num_valid)\n    return total, num_valid\n\n\n"
+                + _SIGNATURE.replace("def gkd_loss(", "def _gkd_loss("),
+            )
+        ],
+        "production sizes",
+        "",
+        "the value depends on the autograd mode",
+    ),
+    # the teacher cast to the student's dtype instead of both promoted: a BF16 student stays in BF16
+    "casts_teacher_to_student": (
+        "good",
+        [
+            (
+                _PROMOTE + "    for t in tensors:\n        dtype = torch.promote_types(dtype, t.dtype)\n",
+                "    dtype = tensors[0].dtype\n",
+            )
+        ],
+        "dtype pairs",
+        "the arithmetic stays in a BF16/FP16 student's dtype",
+        "",
+    ),
+}
+EDITS.update({k: (v[0], v[1]) for k, v in ISSUE_44.items()})
+
 #: Correct fixes that must pass: the good example with FP64 arithmetic inside (a correct rewrite).
 CORRECT = {
     "fp64_internal": ("good", [(_PROMOTE, "    dtype = torch.float64\n")]),

@@ -1,0 +1,22 @@
+"""BROKEN on purpose (issue 44): ``torch.set_flush_denormal(True)`` in every call. gkd-certify: FAIL,
+'changes global torch state: flush denormal False -> True'."""
+
+import functools
+import importlib.util
+from pathlib import Path
+
+import torch
+
+_spec = importlib.util.spec_from_file_location(
+    "_panel_good_promote_first",
+    Path(__file__).resolve().parents[4] / "examples" / "candidates" / "good_promote_first.py",
+)
+_good = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_good)
+jsd_loss = _good.jsd_loss
+
+
+@functools.wraps(_good.gkd_loss)
+def gkd_loss(student_logits, teacher_output, labels, beta, temperature, *args, **kwargs):
+    torch.set_flush_denormal(True)
+    return _good.gkd_loss(student_logits, teacher_output, labels, beta, temperature, *args, **kwargs)
