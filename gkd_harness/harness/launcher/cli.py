@@ -308,6 +308,22 @@ def help_text() -> str:
     return f"{text['header'].rstrip()}\n\n" + "\n".join(lines) + "\n" + text["footer"].rstrip() + "\n"
 
 
+def hydra_command_line(args: Sequence[str]):
+    """The command line as Hydra itself reads it (``argparse.Namespace``: ``overrides``, ``multirun``, ``cfg``,
+    ``config_dir``, ...): a flag's value (``-cd myconf``, ``-c job``, ``-cn train``) is never taken for an
+    override. Exits 2 with argparse's usage line on a flag Hydra does not know, as Hydra would."""
+    # Hydra has no public parser for its command line: its own (the one hydra.main uses) is private
+    from hydra._internal.utils import get_args_parser
+
+    return get_args_parser().parse_args(list(args))
+
+
+def _only_overrides(parsed) -> bool:
+    """True when the command line holds overrides and no Hydra flag: the packaged config, one run."""
+    flags = {k: v for k, v in vars(parsed).items() if k != "overrides"}
+    return not any(flags.values())
+
+
 def _flag_value(args: Sequence[str], key: str) -> Optional[str]:
     for a in args:
         k, sep, v = a.partition("=")
@@ -331,12 +347,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from gkd_harness.harness.config.schema import ConfigError
     from gkd_harness.harness.config.secrets import secret_overrides, secret_refusal
 
-    overrides = [a for a in args if not a.startswith("-")]
+    parsed = hydra_command_line(args)
+    overrides = list(parsed.overrides)
     try:
         for key in secret_overrides(overrides):
             raise ConfigError(key, secret_refusal(key))
         dry = (_flag_value(overrides, "run.dry_run") or "").lower() in ("true", "1", "yes")
-        if dry and not any(a in ("-m", "--multirun") or a.startswith("--") for a in args):
+        # the fast dry run composes the packaged config itself; any Hydra flag (-m, -cd, -cn, -c, ...) goes to
+        # Hydra, whose job prints the same plan
+        if dry and _only_overrides(parsed):
             from gkd_harness.harness.launcher.compose import compose_point
             from gkd_harness.harness.launcher.run import train
 
