@@ -18,6 +18,7 @@ inside the function that needs it): ``--help`` is read from the config files (:f
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -131,11 +132,12 @@ def _redact_log_records() -> None:
     logging.setLogRecordFactory(redacting)
 
 
-def _job(cfg) -> Optional[int] | PointFailed:
+def _job(cfg) -> Optional[float] | PointFailed:
     """The Hydra job: :func:`train`, with one-line errors. A single run exits 2 (config error, busy or mismatched
     folder) or 1 (failed run); in a sweep the error is re-raised so Hydra records the point as failed and the
     other points go on."""
     from gkd_harness.harness.config.schema import ConfigError
+    from gkd_harness.harness.launcher.objective import check_optimized_metric, optimized_value
     from gkd_harness.harness.launcher.process import Interrupted, TrainingFailed
     from gkd_harness.harness.launcher.run import train
     from gkd_harness.harness.launcher.wandb_env import experiment_name
@@ -144,7 +146,8 @@ def _job(cfg) -> Optional[int] | PointFailed:
     multirun = is_multirun()
     try:
         _scrub_sweep_files(cfg)
-        summary = train(cfg, experiment=experiment_name(), hydra_task_cfg=cfg, multirun=multirun)
+        check_optimized_metric(cfg.run.optimized_metric)
+        train(cfg, experiment=experiment_name(), hydra_task_cfg=cfg, multirun=multirun)
     except (ConfigError, TrainingFailed, RunFolderError, OSError) as e:
         from gkd_harness.harness.store.files import os_error_line
 
@@ -163,7 +166,12 @@ def _job(cfg) -> Optional[int] | PointFailed:
             file=sys.stderr,
         )
         sys.exit(e.exit_code)
-    return summary.get("last_step") if summary else None
+    # a sweeper plugin optimises what the job returns: run.optimized_metric's value, or nothing
+    try:
+        return optimized_value(cfg.run.optimized_metric, Path(str(cfg.run.output_dir)), dry_run=bool(cfg.run.dry_run))
+    except ConfigError as e:  # the run completed, but never logged the metric: the point has no score
+        print(f"gkd-train: no score: {e}", file=sys.stderr)
+        return math.nan
 
 
 def _one_line_config_errors(run_and_report, job_started: list):
@@ -200,7 +208,7 @@ def _one_line_config_errors(run_and_report, job_started: list):
     return guarded_run_and_report
 
 
-def _job_leaving_no_empty_folder(cfg) -> Optional[int] | PointFailed:
+def _job_leaving_no_empty_folder(cfg) -> Optional[float] | PointFailed:
     """:func:`_job`, then the run folder Hydra made for it removed again if the job left nothing in it (a dry
     run, a config error, a refused point; ``gkd_harness.harness.launcher.leftovers``)."""
     from gkd_harness.harness.launcher.leftovers import remove_if_empty
@@ -233,7 +241,7 @@ def _hydra_main() -> None:
     _redact_log_records()
     job_started: list = []
 
-    def job(cfg) -> Optional[int] | PointFailed:
+    def job(cfg) -> Optional[float] | PointFailed:
         job_started.append(True)
         return _job_leaving_no_empty_folder(cfg)
 
@@ -357,9 +365,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         # Hydra, whose job prints the same plan
         if dry and _only_overrides(parsed):
             from gkd_harness.harness.launcher.compose import compose_point
+            from gkd_harness.harness.launcher.objective import check_optimized_metric
             from gkd_harness.harness.launcher.run import train
 
             point = compose_point(overrides)
+            check_optimized_metric(point.cfg.run.optimized_metric)
             train(point.cfg, experiment=point.experiment)
             return
     except ConfigError as e:
