@@ -196,12 +196,13 @@ def is_grid_sweeper(config: Any) -> bool:
 
 def discovered_points(sweep_dir: Path) -> list[Path]:
     """The point folders a sweep made so far, oldest first (a sweeper plugin names its points as it goes): every
-    folder of ``sweep_dir`` that holds a run or Hydra's verdict for a point."""
+    folder of ``sweep_dir`` with a ``summary.json`` or Hydra's verdict for a point, and ``sweep_dir`` itself
+    when a point without overrides ran there."""
     try:
-        folders = [d for d in Path(sweep_dir).iterdir() if d.is_dir() and not d.name.startswith(".")]
+        folders = [sweep_dir, *(d for d in Path(sweep_dir).iterdir() if d.is_dir() and not d.name.startswith("."))]
     except OSError:
         return []
-    found = [d for d in folders if holds_a_run(d) or (d / HYDRA_DIR / STATUS_FILE).exists()]
+    found = [d for d in folders if (d / SUMMARY_FILE).exists() or (d / HYDRA_DIR / STATUS_FILE).exists()]
     return sorted(found, key=lambda d: (d.stat().st_mtime_ns, d.name))
 
 

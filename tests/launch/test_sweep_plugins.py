@@ -91,3 +91,18 @@ def test_an_unknown_metric_is_refused_naming_the_key():
     with pytest.raises(ConfigError) as err:
         check_optimized_metric("eval/jsdd")
     assert err.value.key == "run.optimized_metric"
+
+
+def test_a_point_without_overrides_is_the_sweep_folder_not_its_subfolders(tmp_path):
+    """A sweeper plugin's point with no overrides runs in the sweep folder itself: its wandb/ and swift/ are no
+    points (before the table listed them as two missing points)."""
+    out = io.StringIO()
+    cb = SweepStatusCallback(progress_interval_s=0, stream=out)
+    config = _config(tmp_path, OPTUNA)
+    cb.on_multirun_start(config)
+    _point(tmp_path, "sub", "completed")
+    (tmp_path / "sub" / "wandb").mkdir()
+    (tmp_path / "sub" / "swift" / "x").mkdir(parents=True)
+    cb._sweep_dir = tmp_path / "sub"
+    cb._report()
+    assert "summary, 1 points: 1 completed, 0 failed" in out.getvalue(), out.getvalue()
