@@ -7,7 +7,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from gkd_harness.harness.contract import BUILTIN_PRECISIONS
 
@@ -103,8 +103,10 @@ def certify(
     search_draws: Optional[int] = None,
     search_draw: Optional[int] = None,
     speed: bool = True,
+    on_family: Optional[Callable[[str, bool], None]] = None,
 ) -> Dict[str, Any]:
     """The certificate of a loaded candidate as plain data (what ``certificate.json`` holds).
+    ``on_family(name, passed)``: called as each family is done (gkd-certify's progress lines).
 
     ``strict``: the hard regimes gate the verdict too, each case against ``bar`` (:data:`STRICT_BARS`).
     ``search_*``: the random search's seed, number of draws (default :data:`search.DRAWS`, 0: none) or one draw.
@@ -121,19 +123,22 @@ def certify(
     t0 = time.perf_counter()
     source = _source_text(cand)
     draws = DRAWS if search_draws is None else search_draws
-    rows = [
-        run_family(
-            cand.gkd_loss,
-            f,
-            beta_form,
-            quick,
-            upstream=upstream.gkd_loss,
-            source=source,
-            relative=strict and bar == "upstream" and not f.required,
-            explain=f.required or strict,
+    rows = []
+    for f in families_for(cand, strict, only, (search_seed, draws, search_draw)):
+        rows.append(
+            run_family(
+                cand.gkd_loss,
+                f,
+                beta_form,
+                quick,
+                upstream=upstream.gkd_loss,
+                source=source,
+                relative=strict and bar == "upstream" and not f.required,
+                explain=f.required or strict,
+            )
         )
-        for f in families_for(cand, strict, only, (search_seed, draws, search_draw))
-    ]
+        if on_family is not None:
+            on_family(rows[-1].name, rows[-1].passed)
     gating = [r for r in rows if r.required or strict]
     verdict = "PASS" if all(r.passed for r in gating) else "FAIL"
     families = [{**r.__dict__, "passed": r.passed, "gating": r.required or strict} for r in rows]

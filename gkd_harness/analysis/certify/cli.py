@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-speed", action="store_true", help="skip timing the candidate against upstream at a production size"
     )
     p.add_argument("--version", action="version", version=version_line("gkd-certify"))
+    p.add_argument("--quiet", action="store_true", help="no line per family (they only show on a terminal anyway)")
+    p.add_argument("--verbose", action="store_true", help="print the Python traceback of an unusable candidate")
     p.add_argument("--out", type=Path, help=f"write {CERTIFICATE_MD} and {CERTIFICATE_JSON} here")
     p.add_argument(
         "--export-pytest",
@@ -116,6 +118,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if args.target is not None:
         print("gkd-certify: --target: only with --export-pytest", file=sys.stderr)
         sys.exit(2)
+    from gkd_harness.analysis.progress import Stages, family_line
     from gkd_harness.harness.loss.candidate import CandidateError
 
     pairs = set(DTYPE_NAMES)
@@ -126,6 +129,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     try:
         cand = load(args.candidate, args.name, args.beta_form, args.unchanged)
     except CandidateError as e:
+        if args.verbose:
+            raise
         print(f"gkd-certify: {e}", file=sys.stderr)
         sys.exit(2)
     for key in ("search_draws", "search_draw"):
@@ -143,6 +148,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         search_draws=args.search_draws,
         search_draw=args.search_draw,
         speed=not args.no_speed,
+        on_family=family_line(Stages("gkd-certify", quiet=args.quiet)),
     )
     if not cert["families"]:
         print(f"gkd-certify: no family matches {args.family}", file=sys.stderr)

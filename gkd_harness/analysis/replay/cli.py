@@ -17,6 +17,7 @@ Exit status: 0 on success, 2 on unreadable or inconsistent input (the message na
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List, Optional
 
@@ -53,6 +54,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parser().parse_args(argv)
+    missing = [p for p in args.inputs if p != "synthetic" and not os.path.exists(p)]
+    if missing:  # before torch and the variants are imported: refused at once
+        print(f"gkd-replay: {missing[0]}: no such file or folder", file=sys.stderr)
+        return 2
     from gkd_harness.analysis.replay.variants import (
         CaptureError,
         evaluate_variants,
