@@ -63,3 +63,15 @@ def test_analyze_judges_the_smoke_sweep_as_gkd_analyze_does(smoke_sweep, tmp_pat
     verdict = json.loads((tmp_path / "report" / "verdict.json").read_text())
     assert result["verdict"] == verdict["verdict"]
     assert (tmp_path / "report" / "report.md").exists()
+
+
+def test_the_documented_snippet_runs(tmp_path):
+    """docs/python-api.md's "The three jobs in one call each" block, as written."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "python-api.md").read_text()
+    block = re.search(r"## The three jobs in one call each.*?```python\n(.*?)```", doc, flags=re.S).group(1)
+    p = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip().splitlines()[-1] == f"{version('gkd-harness')} PASS"

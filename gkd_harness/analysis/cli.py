@@ -175,10 +175,10 @@ def _missing_path(args) -> Optional[str]:
 
 
 def _run(args, own_process: bool = False) -> int:
-    from gkd_harness.analysis.progress import Stages
     from gkd_harness.analysis.signoff.judge import judge, load_runs, margin_line
     from gkd_harness.analysis.signoff.report import build_report
     from gkd_harness.analysis.sweep.records import UnusableInput
+    from gkd_harness.harness.stage_lines import Stages
 
     if args.sweep is None or args.report is None:
         raise UnusableInput("give SWEEP and --report DIR (or --verify REPORT_DIR)")
@@ -218,7 +218,7 @@ def _run(args, own_process: bool = False) -> int:
         from gkd_harness.analysis.signoff.wandb_log import log_analysis_run, wandb_target
 
         stage("logging the analysis run to wandb")
-        where = log_analysis_run(result, wandb_target(sweep), args.report)
+        where = log_analysis_run(result, wandb_target(sweep), args.report, sweep)
         print(f"analysis run logged: {where}")
     return int(result["exit_code"])  # gkd_harness.analysis.signoff.verdict.EXIT_PASS or EXIT_FAIL
 

@@ -44,7 +44,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from gkd_harness.harness.contract import HYDRA_DIR, METRICS_FILE, SUMMARY_FILE, SWEEP_MANIFEST_FILE
-from gkd_harness.harness.launcher.cli import EXIT_CONFIG, PointFailed
+from gkd_harness.harness.launcher.job_result import EXIT_CONFIG, PointFailed
 from gkd_harness.harness.launcher.progress import ProgressDisplay, Running, Snapshot, render
 from gkd_harness.harness.launcher.sweep_points import point_name, sweep_points
 from gkd_harness.harness.store.metrics_io import tail_step

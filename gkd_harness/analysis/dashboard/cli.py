@@ -119,10 +119,10 @@ def _unusable(e: Exception, verbose: bool) -> int:
 def _build(args) -> int:
     from gkd_harness.analysis.dashboard.build import build_report, build_workspace, push, spec_dict
     from gkd_harness.analysis.dashboard.panels import keep_available, standard_sections
-    from gkd_harness.analysis.progress import Stages
     from gkd_harness.analysis.signoff.criteria import load_criteria
     from gkd_harness.analysis.signoff.judge import judge, load_runs
     from gkd_harness.analysis.sweep.records import UnusableInput
+    from gkd_harness.harness.stage_lines import Stages
 
     stage = Stages("gkd-dashboard", 4 if args.push and args.out else 3, args.quiet).begin
     try:

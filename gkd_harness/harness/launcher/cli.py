@@ -21,14 +21,15 @@ import logging
 import math
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from gkd_harness.harness.contract import HYDRA_DIR
+from gkd_harness.harness.launcher.job_result import EXIT_CONFIG, EXIT_FAILED, PointFailed
+
+__all__ = ["main", "help_text", "hydra_command_line", "is_multirun", "PointFailed", "EXIT_CONFIG", "EXIT_FAILED"]
 
 log = logging.getLogger("gkd_harness.train")
-EXIT_FAILED, EXIT_CONFIG = 1, 2
 #: config groups that are not a choice: git-ignored site settings (``local``), Hydra's own (``hydra``)
 _NOT_A_CHOICE = ("local", "hydra")
 
@@ -40,18 +41,6 @@ def _verbose(cfg: Any) -> bool:
         return bool(cfg.run.verbose)
     except Exception:  # noqa: BLE001
         return False
-
-
-@dataclass(frozen=True)
-class PointFailed:
-    """What a sweep point's job returns when it failed: Hydra then goes on with the other points, and the sweep
-    callback records the failure and makes the sweep exit 1, without a traceback per point."""
-
-    code: int
-    error: str
-    #: the point was refused (its folder is busy or holds another config): the folder is not this job's, so
-    #: nothing may be written into it (gkd_harness.launch.sweep reports the refusal on the sweep's console and log instead)
-    refused: bool = False
 
 
 def is_multirun() -> bool:
@@ -385,8 +374,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    # `python -m gkd_harness.harness.launcher.cli`: run the importable module's main, so that what a job returns (PointFailed) is the
-    # class gkd_harness.launch.sweep imports, not a __main__ copy of it
+    # `python -m gkd_harness.harness.launcher.cli`: run the importable module's main (one module object per file)
     from gkd_harness.harness.launcher.cli import main as _module_main
 
     _module_main()
