@@ -50,6 +50,7 @@ from gkd_harness.harness.launcher.sweep_points import point_name, sweep_points
 from gkd_harness.harness.store.metrics_io import tail_step
 
 STATUS_FILE = "job_return.json"
+MULTIRUN_FILE = "multirun.yaml"  # Hydra's record of a sweep's config
 REFUSED_LOG = "refused_points.log"
 
 
@@ -337,6 +338,8 @@ class SweepStatusCallback(Callback):
         self._reported = False
         #: the sweeper chooses its points as it goes (not a grid): the points are the run folders found
         self._discovered = False
+        #: a dry run's copy of the sweep folder's earlier multirun.yaml (put back at the end)
+        self._kept_multirun: bytes | None = None
         #: run folder -> (held another attempt's run at on_job_start, its summary.json bytes then)
         self._at_start: dict[Path, tuple[bool, bytes | None]] = {}
 
@@ -368,6 +371,14 @@ class SweepStatusCallback(Callback):
         self._sweep_dir = Path(str(config.hydra.sweep.dir))
         self._group = str(config.tracking.wandb.group or "")
         self._discovered = False
+        # a dry run never changes a sweep folder: Hydra rewrites its multirun.yaml after this hook, so the earlier
+        # sweep's is kept here and put back at the end
+        self._kept_multirun = None
+        if (config.get("run") or {}).get("dry_run", False):
+            try:
+                self._kept_multirun = (self._sweep_dir / MULTIRUN_FILE).read_bytes()
+            except OSError:
+                pass
         try:
             if not is_grid_sweeper(config):
                 raise ValueError(f"{sweeper_name(config)} chooses its points as it goes")
@@ -507,7 +518,14 @@ class SweepStatusCallback(Callback):
         if (config.get("run") or {}).get("dry_run", False) and self._sweep_dir is not None:
             from gkd_harness.harness.launcher.leftovers import remove_dry_sweep_folder  # a dry run leaves no folder
 
-            remove_dry_sweep_folder(self._sweep_dir, ("multirun.yaml", SWEEP_MANIFEST_FILE))
+            kept = getattr(self, "_kept_multirun", None)
+            if kept is not None:  # the folder holds an earlier sweep: its multirun.yaml as it was
+                try:
+                    (self._sweep_dir / MULTIRUN_FILE).write_bytes(kept)
+                except OSError:
+                    pass
+            else:
+                remove_dry_sweep_folder(self._sweep_dir, (MULTIRUN_FILE, SWEEP_MANIFEST_FILE))
         refused = self.refusals()
         if refused:
             self._print(f"[sweep {self._group}] {len(refused)} points refused (see {self._sweep_dir / REFUSED_LOG})")
