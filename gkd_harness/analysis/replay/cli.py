@@ -31,6 +31,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="gkd-replay", description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--version", action="version", version=version_line("gkd-replay"))
+    p.add_argument("--verbose", action="store_true", help="print the Python traceback of unreadable input")
     p.add_argument("inputs", nargs="+", help="'synthetic', or capture files / run folders / sweep folders")
     p.add_argument(
         "--beta-form",
@@ -90,6 +91,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         per_capture, averaged = replay_table(args.inputs, args.beta_form)
     except CaptureError as e:
+        if args.verbose:
+            raise
         print(f"gkd-replay: {e}", file=sys.stderr)
         return 2
     import pandas as pd
