@@ -178,7 +178,7 @@ def _run(args, own_process: bool = False) -> int:
     from gkd_harness.analysis.signoff.judge import judge, load_runs, margin_line
     from gkd_harness.analysis.signoff.report import build_report
     from gkd_harness.analysis.sweep.records import UnusableInput
-    from gkd_harness.harness.stage_lines import Stages
+    from gkd_harness.harness.launcher.stage_lines import Stages
 
     if args.sweep is None or args.report is None:
         raise UnusableInput("give SWEEP and --report DIR (or --verify REPORT_DIR)")

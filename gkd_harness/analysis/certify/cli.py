@@ -118,8 +118,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if args.target is not None:
         print("gkd-certify: --target: only with --export-pytest", file=sys.stderr)
         sys.exit(2)
+    from gkd_harness.harness.launcher.stage_lines import Stages, family_line
     from gkd_harness.harness.loss.candidate import CandidateError
-    from gkd_harness.harness.stage_lines import Stages, family_line
 
     pairs = set(DTYPE_NAMES)
     for pair in args.unchanged:

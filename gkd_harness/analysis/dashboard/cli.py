@@ -122,7 +122,7 @@ def _build(args) -> int:
     from gkd_harness.analysis.signoff.criteria import load_criteria
     from gkd_harness.analysis.signoff.judge import judge, load_runs
     from gkd_harness.analysis.sweep.records import UnusableInput
-    from gkd_harness.harness.stage_lines import Stages
+    from gkd_harness.harness.launcher.stage_lines import Stages
 
     stage = Stages("gkd-dashboard", 4 if args.push and args.out else 3, args.quiet).begin
     try:

@@ -1,5 +1,5 @@
-"""One progress line per stage (``gkd-analyze``, ``gkd-dashboard``) or per family (``gkd-certify``), on stderr (in
-``harness/`` so that every command, whatever its layer, can use it; torch-free, no imports beyond the standard library).
+"""One progress line per stage (``gkd-analyze``, ``gkd-dashboard``) or per family (``gkd-certify``), on stderr (beside
+gkd-train's own progress display, so that every command, whatever its layer, can use it; standard library only).
 
 Shown only where a person watches: stdout is a terminal and ``--quiet`` was not given; a pipe, a file or CI gets
 the command's own output alone. A stage's line is printed as it begins, with the time since the command began:
