@@ -129,6 +129,19 @@ def _clean_env(env_dir: Path) -> dict:
     return env
 
 
+def test_wheel_metadata_carries_the_license_and_classifiers(wheel):
+    """Issue 47, item 9: before, the wheel had no license field, no LICENSE file and no classifiers."""
+    z = zipfile.ZipFile(wheel)
+    meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+    text = z.read(meta).decode()
+    assert "License-Expression: Apache-2.0" in text
+    assert "Classifier: Programming Language :: Python :: 3.11" in text
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in z.namelist())
+    requires = [line.split(": ", 1)[1] for line in text.splitlines() if line.startswith("Requires-Dist: ")]
+    torch = next(r for r in requires if r.startswith("torch"))
+    assert "<" in torch, torch  # an upper bound: a fresh venv never pulls an untested torch
+
+
 def test_wheel_installs_with_its_declared_requirements_and_pip_check_is_clean(wheel, tmp_path):
     env_dir = tmp_path / "venv"
     py = _venv_with_wheel(wheel, env_dir, deps=True)

@@ -80,7 +80,9 @@ def _parser() -> argparse.ArgumentParser:
         "where the runs are now, default: where verdict.json says they were)",
     )
     p.add_argument(
+        "--out",
         "--report",
+        dest="report",
         type=Path,
         metavar="DIR",
         help="report folder to write (created; an earlier report in it is replaced)",
@@ -141,6 +143,7 @@ def _parser() -> argparse.ArgumentParser:
         help='also append the verdict as a Markdown step summary (e.g. --summary "$GITHUB_STEP_SUMMARY")',
     )
     p.add_argument("--verbose", action="store_true", help="print the Python traceback of an error")
+    p.add_argument("--quiet", action="store_true", help="no progress lines (they only show on a terminal anyway)")
     p.add_argument("--version", action="version", version=version_line("gkd-analyze"))
     return p
 
@@ -175,13 +178,18 @@ def _run(args, own_process: bool = False) -> int:
     from gkd_harness.analysis.signoff.judge import judge, load_runs, margin_line
     from gkd_harness.analysis.signoff.report import build_report
     from gkd_harness.analysis.sweep.records import UnusableInput
+    from gkd_harness.harness.launcher.stage_lines import Stages
 
     if args.sweep is None or args.report is None:
         raise UnusableInput("give SWEEP and --report DIR (or --verify REPORT_DIR)")
+    stage = Stages("gkd-analyze", 4 if args.wandb else 3, args.quiet).begin
+    stage("loading the runs")
     sweep = load_runs(args.source, args.sweep, args.group)
+    stage("judging the runs")
     j = judge(sweep, args.criteria, args.allow_mixed, label=args.sweep)
     if own_process:
         _freeze_imported_heap()
+    stage("writing the report")
     result = build_report(
         sweep,
         args.report,
@@ -209,7 +217,8 @@ def _run(args, own_process: bool = False) -> int:
     if args.wandb:
         from gkd_harness.analysis.signoff.wandb_log import log_analysis_run, wandb_target
 
-        where = log_analysis_run(result, wandb_target(sweep), args.report)
+        stage("logging the analysis run to wandb")
+        where = log_analysis_run(result, wandb_target(sweep), args.report, sweep)
         print(f"analysis run logged: {where}")
     return int(result["exit_code"])  # gkd_harness.analysis.signoff.verdict.EXIT_PASS or EXIT_FAIL
 

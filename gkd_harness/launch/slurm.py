@@ -30,7 +30,7 @@ import shlex
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Dict, Iterator, Sequence, cast
 
 from omegaconf import OmegaConf
 
@@ -138,7 +138,10 @@ def torchrun_command(cli_argv: Sequence[str], env: dict[str, str]) -> list[str]:
         from swift.cli._megatron.main import ROUTE_MAPPING
     else:
         ROUTE_MAPPING = swift_main.ROUTE_MAPPING
-    route = importlib.util.find_spec(ROUTE_MAPPING[method.replace("_", "-")]).origin
+    spec = importlib.util.find_spec(ROUTE_MAPPING[method.replace("_", "-")])
+    if spec is None or spec.origin is None:
+        raise ValueError(f"ms-swift has no module for {method!r}")
+    route = spec.origin
     with _environ(env):
         torchrun_args = swift_main.get_torchrun_args()
     if torchrun_args is None:
@@ -212,7 +215,7 @@ def dry_run(
     launcher_target = str(master.hydra.launcher.get("_target_", ""))
     if not launcher_target.endswith("SlurmLauncher"):
         raise ValueError(f"hydra/launcher must be submitit_slurm for a SLURM dry run (got {launcher_target!r})")
-    launcher = OmegaConf.to_container(master.hydra.launcher, resolve=True)
+    launcher = cast(Dict[str, Any], OmegaConf.to_container(master.hydra.launcher, resolve=True))
     sweep_dir = Path(str(master.hydra.sweep.dir))
     points = sweep_points(master)
     nodes = int(launcher.get("nodes") or 1)

@@ -44,12 +44,13 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from gkd_harness.harness.contract import HYDRA_DIR, METRICS_FILE, SUMMARY_FILE, SWEEP_MANIFEST_FILE
-from gkd_harness.harness.launcher.cli import EXIT_CONFIG, PointFailed
+from gkd_harness.harness.launcher.job_result import EXIT_CONFIG, PointFailed
 from gkd_harness.harness.launcher.progress import ProgressDisplay, Running, Snapshot, render
 from gkd_harness.harness.launcher.sweep_points import point_name, sweep_points
 from gkd_harness.harness.store.metrics_io import tail_step
 
 STATUS_FILE = "job_return.json"
+MULTIRUN_FILE = "multirun.yaml"  # Hydra's record of a sweep's config
 REFUSED_LOG = "refused_points.log"
 
 
@@ -175,6 +176,35 @@ def launch_line(entry: dict) -> str | None:
     if entry["keeps"]:
         parts.append(f"keeps {len(entry['keeps'])} that ran earlier ({few(entry['keeps'])})")
     return ", ".join(parts)
+
+
+_GRID_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+class _NoManifest(Exception):
+    """A sweep whose points are not known in advance plans no manifest."""
+
+
+def sweeper_name(config: Any) -> str:
+    """The sweeper's ``_target_`` (``hydra.sweeper``), Hydra's basic grid sweeper when none is named."""
+    return str((config.hydra.get("sweeper") or {}).get("_target_") or _GRID_SWEEPER)
+
+
+def is_grid_sweeper(config: Any) -> bool:
+    """Whether the sweep's points are the grid of its overrides (Hydra's basic sweeper), known before any runs."""
+    return sweeper_name(config) == _GRID_SWEEPER
+
+
+def discovered_points(sweep_dir: Path) -> list[Path]:
+    """The point folders a sweep made so far, oldest first (a sweeper plugin names its points as it goes): every
+    folder of ``sweep_dir`` with a ``summary.json`` or Hydra's verdict for a point, and ``sweep_dir`` itself
+    when a point without overrides ran there."""
+    try:
+        folders = [sweep_dir, *(d for d in Path(sweep_dir).iterdir() if d.is_dir() and not d.name.startswith("."))]
+    except OSError:
+        return []
+    found = [d for d in folders if (d / SUMMARY_FILE).exists() or (d / HYDRA_DIR / STATUS_FILE).exists()]
+    return sorted(found, key=lambda d: (d.stat().st_mtime_ns, d.name))
 
 
 @dataclass
@@ -306,6 +336,10 @@ class SweepStatusCallback(Callback):
         self._thread: threading.Thread | None = None
         self._started = time.monotonic()
         self._reported = False
+        #: the sweeper chooses its points as it goes (not a grid): the points are the run folders found
+        self._discovered = False
+        #: a dry run's copy of the sweep folder's earlier multirun.yaml (put back at the end)
+        self._kept_multirun: bytes | None = None
         #: run folder -> (held another attempt's run at on_job_start, its summary.json bytes then)
         self._at_start: dict[Path, tuple[bool, bytes | None]] = {}
 
@@ -324,6 +358,8 @@ class SweepStatusCallback(Callback):
         """Each point's status read from its folder; a point refused in this multirun is ``refused``, with the
         refusal as its error (its folder holds another attempt's run, which says nothing about this one)."""
         refused = self.refused_points()
+        if self._discovered:
+            self._points = [(d.name, d) for d in discovered_points(self._sweep_dir)]
         points = [read_point(name, run_dir) for name, run_dir in self._points]
         for p in points:
             if p.name in refused:
@@ -334,16 +370,30 @@ class SweepStatusCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._sweep_dir = Path(str(config.hydra.sweep.dir))
         self._group = str(config.tracking.wandb.group or "")
+        self._discovered = False
+        # a dry run never changes a sweep folder: Hydra rewrites its multirun.yaml after this hook, so the earlier
+        # sweep's is kept here and put back at the end
+        self._kept_multirun = None
+        if (config.get("run") or {}).get("dry_run", False):
+            try:
+                self._kept_multirun = (self._sweep_dir / MULTIRUN_FILE).read_bytes()
+            except OSError:
+                pass
         try:
+            if not is_grid_sweeper(config):
+                raise ValueError(f"{sweeper_name(config)} chooses its points as it goes")
             names = [point_name(job, config) for job in sweep_points(config)]
-        except Exception as e:  # noqa: BLE001 - a sweeper/override the basic expansion does not know
+        except Exception as e:  # noqa: BLE001 - a sweeper plugin (Optuna, Nevergrad) or an override the grid lacks
+            # the points are the run folders the sweep makes: the progress and the final table list those
+            self._discovered = True
             self._print(
-                f"[sweep {self._group}] cannot list the points ({type(e).__name__}: {e}); "
-                "no resume summary, progress or final table"
+                f"[sweep {self._group}] points not known in advance ({e}); the table lists the points as they run"
             )
-            return
+            names = []
         self._points = [(n, self._sweep_dir / n) for n in names]
         try:
+            if self._discovered:
+                raise _NoManifest()
             launcher = str((config.hydra.get("launcher") or {}).get("_target_") or "basic")
             if not (config.get("run") or {}).get("dry_run", False):  # a dry run plans nothing
                 jobs = sweep_points(config)
@@ -353,6 +403,8 @@ class SweepStatusCallback(Callback):
                 line = launch_line(entry)
                 if line:
                     self._print(f"[sweep {self._group}] {line}")
+        except _NoManifest:
+            pass
         except OSError as e:
             self._print(
                 f"[sweep {self._group}] cannot write {SWEEP_MANIFEST_FILE} ({e}); gkd-analyze will fall "
@@ -466,7 +518,14 @@ class SweepStatusCallback(Callback):
         if (config.get("run") or {}).get("dry_run", False) and self._sweep_dir is not None:
             from gkd_harness.harness.launcher.leftovers import remove_dry_sweep_folder  # a dry run leaves no folder
 
-            remove_dry_sweep_folder(self._sweep_dir, ("multirun.yaml", SWEEP_MANIFEST_FILE))
+            kept = getattr(self, "_kept_multirun", None)
+            if kept is not None:  # the folder holds an earlier sweep: its multirun.yaml as it was
+                try:
+                    (self._sweep_dir / MULTIRUN_FILE).write_bytes(kept)
+                except OSError:
+                    pass
+            else:
+                remove_dry_sweep_folder(self._sweep_dir, (MULTIRUN_FILE, SWEEP_MANIFEST_FILE))
         refused = self.refusals()
         if refused:
             self._print(f"[sweep {self._group}] {len(refused)} points refused (see {self._sweep_dir / REFUSED_LOG})")
@@ -510,6 +569,8 @@ class SweepStatusCallback(Callback):
             display.close()
 
     def _report(self) -> None:
+        if self._discovered:
+            self.statuses()  # the run folders made so far
         if self._reported or not self._points:
             return
         self._reported = True

@@ -91,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
         "120 s for the import, each family's own); past it the child is killed and the certificate fails",
     )
     p.add_argument("--version", action="version", version=version_line("gkd-certify"))
+    p.add_argument("--quiet", action="store_true", help="no line per family (they only show on a terminal anyway)")
+    p.add_argument("--verbose", action="store_true", help="print the Python traceback of an unusable candidate")
     p.add_argument("--out", type=Path, help=f"write {CERTIFICATE_MD} and {CERTIFICATE_JSON} here")
     p.add_argument(
         "--export-pytest",
@@ -123,6 +125,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if args.target is not None:
         print("gkd-certify: --target: only with --export-pytest", file=sys.stderr)
         sys.exit(2)
+    from gkd_harness.harness.launcher.stage_lines import Stages, family_line
     from gkd_harness.harness.loss.candidate import CandidateError
 
     pairs = set(DTYPE_NAMES)
@@ -151,8 +154,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             search_draws=args.search_draws,
             search_draw=args.search_draw,
             speed=not args.no_speed,
+            on_family=family_line(Stages("gkd-certify", quiet=args.quiet)),
         )
     except CandidateError as e:
+        if args.verbose:
+            raise
         print(f"gkd-certify: {e}", file=sys.stderr)
         sys.exit(2)
     except JudgeError as e:

@@ -21,7 +21,7 @@ import math
 import multiprocessing
 import signal
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 #: Seconds the child may take to import torch, ms-swift and the harness (no candidate code runs yet).
 STARTUP_S = 600.0
@@ -52,11 +52,13 @@ def certify_in_child(
     beta_form: str,
     unchanged: Sequence[str] = (),
     time_limit_s: Optional[float] = None,
+    on_family: Optional[Callable[[str, bool], None]] = None,
     **options: Any,
 ) -> Dict[str, Any]:
     """The certificate of candidate ``spec`` (``PATH.py``, ``module[:attr]`` or a harness variant), computed in a
     spawned child. ``options``: :func:`~gkd_harness.analysis.certify.certificate.certify`'s. ``time_limit_s``:
     the bound on the import and on every family instead of their own (:data:`IMPORT_S`, ``Family.limit_s``).
+    ``on_family(name, passed)``: called as each family's row arrives (gkd-certify's progress lines).
 
     Raises:
         CandidateError: the candidate is refused (cannot be loaded; exits, is killed or hangs while importing).
@@ -109,6 +111,8 @@ def certify_in_child(
                 case = event[1]
             elif kind == "row":
                 rows.append(event[1])
+                if on_family is not None:
+                    on_family(rows[-1]["name"], bool(rows[-1]["passed"]))
             elif kind == "done":
                 child.join(30)
                 return event[1]

@@ -69,8 +69,20 @@ def _parser() -> argparse.ArgumentParser:
         help="judge runs that are not one comparison together (runs outside the plan, several groups, ...), "
         "as gkd-analyze --allow-mixed; refused otherwise (exit 2)",
     )
+    p.add_argument("--quiet", action="store_true", help="no progress lines (they only show on a terminal anyway)")
+    p.add_argument("--verbose", action="store_true", help="print the Python traceback of an error")
     p.add_argument("--version", action="version", version=_version_line())
     return p
+
+
+def missing_path(args) -> Optional[str]:
+    """A path argument that does not exist, as one line, checked before the heavy imports (wandb-workspaces,
+    pandas, the sign-off): a missing sweep is refused in well under a second."""
+    if args.source != "wandb" and not Path(args.sweep).exists():
+        return f"sweep folder {args.sweep} does not exist"
+    if args.criteria is not None and not args.criteria.is_file():
+        return f"--criteria {args.criteria}: no such file"
+    return None
 
 
 def _facts(args):
@@ -88,18 +100,37 @@ def main(argv: Optional[list] = None) -> int:
     args = _parser().parse_args(argv)
     if not args.out and not args.push:
         _parser().error("give --out FILE, --push, or both")
+    missing = missing_path(args)
+    if missing:
+        print(f"gkd-dashboard: unusable input: {missing}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    return _build(args)
+
+
+def _unusable(e: Exception, verbose: bool) -> int:
+    if verbose:
+        import traceback
+
+        traceback.print_exc()
+    print(f"gkd-dashboard: unusable input: {e}", file=sys.stderr)
+    return EXIT_UNUSABLE
+
+
+def _build(args) -> int:
     from gkd_harness.analysis.dashboard.build import build_report, build_workspace, push, spec_dict
     from gkd_harness.analysis.dashboard.panels import keep_available, standard_sections
     from gkd_harness.analysis.signoff.criteria import load_criteria
     from gkd_harness.analysis.signoff.judge import judge, load_runs
     from gkd_harness.analysis.sweep.records import UnusableInput
+    from gkd_harness.harness.launcher.stage_lines import Stages
 
+    stage = Stages("gkd-dashboard", 4 if args.push and args.out else 3, args.quiet).begin
     try:
+        stage("reading the runs' metrics")
         criteria = load_criteria(args.criteria)
         facts = _facts(args)
     except UnusableInput as e:
-        print(f"gkd-dashboard: unusable input: {e}", file=sys.stderr)
-        return EXIT_UNUSABLE
+        return _unusable(e, args.verbose)
     if args.entity and args.source == "wandb":
         facts.entity = args.entity
     if args.project and args.source == "wandb":
@@ -110,15 +141,16 @@ def main(argv: Optional[list] = None) -> int:
     for note in left_out:
         print(f"left out: {note}", file=sys.stderr)
     try:  # the verdict of gkd-analyze: the same runs, the same plan, the same criteria, computed in one place
+        stage("judging the runs (gkd-analyze's verdict)")
         judged = judge(load_runs(args.source, args.sweep, args.group), args.criteria, args.allow_mixed, args.sweep)
     except UnusableInput as e:
-        print(f"gkd-dashboard: unusable input: {e}", file=sys.stderr)
-        return EXIT_UNUSABLE
+        return _unusable(e, args.verbose)
     verdict, results = judged.verdict, judged.results
     n_judged = len(judged.sweep.runs)
     workspace = build_workspace(sections, facts, args.name)
     n_panels = sum(len(s.panels) for s in sections)
     if args.out:
+        stage("building the workspace and report specs")
         report = build_report(sections, facts, verdict, results, with_project=False)
         spec = spec_dict(workspace, report, sections, facts, left_out, verdict, results, _version())
         try:
@@ -146,6 +178,7 @@ def main(argv: Optional[list] = None) -> int:
                 return EXIT_PUSH_FAILED
             workspace = build_workspace(sections, facts, args.name)
         try:
+            stage("saving the workspace and report to wandb")
             report = build_report(sections, facts, verdict, results, with_project=True)
             ws_url, report_url = push(workspace, report)
         except Exception as e:  # noqa: BLE001 - auth, network, permissions: one line, exit 1

@@ -17,6 +17,7 @@ Exit status: 0 on success, 2 on unreadable or inconsistent input (the message na
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List, Optional
 
@@ -30,6 +31,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="gkd-replay", description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--version", action="version", version=version_line("gkd-replay"))
+    p.add_argument("--verbose", action="store_true", help="print the Python traceback of unreadable input")
     p.add_argument("inputs", nargs="+", help="'synthetic', or capture files / run folders / sweep folders")
     p.add_argument(
         "--beta-form",
@@ -53,6 +55,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parser().parse_args(argv)
+    missing = [p for p in args.inputs if p != "synthetic" and not os.path.exists(p)]
+    if missing:  # before torch and the variants are imported: refused at once
+        print(f"gkd-replay: {missing[0]}: no such file or folder", file=sys.stderr)
+        return 2
     from gkd_harness.analysis.replay.variants import (
         CaptureError,
         evaluate_variants,
@@ -85,6 +91,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         per_capture, averaged = replay_table(args.inputs, args.beta_form)
     except CaptureError as e:
+        if args.verbose:
+            raise
         print(f"gkd-replay: {e}", file=sys.stderr)
         return 2
     import pandas as pd

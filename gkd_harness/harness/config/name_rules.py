@@ -45,6 +45,7 @@ NOT_NAME_KEYS = frozenset(
         "monitor.eval.dataset",
         "run.extra_args",
         "rollout.vllm.server.base_url",
+        "run.optimized_metric",  # a metric name (eval/jsd), left out of folder names
     }
 )
 #: wandb tags the harness sets itself (the loss variant, the candidate's name and hash): a hand-given one would

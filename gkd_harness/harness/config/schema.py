@@ -253,6 +253,7 @@ class RunConfig:
     dry_run: bool = MISSING
     verbose: bool = MISSING
     extra_args: List[str] = MISSING
+    optimized_metric: Optional[str] = MISSING  # what the job returns to a sweeper plugin (launcher/objective.py)
     allow_untested_swift: bool = (
         MISSING  # go on with an ms-swift outside the tested series (gkd_harness.harness.launcher.swift_version)
     )

@@ -18,16 +18,18 @@ inside the function that needs it): ``--help`` is read from the config files (:f
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from gkd_harness.harness.contract import HYDRA_DIR
+from gkd_harness.harness.launcher.job_result import EXIT_CONFIG, EXIT_FAILED, PointFailed
+
+__all__ = ["main", "help_text", "hydra_command_line", "is_multirun", "PointFailed", "EXIT_CONFIG", "EXIT_FAILED"]
 
 log = logging.getLogger("gkd_harness.train")
-EXIT_FAILED, EXIT_CONFIG = 1, 2
 #: config groups that are not a choice: git-ignored site settings (``local``), Hydra's own (``hydra``)
 _NOT_A_CHOICE = ("local", "hydra")
 
@@ -39,18 +41,6 @@ def _verbose(cfg: Any) -> bool:
         return bool(cfg.run.verbose)
     except Exception:  # noqa: BLE001
         return False
-
-
-@dataclass(frozen=True)
-class PointFailed:
-    """What a sweep point's job returns when it failed: Hydra then goes on with the other points, and the sweep
-    callback records the failure and makes the sweep exit 1, without a traceback per point."""
-
-    code: int
-    error: str
-    #: the point was refused (its folder is busy or holds another config): the folder is not this job's, so
-    #: nothing may be written into it (gkd_harness.launch.sweep reports the refusal on the sweep's console and log instead)
-    refused: bool = False
 
 
 def is_multirun() -> bool:
@@ -131,11 +121,12 @@ def _redact_log_records() -> None:
     logging.setLogRecordFactory(redacting)
 
 
-def _job(cfg) -> Optional[int] | PointFailed:
+def _job(cfg) -> Optional[float] | PointFailed:
     """The Hydra job: :func:`train`, with one-line errors. A single run exits 2 (config error, busy or mismatched
     folder) or 1 (failed run); in a sweep the error is re-raised so Hydra records the point as failed and the
     other points go on."""
     from gkd_harness.harness.config.schema import ConfigError
+    from gkd_harness.harness.launcher.objective import check_optimized_metric, optimized_value
     from gkd_harness.harness.launcher.process import Interrupted, TrainingFailed
     from gkd_harness.harness.launcher.run import train
     from gkd_harness.harness.launcher.wandb_env import experiment_name
@@ -144,7 +135,8 @@ def _job(cfg) -> Optional[int] | PointFailed:
     multirun = is_multirun()
     try:
         _scrub_sweep_files(cfg)
-        summary = train(cfg, experiment=experiment_name(), hydra_task_cfg=cfg, multirun=multirun)
+        check_optimized_metric(cfg.run.optimized_metric)
+        train(cfg, experiment=experiment_name(), hydra_task_cfg=cfg, multirun=multirun)
     except (ConfigError, TrainingFailed, RunFolderError, OSError) as e:
         from gkd_harness.harness.store.files import os_error_line
 
@@ -163,7 +155,12 @@ def _job(cfg) -> Optional[int] | PointFailed:
             file=sys.stderr,
         )
         sys.exit(e.exit_code)
-    return summary.get("last_step") if summary else None
+    # a sweeper plugin optimises what the job returns: run.optimized_metric's value, or nothing
+    try:
+        return optimized_value(cfg.run.optimized_metric, Path(str(cfg.run.output_dir)), dry_run=bool(cfg.run.dry_run))
+    except ConfigError as e:  # the run completed, but never logged the metric: the point has no score
+        print(f"gkd-train: no score: {e}", file=sys.stderr)
+        return math.nan
 
 
 def _one_line_config_errors(run_and_report, job_started: list):
@@ -200,7 +197,7 @@ def _one_line_config_errors(run_and_report, job_started: list):
     return guarded_run_and_report
 
 
-def _job_leaving_no_empty_folder(cfg) -> Optional[int] | PointFailed:
+def _job_leaving_no_empty_folder(cfg) -> Optional[float] | PointFailed:
     """:func:`_job`, then the run folder Hydra made for it removed again if the job left nothing in it (a dry
     run, a config error, a refused point; ``gkd_harness.harness.launcher.leftovers``)."""
     from gkd_harness.harness.launcher.leftovers import remove_if_empty
@@ -233,7 +230,7 @@ def _hydra_main() -> None:
     _redact_log_records()
     job_started: list = []
 
-    def job(cfg) -> Optional[int] | PointFailed:
+    def job(cfg) -> Optional[float] | PointFailed:
         job_started.append(True)
         return _job_leaving_no_empty_folder(cfg)
 
@@ -308,6 +305,22 @@ def help_text() -> str:
     return f"{text['header'].rstrip()}\n\n" + "\n".join(lines) + "\n" + text["footer"].rstrip() + "\n"
 
 
+def hydra_command_line(args: Sequence[str]):
+    """The command line as Hydra itself reads it (``argparse.Namespace``: ``overrides``, ``multirun``, ``cfg``,
+    ``config_dir``, ...): a flag's value (``-cd myconf``, ``-c job``, ``-cn train``) is never taken for an
+    override. Exits 2 with argparse's usage line on a flag Hydra does not know, as Hydra would."""
+    # Hydra has no public parser for its command line: its own (the one hydra.main uses) is private
+    from hydra._internal.utils import get_args_parser
+
+    return get_args_parser().parse_args(list(args))
+
+
+def _only_overrides(parsed) -> bool:
+    """True when the command line holds overrides and no Hydra flag: the packaged config, one run."""
+    flags = {k: v for k, v in vars(parsed).items() if k != "overrides"}
+    return not any(flags.values())
+
+
 def _flag_value(args: Sequence[str], key: str) -> Optional[str]:
     for a in args:
         k, sep, v = a.partition("=")
@@ -331,16 +344,21 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from gkd_harness.harness.config.schema import ConfigError
     from gkd_harness.harness.config.secrets import secret_overrides, secret_refusal
 
-    overrides = [a for a in args if not a.startswith("-")]
+    parsed = hydra_command_line(args)
+    overrides = list(parsed.overrides)
     try:
         for key in secret_overrides(overrides):
             raise ConfigError(key, secret_refusal(key))
         dry = (_flag_value(overrides, "run.dry_run") or "").lower() in ("true", "1", "yes")
-        if dry and not any(a in ("-m", "--multirun") or a.startswith("--") for a in args):
+        # the fast dry run composes the packaged config itself; any Hydra flag (-m, -cd, -cn, -c, ...) goes to
+        # Hydra, whose job prints the same plan
+        if dry and _only_overrides(parsed):
             from gkd_harness.harness.launcher.compose import compose_point
+            from gkd_harness.harness.launcher.objective import check_optimized_metric
             from gkd_harness.harness.launcher.run import train
 
             point = compose_point(overrides)
+            check_optimized_metric(point.cfg.run.optimized_metric)
             train(point.cfg, experiment=point.experiment)
             return
     except ConfigError as e:
@@ -356,8 +374,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    # `python -m gkd_harness.harness.launcher.cli`: run the importable module's main, so that what a job returns (PointFailed) is the
-    # class gkd_harness.launch.sweep imports, not a __main__ copy of it
+    # `python -m gkd_harness.harness.launcher.cli`: run the importable module's main (one module object per file)
     from gkd_harness.harness.launcher.cli import main as _module_main
 
     _module_main()

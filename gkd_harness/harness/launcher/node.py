@@ -30,6 +30,10 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+# submitit has no public function that takes a node list as a string (its public JobEnvironment().hostnames reads
+# os.environ, and the SLURM dry run lays out the nodes of a job that does not exist yet): its parser is private
+from submitit.slurm.slurm import SlurmParseException, _parse_node_list
+
 from gkd_harness.harness.config.schema import BackendConfig, ConfigError
 
 DIST_KEYS = ("NPROC_PER_NODE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -44,21 +48,19 @@ def _as_int(value: Any, key: str) -> int:
     return out
 
 
-def parse_slurm_nodelist(nodelist: str) -> list[str]:
-    """Expand a SLURM node list (``gpu[01-03,07],login1``) into host names, in order.
+def slurm_hosts(nodelist: str) -> list[str]:
+    """The host names of a SLURM node list (``gpu[01-02]-ib``, ``a[1-2],b5``, ``r[1-2]n[01-02]``), in order, by
+    submitit's own parser: the one its ``SlurmJobEnvironment().hostnames`` applies to ``SLURM_JOB_NODELIST``.
 
-    The harness's own parser: submitit's is private (``submitit.slurm.slurm._parse_node_list``); the tests hold
-    this one against submitit's public ``SlurmJobEnvironment().hostnames`` on the same lists.
+    Raises:
+        ConfigError: naming ``SLURM_JOB_NODELIST`` when submitit cannot read the list.
     """
-    hosts: list[str] = []
-    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", nodelist):
-        if plain:
-            hosts.append(plain)
-            continue
-        for item in ranges.split(","):
-            lo, _, hi = item.partition("-")
-            for i in range(int(lo), int(hi or lo) + 1):
-                hosts.append(f"{prefix}{str(i).zfill(len(lo))}")
+    try:
+        hosts = _parse_node_list(nodelist)
+    except SlurmParseException:
+        raise ConfigError("SLURM_JOB_NODELIST", f"not a SLURM node list: {nodelist!r}") from None
+    if not hosts or not all(hosts):
+        raise ConfigError("SLURM_JOB_NODELIST", f"not a SLURM node list: {nodelist!r}")
     return hosts
 
 
@@ -143,7 +145,7 @@ def node_layout(
             nproc = _as_int(env["NPROC_PER_NODE"], "NPROC_PER_NODE")
         nproc = nproc or 1
     if slurm:
-        hosts = parse_slurm_nodelist(env.get("SLURM_JOB_NODELIST") or env["SLURM_NODELIST"])
+        hosts = slurm_hosts(env.get("SLURM_JOB_NODELIST") or env["SLURM_NODELIST"])
         derived = {
             "NNODES": env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or str(len(hosts)),
             "NODE_RANK": env.get("SLURM_NODEID", "0"),

@@ -52,3 +52,16 @@ def test_a_failed_sweep_point_keeps_its_folder_and_the_sweep_exits_2(tmp_path):
     p = _gkd_train(tmp_path, "-m", "experiment=smoke", "gkd.beta=2")
     assert p.returncode == 2, p.stderr[-2000:]
     assert len(list((tmp_path / "out").rglob("job_return.json"))) == 3
+
+
+def test_a_dry_run_leaves_an_earlier_sweeps_multirun_yaml_as_it_was(tmp_path):
+    """Issue 47, item 15: docs/beta.md's dry run in the quick start's folder rewrote that sweep's multirun.yaml
+    (Hydra writes it before any job starts). Now a dry run puts the earlier one back, byte for byte."""
+    sweep = tmp_path / "out" / "multirun" / "smoke"
+    sweep.mkdir(parents=True)
+    earlier = b"# the smoke sweep that ran\nhydra:\n  mode: MULTIRUN\n"
+    (sweep / "multirun.yaml").write_bytes(earlier)
+    p = _gkd_train(tmp_path, "-m", "experiment=smoke", "gkd.beta=0.9", "run.dry_run=true")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert (sweep / "multirun.yaml").read_bytes() == earlier
+    assert sorted(x.name for x in sweep.iterdir()) == ["multirun.yaml"]

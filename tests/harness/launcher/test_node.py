@@ -15,7 +15,7 @@ from gkd_harness.harness.launcher.node import (
     detect_device,
     is_main_node,
     node_layout,
-    parse_slurm_nodelist,
+    slurm_hosts,
     slurm_port,
 )
 
@@ -142,10 +142,30 @@ def test_slurm_gpus_per_node_typed_form():
         ("node01", ["node01"]),
         ("gpu[01-03,07]", ["gpu01", "gpu02", "gpu03", "gpu07"]),
         ("a[1-2],b5", ["a1", "a2", "b5"]),
+        # issue 47, item 1: a suffix after the brackets (an InfiniBand host name); the hand parser gave gpu01, gpu02
+        # and a host "-ib"
+        ("gpu[01-02]-ib", ["gpu01-ib", "gpu02-ib"]),
+        ("gpu[01-02]-ib,cpu7-ib", ["gpu01-ib", "gpu02-ib", "cpu7-ib"]),
+        # nested: two bracket groups in one host name (rack, node)
+        ("r[1-2]n[01-02]", ["r1n01", "r1n02", "r2n01", "r2n02"]),
+        ("h100-[008-010],cpu[9-11]", ["h100-008", "h100-009", "h100-010", "cpu9", "cpu10", "cpu11"]),
     ],
 )
-def test_parse_slurm_nodelist(nodelist, hosts):
-    assert parse_slurm_nodelist(nodelist) == hosts
+def test_slurm_hosts(nodelist, hosts):
+    assert slurm_hosts(nodelist) == hosts
+
+
+@pytest.mark.parametrize("nodelist", ["gpu[01-02", "gpu[0a-3]", "a,,b", ""])
+def test_an_unreadable_node_list_names_the_variable(nodelist):
+    with pytest.raises(ConfigError) as err:
+        slurm_hosts(nodelist)
+    assert err.value.key == "SLURM_JOB_NODELIST"
+
+
+def test_master_addr_keeps_the_host_suffix():
+    """Issue 47, item 1: ``gpu[01-02]-ib`` gave ``MASTER_ADDR=gpu01``; the rendezvous host is ``gpu01-ib``."""
+    base = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu[01-02]-ib", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1"}
+    assert node_layout(backend("backend.nproc_per_node=8"), base).env()["MASTER_ADDR"] == "gpu01-ib"
 
 
 def test_non_integer_process_count_fails_at_compose():
@@ -192,25 +212,30 @@ def test_main_node_outside_slurm():
     assert is_main_node({}) and is_main_node({"NODE_RANK": "0"}) and not is_main_node({"NODE_RANK": "1"})
 
 
-@pytest.mark.parametrize("nodelist", ["node01", "gpu[01-03,07]", "a[1-2],b5", "h100-[008-010],cpu[9-11]", "x[0]"])
-def test_parse_slurm_nodelist_matches_submitits_public_api(nodelist, monkeypatch):
-    """The harness's parser against submitit's public JobEnvironment (not its private parser)."""
+@pytest.mark.parametrize(
+    "nodelist",
+    ["node01", "gpu[01-03,07]", "a[1-2],b5", "h100-[008-010],cpu[9-11]", "x[0]", "gpu[01-02]-ib", "r[1-2]n[1-2]"],
+)
+def test_slurm_hosts_are_submitits_public_hostnames(nodelist, monkeypatch):
+    """The node list as submitit's public ``JobEnvironment().hostnames`` reads it inside a job."""
     from submitit.slurm.slurm import SlurmJobEnvironment
 
     monkeypatch.setenv("SLURM_JOB_NODELIST", nodelist)
-    assert parse_slurm_nodelist(nodelist) == SlurmJobEnvironment().hostnames
+    assert slurm_hosts(nodelist) == SlurmJobEnvironment().hostnames
 
 
-def test_node_uses_no_private_submitit_name():
+def test_node_parses_no_node_list_by_hand_and_says_why_it_uses_a_private_submitit_name():
+    """Before: a regex parser of its own (issue 47, item 1). Now submitit's parser, with the reason it is the private
+    one in the comment above the import."""
     import ast
     import inspect
 
     from gkd_harness.harness.launcher import node
 
-    names = {
-        a.name
-        for n in ast.walk(ast.parse(inspect.getsource(node)))
-        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("submitit")
-        for a in n.names
-    }
-    assert not [n for n in names if n.startswith("_")], names
+    source = inspect.getsource(node)
+    assert "re.findall" not in source and "parse_slurm_nodelist" not in source
+    lines = source.splitlines()
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("submitit"):
+            if any(a.name.startswith("_") for a in n.names):
+                assert "no public" in " ".join(lines[max(0, n.lineno - 4) : n.lineno - 1]), n.lineno
