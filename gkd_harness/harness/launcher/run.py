@@ -183,7 +183,9 @@ def train(
     validate_config(cfg)
     run_dir = Path(cfg.run.output_dir).expanduser().resolve()
     if cfg.run.dry_run:
-        sys.stdout.write(dry_run(cfg, run_dir, experiment=experiment))
+        from gkd_harness.harness.text import console_safe
+
+        sys.stdout.write(console_safe(dry_run(cfg, run_dir, experiment=experiment), multiline=True))
         return {"status": "dry_run"}
     make_plan(cfg, run_dir, dry_run=True, experiment=experiment)  # the layout's checks, before anything is written
     # SIGTERM / SIGHUP / SIGINT raise Interrupted: ms-swift's process group is stopped, summary.json says
