@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -240,7 +241,8 @@ def validate_config(cfg: TrainConfig) -> None:
     _at_least("run.save_steps", run.save_steps, 1, nullable=True)
     check_local_dataset("run.dataset", run.dataset)
     check_local_dataset("monitor.eval.dataset", cfg.monitor.eval.dataset)
-    if run.dataset is not None and is_local_path(run.dataset) and not Path(run.dataset).expanduser().exists():
+    local = re.sub(r"#\d+$", "", run.dataset or "")  # ms-swift's `path#N` (N rows sampled) names `path`
+    if run.dataset is not None and is_local_path(local) and not Path(local).expanduser().exists():
         raise ConfigError("run.dataset", f"{run.dataset} does not exist")
     if run.dataset is None and cfg.model.student != EMBEDDED:
         raise ConfigError("run.dataset", "must be set when model.student is not the embedded model")
