@@ -86,12 +86,21 @@ _NAME_LIKE = re.compile(r"[A-Za-z0-9_.:+@-]{1,64}")
 def shown_value(value: Any) -> str:
     """A user's value as an error message may quote it without echoing a file's content: a number, a bool, null,
     or a short name-like string (``'spot_tolerance'``) as its repr; any other text by its length only (``a
-    string of 1,234 characters``: ``--criteria /etc/passwd`` echoed the file's first line), a list or a mapping by
-    its size."""
+    string of 1,234 characters``: ``--criteria /etc/passwd`` echoed the file's first line); a short list of such
+    values as its repr, another list or a mapping by its size."""
     if value is None or isinstance(value, (bool, int, float)):
         return repr(value)
     if isinstance(value, str):
         return repr(value) if _NAME_LIKE.fullmatch(value) else f"a string of {len(value):,} characters"
+    if (
+        isinstance(value, (list, tuple))
+        and len(value) <= 16
+        and all(
+            v is None or isinstance(v, (bool, int, float)) or isinstance(v, str) and _NAME_LIKE.fullmatch(v)
+            for v in value
+        )
+    ):
+        return repr(list(value))
     if isinstance(value, (list, tuple, dict)):
         return f"a {'mapping' if isinstance(value, dict) else 'list'} of {len(value):,} entries"
     return f"a {type(value).__name__}"

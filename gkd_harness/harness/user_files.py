@@ -92,7 +92,7 @@ def read_text(path: Union[str, Path], limit: int = MAX_SMALL_FILE) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise UserFileError(path, f"is not UTF-8 text (byte {e.start:,})") from None
+        raise UserFileError(path, f"is not UTF-8 text (byte offset {e.start:,})") from None
 
 
 def check_yaml(text: str, src: Union[str, Path]) -> None:
