@@ -6,9 +6,9 @@ gave goes through one of these before it is printed or written into report.md.
   cursor or recolours), another C0 / C1 control character, DEL, or a Unicode bidi control (U+202A-U+202E,
   U+2066-U+2069, U+200E/U+200F, U+061C: a right-to-left override shows ``gpj.exe`` as ``exe.jpg``). Each is
   shown as its Python escape (``\\x1b``, ``\\u202e``), so the text stays readable and nothing is lost silently.
-* A Markdown table cell must stay one cell: ``|``, a newline, ``<`` (raw HTML: ``<!--`` hides the rest of the
-  report, ``<script>``), backticks, ``[``/``]`` and the other inline marks are escaped, and the console's
-  controls are shown escaped too.
+* A Markdown table cell must stay one cell: ``|`` and a newline; it renders no raw HTML (``<!--`` hid the rest
+  of the report, ``<script>``: ``<``, ``>`` and ``&`` become entities), no code span and no link (backticks,
+  ``[``, ``]`` and backslashes escaped); the console's controls are shown escaped too.
 * A Markdown link keeps its text as a cell does and its target only when it is a relative path or an
   ``http(s)``/``file`` URL; a ``javascript:``, ``data:`` or other scheme becomes plain text. The target is
   percent-encoded where Markdown or HTML would end it early (space, ``(``, ``)``, ``<``, ``>``, ``|``, quotes)
@@ -24,8 +24,8 @@ from urllib.parse import quote
 #: C0 controls (tab and newline treated by the caller), DEL, C1 controls, and Unicode's bidi and direction marks
 _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 _TAB_NEWLINE = re.compile("[\t\n\r]")
-#: Markdown's inline marks and raw HTML, escaped with a backslash in a cell (``&`` as an entity)
-_MARKDOWN = re.compile(r"([\\`*_{}\[\]<>|#!~])")
+#: what ends a cell or starts code or a link in Markdown, escaped with a backslash (raw HTML as entities)
+_MARKDOWN = re.compile(r"([\\`|\[\]])")
 _SAFE_SCHEMES = ("http://", "https://", "file://")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
@@ -56,7 +56,7 @@ def markdown_cell(text: Any) -> str:
     no link, no emphasis, and carries no control or bidi character."""
     s = "" if text is None else str(text)
     s = _UNSAFE.sub(_escaped, s)
-    s = s.replace("&", "&amp;")
+    s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     s = _MARKDOWN.sub(r"\\\1", s)
     return re.sub(r"[\t\r\n]+", " ", s)
 

@@ -178,7 +178,9 @@ def train(
     """
     from gkd_harness.harness.config.validate import validate_config
     from gkd_harness.harness.launcher.node import is_main_node
+    from gkd_harness.harness.store.provenance import harness_code_sha256
 
+    harness_code_sha256.cache_clear()  # the code identity hashed per point, at its launch (issue 48, item 10)
     cfg = to_typed(cfg)
     validate_config(cfg)
     run_dir = Path(cfg.run.output_dir).expanduser().resolve()
