@@ -18,7 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Optional
 
-from gkd_harness.harness.text import console_safe
+from gkd_harness.harness.config.text import console_safe
 
 __all__ = ["main"]
 

@@ -1,4 +1,4 @@
-"""report.md's cells and links made safe by ``gkd_harness.harness.text`` (issue 48, item 5).
+"""report.md's cells and links made safe by ``gkd_harness.harness.config.text`` (issue 48, item 5).
 
 Before: the provenance table kept raw ``<``, ``|``, ``<!--`` and a right-to-left override in link targets (a row
 of 10 cells under an 8-cell header), and a ``javascript:`` link survived in the title. report.html was already

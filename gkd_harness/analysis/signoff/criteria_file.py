@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Tuple
 
 from gkd_harness.analysis.sweep.records import UnusableInput
-from gkd_harness.harness.text import shown_value
-from gkd_harness.harness.user_files import UserFileError, check_yaml, read_text
+from gkd_harness.harness.config.text import shown_value
+from gkd_harness.harness.config.user_files import UserFileError, check_yaml, read_text
 
 __all__ = [
     "SignoffCriteria",
@@ -329,7 +329,7 @@ def load_criteria(
     cfg = criteria_from_dict(data, src)
     if path is None:
         return cfg
-    try:  # a regular file of bounded size, alias-free YAML (harness/user_files.py, issue 48 item 6)
+    try:  # a regular file of bounded size, alias-free YAML (harness/config/user_files.py, issue 48 item 6)
         user_text = read_text(path)
         check_yaml(user_text, path)
     except FileNotFoundError:

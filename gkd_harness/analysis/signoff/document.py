@@ -29,8 +29,8 @@ from typing import List, Optional
 import numpy as np
 import pandas as pd
 
+from gkd_harness.harness.config.text import markdown_cell, markdown_link
 from gkd_harness.harness.contract import CRITERION_STATUSES
-from gkd_harness.harness.text import markdown_cell, markdown_link
 
 __all__ = [
     "Document",
@@ -272,7 +272,7 @@ class Document:
 
     @classmethod
     def _md_cell(cls, v) -> str:
-        """One cell, whatever a user's name, path or link holds (gkd_harness.harness.text, issue 48 item 5)."""
+        """One cell, whatever a user's name, path or link holds (gkd_harness.harness.config.text, issue 48 item 5)."""
         if isinstance(v, Link):
             return markdown_link(format_value(v), v.href)
         return markdown_cell(format_value(v))

@@ -40,8 +40,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 import msgspec
 import numpy as np
 
+from gkd_harness.harness.config.user_files import MAX_LINE, bounded_lines
 from gkd_harness.harness.contract import ALL_METRICS, EVAL_JSD, EVAL_METRICS, ROLLOUT_METRICS, TRAIN_GLOBAL_STEP
-from gkd_harness.harness.user_files import MAX_LINE, bounded_lines
 
 __all__ = [
     "MetricsTable",

@@ -23,8 +23,8 @@ from typing import Any, Optional
 import pandas as pd
 
 from gkd_harness.analysis.sweep.records import TRAINING_KEYS, UnusableInput
+from gkd_harness.harness.config.user_files import UserFileError, read_text
 from gkd_harness.harness.contract import SWEEP_MANIFEST_FILE
-from gkd_harness.harness.user_files import UserFileError, read_text
 
 __all__ = ["Plan", "read_plan", "apply_plan", "planned_by", "plan_problems", "TRAINING_KEYS", "EVAL_EVERY"]
 
@@ -104,7 +104,7 @@ class Plan:
 
 
 def _read_json(path: Path) -> Any:
-    try:  # a regular file of bounded size (harness/user_files.py; issue 48, item 6)
+    try:  # a regular file of bounded size (harness/config/user_files.py; issue 48, item 6)
         return json.loads(read_text(path))
     except UserFileError as e:
         raise UnusableInput(str(e)) from None

@@ -22,6 +22,7 @@ from gkd_harness.analysis.sweep.metrics import read_metrics_file
 from gkd_harness.analysis.sweep.plan import apply_plan, planned_by, read_plan
 from gkd_harness.analysis.sweep.records import RunRecord, Sweep, UnusableInput, tabulate
 from gkd_harness.harness.config.flat import flatten
+from gkd_harness.harness.config.user_files import UserFileError, check_yaml, read_text
 from gkd_harness.harness.contract import (
     ARCHIVE_DIR,
     CAPTURES_DIR,
@@ -33,7 +34,6 @@ from gkd_harness.harness.contract import (
     SWIFT_DIR,
     WANDB_DIR,
 )
-from gkd_harness.harness.user_files import UserFileError, check_yaml, read_text
 
 __all__ = ["find_run_folders", "load_run_folder", "load_sweep", "planned_points"]
 
@@ -101,7 +101,7 @@ class _NoRunFolders(UnusableInput):
 def _read_config_yaml(path: Path) -> dict:
     import yaml
 
-    try:  # regular, bounded, alias-free (harness/user_files.py; issue 48, item 6)
+    try:  # regular, bounded, alias-free (harness/config/user_files.py; issue 48, item 6)
         text = read_text(path)
         check_yaml(text, path)
         resolved = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}

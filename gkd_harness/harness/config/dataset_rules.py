@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from gkd_harness.harness.config.schema import ConfigError
-from gkd_harness.harness.user_files import MAX_LINE, bounded_lines
+from gkd_harness.harness.config.user_files import MAX_LINE, bounded_lines
 
 #: how many leading rows are parsed and checked (the check reads no more of a large file)
 SAMPLED_ROWS = 50

@@ -39,11 +39,11 @@ MAX_ERROR_CHARS = 480
 
 class ConfigError(ValueError):
     """An invalid config value; ``key`` is the dotted config key (or file) at fault. The message is console-safe
-    (:func:`gkd_harness.harness.text.console_safe`: no terminal escape, control or bidi character of a user's value
+    (:func:`gkd_harness.harness.config.text.console_safe`: no terminal escape, control or bidi character of a user's value
     reaches the console raw) and at most :data:`MAX_ERROR_CHARS` characters."""
 
     def __init__(self, key: str, message: str):
-        from gkd_harness.harness.text import console_safe
+        from gkd_harness.harness.config.text import console_safe
 
         self.key = key
         super().__init__(

@@ -35,8 +35,7 @@ from gkd_harness.harness.config.schema import (
     to_dict,
 )
 from gkd_harness.harness.config.secrets import find_secret_keys, secret_refusal
-from gkd_harness.harness.contract import BETA_FORMS, DTYPE_NAMES, PRECISIONS
-from gkd_harness.harness.fixtures.embedded import TOKENIZERS
+from gkd_harness.harness.contract import BETA_FORMS, DTYPE_NAMES, EMBEDDED_TOKENIZERS, PRECISIONS
 
 #: the smallest vocabulary the byte-level embedded tokenizer can have (256 bytes + chat tokens + merges)
 MIN_EMBEDDED_VOCAB = 300
@@ -131,8 +130,10 @@ def _embedded(cfg: TrainConfig) -> None:
         raise ConfigError("model.embedded.teacher_noise", f"must be >= 0, got {spec.teacher_noise}")
     if not spec.init_std > 0:
         raise ConfigError("model.embedded.init_std", f"must be > 0, got {spec.init_std}")
-    if spec.tokenizer not in TOKENIZERS:
-        raise ConfigError("model.embedded.tokenizer", f"must be one of {list(TOKENIZERS)}, got {spec.tokenizer!r}")
+    if spec.tokenizer not in EMBEDDED_TOKENIZERS:
+        raise ConfigError(
+            "model.embedded.tokenizer", f"must be one of {list(EMBEDDED_TOKENIZERS)}, got {spec.tokenizer!r}"
+        )
     if spec.teacher not in ("near_copy", "trained"):
         raise ConfigError("model.embedded.teacher", f"must be near_copy or trained, got {spec.teacher!r}")
     if spec.teacher == "trained":

@@ -149,7 +149,7 @@ def _job(cfg) -> Optional[int] | PointFailed:
         from gkd_harness.harness.store.files import os_error_line
 
         code, what = _exit_code(e)
-        from gkd_harness.harness.text import console_safe
+        from gkd_harness.harness.config.text import console_safe
 
         line = console_safe(os_error_line(e) if isinstance(e, OSError) else str(e), multiline=True)
         print(f"gkd-train: {what}: {line}", file=sys.stderr)
@@ -194,8 +194,8 @@ def _one_line_config_errors(run_and_report, job_started: list):
             except OSError as e:  # Hydra's own run folder or log file (a read-only or full disk): one line
                 if os.environ.get("HYDRA_FULL_ERROR") == "1":
                     raise
+                from gkd_harness.harness.config.text import console_safe
                 from gkd_harness.harness.store.files import os_error_line
-                from gkd_harness.harness.text import console_safe
 
                 code, what = _exit_code(e)
                 print(f"gkd-train: {what}: {console_safe(os_error_line(e), limit=480)}", file=sys.stderr)

@@ -185,7 +185,7 @@ def train(
     validate_config(cfg)
     run_dir = Path(cfg.run.output_dir).expanduser().resolve()
     if cfg.run.dry_run:
-        from gkd_harness.harness.text import console_safe
+        from gkd_harness.harness.config.text import console_safe
 
         sys.stdout.write(console_safe(dry_run(cfg, run_dir, experiment=experiment), multiline=True))
         return {"status": "dry_run"}

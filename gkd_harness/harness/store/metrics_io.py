@@ -148,7 +148,7 @@ def _encode(record: Mapping[str, Any]) -> bytes:
 
 def read_metrics(path: str | os.PathLike) -> List[Dict[str, Any]]:
     """All complete lines of a metrics stream (a torn line is skipped)."""
-    from gkd_harness.harness.user_files import bounded_lines
+    from gkd_harness.harness.config.user_files import bounded_lines
 
     out = []
     try:

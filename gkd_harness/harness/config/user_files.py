@@ -29,7 +29,7 @@ class UserFileError(ValueError):
     """A user's file that cannot be used; the message names the file and why, never its content."""
 
     def __init__(self, path: Union[str, Path], reason: str):
-        from gkd_harness.harness.text import console_safe
+        from gkd_harness.harness.config.text import console_safe
 
         self.path, self.reason = str(path), reason
         super().__init__(f"{console_safe(path, limit=300)}: {reason}")

@@ -1,4 +1,4 @@
-"""Console and Markdown safety of a user's text (issue 48, items 4 and 5): ``gkd_harness.harness.text``.
+"""Console and Markdown safety of a user's text (issue 48, items 4 and 5): ``gkd_harness.harness.config.text``.
 
 Before, terminal escapes in a dataset path reached the console raw (a test retitled its terminal), and report.md
 kept raw ``<``, ``|``, ``<!--`` and a right-to-left override in link targets (a row of 10 cells under an 8-cell
@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from gkd_harness.harness.text import console_safe, link_target, markdown_cell, markdown_link
+from gkd_harness.harness.config.text import console_safe, link_target, markdown_cell, markdown_link
 
 RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 

@@ -1,4 +1,4 @@
-"""Bounded reads of a user's files (issue 48, item 6): ``gkd_harness.harness.user_files`` and its uses.
+"""Bounded reads of a user's files (issue 48, item 6): ``gkd_harness.harness.config.user_files`` and its uses.
 
 Before: ``gkd-analyze --criteria FIFO`` blocked forever; a YAML alias bomb ran at full CPU for 13 minutes;
 ``--criteria /etc/passwd`` echoed the file's content in its error; a 1 GB line appended to ``metrics.jsonl`` as a
@@ -16,7 +16,14 @@ import sys
 
 import pytest
 
-from gkd_harness.harness.user_files import UserFileError, bounded_lines, check_yaml, load_yaml, open_regular, read_text
+from gkd_harness.harness.config.user_files import (
+    UserFileError,
+    bounded_lines,
+    check_yaml,
+    load_yaml,
+    open_regular,
+    read_text,
+)
 
 BOMB = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
     f"{chr(98 + i)}: &{chr(98 + i)} [{','.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8)
@@ -84,7 +91,7 @@ def test_bounded_lines_skip_a_long_line_and_go_on():
 def test_a_long_metrics_line_makes_the_file_unusable_unread(tmp_path):
     """A line past the bound (here 16 MiB + 1) is named, not parsed: a step past the plan never passes."""
     from gkd_harness.analysis.sweep.metrics import read_metrics_file
-    from gkd_harness.harness.user_files import MAX_LINE
+    from gkd_harness.harness.config.user_files import MAX_LINE
 
     path = tmp_path / "metrics.jsonl"
     with path.open("w") as f:
@@ -95,8 +102,8 @@ def test_a_long_metrics_line_makes_the_file_unusable_unread(tmp_path):
 
 
 def test_the_resume_reader_skips_a_long_line(tmp_path):
+    from gkd_harness.harness.config.user_files import MAX_LINE
     from gkd_harness.harness.store.metrics_io import read_metrics
-    from gkd_harness.harness.user_files import MAX_LINE
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\n' + '{"step": 2, "x": "' + "a" * MAX_LINE + '"}\n{"step": 3}\n')
