@@ -18,6 +18,8 @@ import traceback
 from pathlib import Path
 from typing import Optional
 
+from gkd_harness.harness.config.text import console_safe
+
 __all__ = ["main"]
 
 EXIT_UNUSABLE = 2  # = gkd_harness.analysis.signoff.report.EXIT_UNUSABLE (not imported here: --help stays fast)
@@ -202,13 +204,14 @@ def _run(args, own_process: bool = False) -> int:
         judged=(j.verdict, j.results),
     )
     for c in result["criteria"]:
-        print(f"[{c['status']:>12}] {c['title']}: {c['measured']}")
+        print(console_safe(f"[{c['status']:>12}] {c['title']}: {c['measured']}", multiline=True))
     for name, why in result.get("failed_reasons", {}).items():
-        print(f"FAIL {name}: {why}")
+        print(console_safe(f"FAIL {name}: {why}", multiline=True))
     if args.allow_mixed and j.mixed:
         print(f"--allow-mixed: {'; '.join(j.mixed)}")
     print(
-        f"verdict: {result['verdict'].upper()} ({len(sweep.runs)} runs{margin_line(j)}) -> {args.report / 'report.md'}"
+        console_safe(f"verdict: {result['verdict'].upper()} ({len(sweep.runs)} runs{margin_line(j)}) -> ")
+        + console_safe(args.report / "report.md")
     )
     if args.junit is not None or args.summary is not None:
         from gkd_harness.analysis.signoff.ci import write_ci_files
@@ -250,10 +253,10 @@ def _verify(args) -> int:
         html.read_text() if html.exists() else None,
     ) or report_files_difference(recorded, args.verify)
     if diff is not None:
-        print(f"gkd-analyze --verify {args.verify}: DIFFERS: {diff}")
+        print(console_safe(f"gkd-analyze --verify {args.verify}: DIFFERS: {diff}", multiline=True))
         return 1
     print(
-        f"gkd-analyze --verify {args.verify}: matches: verdict {j.verdict.upper()} recomputed from "
+        f"gkd-analyze --verify {console_safe(args.verify)}: matches: verdict {j.verdict.upper()} recomputed from "
         f"{len(sweep.runs)} runs ({sum(len(v) for v in fresh['run_files'].values())} run files) with the same "
         "criteria and plan; report.md and report.html unchanged"
     )
@@ -270,21 +273,23 @@ def main(argv: Optional[list] = None) -> int:
         return e.code if isinstance(e.code, int) else EXIT_UNUSABLE
     missing = _missing_path(args)
     if missing is not None:  # before anything heavy is imported: one line, at once
-        print(f"gkd-analyze: unusable input: {missing}", file=sys.stderr)
+        print(f"gkd-analyze: unusable input: {console_safe(missing)}", file=sys.stderr)
         return EXIT_UNUSABLE
     from gkd_harness.analysis.sweep.records import UnusableInput
 
     try:
         return _verify(args) if args.verify is not None else _run(args, own_process=argv is None)
     except UnusableInput as e:
-        print(f"gkd-analyze: unusable input: {e}", file=sys.stderr)
+        print(f"gkd-analyze: unusable input: {console_safe(e, multiline=True)}", file=sys.stderr)
     except OSError as e:  # a report folder on a read-only or full disk: the path and the cause, not "internal error"
         from gkd_harness.harness.store.files import os_error_line
 
-        print(f"gkd-analyze: unusable path: {os_error_line(e)}", file=sys.stderr)
+        print(f"gkd-analyze: unusable path: {console_safe(os_error_line(e))}", file=sys.stderr)
     except Exception as e:  # gkd-analyze's own failure: exit 2, never 1 (which means a FAIL verdict)
         hint = "" if args.verbose else " (--verbose shows the traceback)"
-        print(f"gkd-analyze: internal error: {type(e).__name__}: {e}{hint}", file=sys.stderr)
+        print(
+            f"gkd-analyze: internal error: {type(e).__name__}: {console_safe(e, multiline=True)}{hint}", file=sys.stderr
+        )
         if args.verbose:
             traceback.print_exc()
     return EXIT_UNUSABLE

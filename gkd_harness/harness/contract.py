@@ -259,3 +259,7 @@ ALL_METRICS = (
     + (SPOT_PARAM_GRAD_REL_L2, SPOT_GRAD_REL_L2_DTYPE_FLOOR)
     + EVAL_METRICS
 )
+
+#: ``model.embedded.tokenizer`` values: the locally trained BPE, or one of Qwen's real vocabularies
+#: (gkd_harness.harness.fixtures.embedded builds them; gkd_harness.harness.config.validate checks the key)
+EMBEDDED_TOKENIZERS = ("bytes", "qwen3", "qwen35")

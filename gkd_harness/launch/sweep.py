@@ -47,6 +47,7 @@ from gkd_harness.harness.contract import HYDRA_DIR, METRICS_FILE, SUMMARY_FILE, 
 from gkd_harness.harness.launcher.job_result import EXIT_CONFIG, PointFailed
 from gkd_harness.harness.launcher.progress import ProgressDisplay, Running, Snapshot, render
 from gkd_harness.harness.launcher.sweep_points import point_name, sweep_points
+from gkd_harness.harness.store.fingerprint import code_change_line
 from gkd_harness.harness.store.metrics_io import tail_step
 
 STATUS_FILE = "job_return.json"
@@ -475,6 +476,9 @@ class SweepStatusCallback(Callback):
             (out / STATUS_FILE).write_text(json.dumps({"status": status, "error": error}))
         except OSError:
             pass
+        changed = code_change_line(run_dir, run_dir.parent)  # a `git pull` mid-sweep (issue 48, item 10)
+        if changed:
+            self._print(f"[sweep {self._group}] warning: {changed}")
 
     def _refused(self, run_dir: Path, error: str) -> None:
         """A refused point: one line on the console and in ``<sweep folder>/refused_points.log``, tagged with

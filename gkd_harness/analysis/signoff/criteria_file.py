@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Tuple
 
 from gkd_harness.analysis.sweep.records import UnusableInput
+from gkd_harness.harness.config.text import shown_value
+from gkd_harness.harness.config.user_files import UserFileError, check_yaml, read_text
 
 __all__ = [
     "SignoffCriteria",
@@ -231,18 +233,20 @@ def _value(v: Any, tp: Any, meta: dict, key: str, src: str) -> Any:
         want = _describe(tp) + _bounds(meta)
         if origin in (tuple, Tuple) and meta.get("nonempty"):
             want = "a non-empty " + want[2:] if want.startswith("a ") else want
-        raise UnusableInput(f"{src}: criteria key {key!r} must be {want}, got {v!r}") from None
+        raise UnusableInput(f"{src}: criteria key {key!r} must be {want}, got {shown_value(v)}") from None
 
 
 def _build(cls: type, data: Any, prefix: str, src: str) -> Any:
     where = prefix[:-1] if prefix else "(top level)"
     if not isinstance(data, dict):
-        raise UnusableInput(f"{src}: criteria key {where!r} must be a mapping, got {data!r}")
+        raise UnusableInput(f"{src}: criteria key {where!r} must be a mapping, got {shown_value(data)}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls, globalns=vars(sys.modules[__name__]))
     for k in data:
         if k not in fields:
-            raise UnusableInput(f"{src}: unknown criteria key {prefix + str(k)!r} (known: {', '.join(fields)})")
+            raise UnusableInput(
+                f"{src}: unknown criteria key {shown_value(prefix + str(k))} (known: {', '.join(fields)})"
+            )
     values = {}
     for name, f in fields.items():
         key = prefix + name
@@ -325,10 +329,13 @@ def load_criteria(
     cfg = criteria_from_dict(data, src)
     if path is None:
         return cfg
-    try:
-        user_text = Path(path).read_text()
+    try:  # a regular file of bounded size, alias-free YAML (harness/config/user_files.py, issue 48 item 6)
+        user_text = read_text(path)
+        check_yaml(user_text, path)
     except FileNotFoundError:
         raise UnusableInput(f"criteria file {path} does not exist") from None
+    except UserFileError as e:
+        raise UnusableInput(f"criteria file {e}") from None
     except (OSError, UnicodeDecodeError) as e:
         raise UnusableInput(f"criteria file {path} cannot be read ({e})") from None
     return criteria_from_dict(_merge(data, _parse_yaml(user_text, str(path))), str(path))

@@ -29,6 +29,7 @@ from typing import List, Optional
 import numpy as np
 import pandas as pd
 
+from gkd_harness.harness.config.text import markdown_cell, markdown_link
 from gkd_harness.harness.contract import CRITERION_STATUSES
 
 __all__ = [
@@ -271,14 +272,14 @@ class Document:
 
     @classmethod
     def _md_cell(cls, v) -> str:
-        text = cls._md_text(format_value(v)).replace("|", "\\|").replace("\n", " ")
+        """One cell, whatever a user's name, path or link holds (gkd_harness.harness.config.text, issue 48 item 5)."""
         if isinstance(v, Link):
-            return f"[{text.replace(']', '&#93;')}](<{v.href.replace('>', '%3E')}>)"
-        return text
+            return markdown_link(format_value(v), v.href)
+        return markdown_cell(format_value(v))
 
     def to_markdown(self) -> str:
         anchors = self._anchors()
-        out = [f"# {self._md_text(self.title)}", ""]
+        out = [f"# {markdown_cell(self.title)}", ""]
         for _i, b in enumerate(self.blocks):
             kind = b[0]
             if kind == "banner":
@@ -313,7 +314,7 @@ class Document:
                     out += [f"*{self._md_text(caption)}*", ""]
                 shown = df.head(max_rows)
                 cols = [str(c) for c in shown.columns]
-                out.append("| " + " | ".join(self._md_text(c).replace("|", "\\|") for c in cols) + " |")
+                out.append("| " + " | ".join(markdown_cell(c) for c in cols) + " |")
                 out.append("|" + "---|" * len(cols))
                 for row in shown.itertuples(index=False, name=None):
                     out.append("| " + " | ".join(self._md_cell(v) for v in row) + " |")

@@ -40,6 +40,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 import msgspec
 import numpy as np
 
+from gkd_harness.harness.config.user_files import MAX_LINE, bounded_lines
 from gkd_harness.harness.contract import ALL_METRICS, EVAL_JSD, EVAL_METRICS, ROLLOUT_METRICS, TRAIN_GLOBAL_STEP
 
 __all__ = [
@@ -178,8 +179,10 @@ def read_metrics_file(path: os.PathLike, completed: bool) -> MetricsTable:
     if bad is not None:
         return _unusable(bad)
     with open(path, "rb") as f:
-        for raw in f:
-            lineno += 1
+        for lineno, line in bounded_lines(f, MAX_LINE):  # a line past the bound is never read whole (issue 48, 6)
+            if line is None:
+                return _unusable(f"{name}:{lineno}: a line of more than {MAX_LINE:,} bytes (not read)")
+            raw = line
             try:
                 obj = decode(raw)
                 step = obj.get(_STEP)

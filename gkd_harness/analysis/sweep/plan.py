@@ -23,6 +23,7 @@ from typing import Any, Optional
 import pandas as pd
 
 from gkd_harness.analysis.sweep.records import TRAINING_KEYS, UnusableInput
+from gkd_harness.harness.config.user_files import UserFileError, read_text
 from gkd_harness.harness.contract import SWEEP_MANIFEST_FILE
 
 __all__ = ["Plan", "read_plan", "apply_plan", "planned_by", "plan_problems", "TRAINING_KEYS", "EVAL_EVERY"]
@@ -103,10 +104,14 @@ class Plan:
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
+    try:  # a regular file of bounded size (harness/config/user_files.py; issue 48, item 6)
+        return json.loads(read_text(path))
+    except UserFileError as e:
+        raise UnusableInput(str(e)) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UnusableInput(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise UnusableInput(f"{path}: not valid JSON (nested too deeply)") from None
     except OSError as e:
         raise UnusableInput(f"{path}: cannot be read ({e})") from None
 

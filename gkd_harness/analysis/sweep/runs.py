@@ -22,6 +22,7 @@ from gkd_harness.analysis.sweep.metrics import read_metrics_file
 from gkd_harness.analysis.sweep.plan import apply_plan, planned_by, read_plan
 from gkd_harness.analysis.sweep.records import RunRecord, Sweep, UnusableInput, tabulate
 from gkd_harness.harness.config.flat import flatten
+from gkd_harness.harness.config.user_files import UserFileError, check_yaml, read_text
 from gkd_harness.harness.contract import (
     ARCHIVE_DIR,
     CAPTURES_DIR,
@@ -49,12 +50,16 @@ def planned_points(sweep: os.PathLike) -> tuple:
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
+    try:  # a regular file of bounded size (a FIFO blocked gkd-analyze forever; issue 48, item 6)
+        return json.loads(read_text(path))
     except FileNotFoundError:
         raise UnusableInput(f"{path}: file missing") from None
+    except UserFileError as e:
+        raise UnusableInput(str(e)) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UnusableInput(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise UnusableInput(f"{path}: not valid JSON (nested too deeply)") from None
 
 
 def find_run_folders(sweep: os.PathLike) -> list:
@@ -96,10 +101,16 @@ class _NoRunFolders(UnusableInput):
 def _read_config_yaml(path: Path) -> dict:
     import yaml
 
-    try:
-        resolved = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+    try:  # regular, bounded, alias-free (harness/config/user_files.py; issue 48, item 6)
+        text = read_text(path)
+        check_yaml(text, path)
+        resolved = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+    except UserFileError as e:
+        raise UnusableInput(str(e)) from None
     except yaml.YAMLError as e:
         raise UnusableInput(f"{path}: not valid YAML ({e})") from None
+    except RecursionError:
+        raise UnusableInput(f"{path}: not valid YAML (nested too deeply)") from None
     if not isinstance(resolved, dict):
         raise UnusableInput(f"{path}: expected a mapping")
     return flatten(resolved)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from gkd_harness.harness.config.schema import ConfigError
+from gkd_harness.harness.config.user_files import MAX_LINE, bounded_lines
 
 #: how many leading rows are parsed and checked (the check reads no more of a large file)
 SAMPLED_ROWS = 50
@@ -83,7 +84,9 @@ def check_dataset(key: str, value: Optional[str], on_policy: bool) -> None:
         return
     seen = 0
     with path.open("rb") as f:
-        for lineno, raw in enumerate(f, start=1):
+        for lineno, raw in bounded_lines(f):  # a row past the bound is never read whole
+            if raw is None:
+                raise ConfigError(key, f"{path} line {lineno} is longer than {MAX_LINE:,} bytes")
             if not raw.strip():
                 continue
             try:

@@ -33,12 +33,22 @@ VLLM_MODES = ("colocate", "server")
 EMBEDDED = "embedded"
 
 
+#: the longest message a :class:`ConfigError` shows (a 5,000-character value is not echoed whole)
+MAX_ERROR_CHARS = 480
+
+
 class ConfigError(ValueError):
-    """An invalid config value; ``key`` is the dotted config key (or file) at fault."""
+    """An invalid config value; ``key`` is the dotted config key (or file) at fault. The message is console-safe
+    (:func:`gkd_harness.harness.config.text.console_safe`: no terminal escape, control or bidi character of a user's value
+    reaches the console raw) and at most :data:`MAX_ERROR_CHARS` characters."""
 
     def __init__(self, key: str, message: str):
+        from gkd_harness.harness.config.text import console_safe
+
         self.key = key
-        super().__init__(f"{key}: {message}")
+        super().__init__(
+            f"{console_safe(key, limit=200)}: {console_safe(message, limit=MAX_ERROR_CHARS, multiline=True)}"
+        )
 
 
 # ----------------------------------------------------------------------------------------------------- groups

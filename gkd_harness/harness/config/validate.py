@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -20,7 +21,8 @@ from gkd_harness.harness.config.candidate_rules import validate_candidate
 from gkd_harness.harness.config.dataset_rules import hub_offline, validate_datasets
 from gkd_harness.harness.config.extra_args_rules import validate_extra_args
 from gkd_harness.harness.config.flat import flatten
-from gkd_harness.harness.config.name_rules import validate_names
+from gkd_harness.harness.config.name_rules import NOT_NAME_KEYS, validate_names
+from gkd_harness.harness.config.path_rules import check_local_dataset, check_output_dir, check_path_length
 from gkd_harness.harness.config.rollout_rules import validate_rollout
 from gkd_harness.harness.config.schema import (
     BACKENDS,
@@ -33,7 +35,7 @@ from gkd_harness.harness.config.schema import (
     to_dict,
 )
 from gkd_harness.harness.config.secrets import find_secret_keys, secret_refusal
-from gkd_harness.harness.contract import BETA_FORMS, DTYPE_NAMES, PRECISIONS
+from gkd_harness.harness.contract import BETA_FORMS, DTYPE_NAMES, EMBEDDED_TOKENIZERS, PRECISIONS
 
 #: the smallest vocabulary the byte-level embedded tokenizer can have (256 bytes + chat tokens + merges)
 MIN_EMBEDDED_VOCAB = 300
@@ -128,6 +130,10 @@ def _embedded(cfg: TrainConfig) -> None:
         raise ConfigError("model.embedded.teacher_noise", f"must be >= 0, got {spec.teacher_noise}")
     if not spec.init_std > 0:
         raise ConfigError("model.embedded.init_std", f"must be > 0, got {spec.init_std}")
+    if spec.tokenizer not in EMBEDDED_TOKENIZERS:
+        raise ConfigError(
+            "model.embedded.tokenizer", f"must be one of {list(EMBEDDED_TOKENIZERS)}, got {spec.tokenizer!r}"
+        )
     if spec.teacher not in ("near_copy", "trained"):
         raise ConfigError("model.embedded.teacher", f"must be near_copy or trained, got {spec.teacher!r}")
     if spec.teacher == "trained":
@@ -152,6 +158,9 @@ def validate_config(cfg: TrainConfig) -> None:
         _finite(key, value)
     for key in find_secret_keys(to_dict(cfg)):
         raise ConfigError(key, secret_refusal(key))
+    flat = flatten(cfg)
+    for key in sorted(NOT_NAME_KEYS - {"run.extra_args", "rollout.vllm.server.base_url"}):
+        check_path_length(key, flat.get(key))  # before any stat of it ("File name too long")
 
     if cfg.loss.precision not in PRECISIONS:
         raise ConfigError("loss.precision", f"must be one of {list(PRECISIONS)}, got {cfg.loss.precision!r}")
@@ -227,10 +236,14 @@ def validate_config(cfg: TrainConfig) -> None:
         raise ConfigError("run.learning_rate", f"must be >= 0, got {run.learning_rate}")
     if not run.output_dir:
         raise ConfigError("run.output_dir", "must be set")
+    check_output_dir(run.output_dir)
     if run.device not in DEVICES:
         raise ConfigError("run.device", f"must be one of {list(DEVICES)}, got {run.device!r}")
     _at_least("run.save_steps", run.save_steps, 1, nullable=True)
-    if run.dataset is not None and is_local_path(run.dataset) and not Path(run.dataset).expanduser().exists():
+    check_local_dataset("run.dataset", run.dataset)
+    check_local_dataset("monitor.eval.dataset", cfg.monitor.eval.dataset)
+    local = re.sub(r"#\d+$", "", run.dataset or "")  # ms-swift's `path#N` (N rows sampled) names `path`
+    if run.dataset is not None and is_local_path(local) and not Path(local).expanduser().exists():
         raise ConfigError("run.dataset", f"{run.dataset} does not exist")
     if run.dataset is None and cfg.model.student != EMBEDDED:
         raise ConfigError("run.dataset", "must be set when model.student is not the embedded model")

@@ -141,7 +141,9 @@ def _job(cfg) -> Optional[float] | PointFailed:
         from gkd_harness.harness.store.files import os_error_line
 
         code, what = _exit_code(e)
-        line = os_error_line(e) if isinstance(e, OSError) else str(e)
+        from gkd_harness.harness.config.text import console_safe
+
+        line = console_safe(os_error_line(e) if isinstance(e, OSError) else str(e), multiline=True)
         print(f"gkd-train: {what}: {line}", file=sys.stderr)
         if _verbose(cfg):
             raise
@@ -172,24 +174,28 @@ def _one_line_config_errors(run_and_report, job_started: list):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from gkd_harness.harness.launcher.compose import composition_error
+    from gkd_harness.harness.launcher.compose import composition_error, print_full_error
 
     def guarded_run_and_report(func):
         def composed():
             try:
                 return func()
-            except (HydraException, OmegaConfBaseException) as e:
-                if job_started or os.environ.get("HYDRA_FULL_ERROR") == "1":
+            except (HydraException, OmegaConfBaseException, ValueError) as e:  # ValueError: `loss=null`
+                if job_started:
                     raise
-                print(f"gkd-train: invalid config: {composition_error(e)}", file=sys.stderr)
+                error = composition_error(e, sys.argv[1:])
+                if os.environ.get("HYDRA_FULL_ERROR") == "1":  # the traceback, with the same message and exit code
+                    print_full_error(e, error)
+                print(f"gkd-train: invalid config: {error}", file=sys.stderr)
                 sys.exit(EXIT_CONFIG)
             except OSError as e:  # Hydra's own run folder or log file (a read-only or full disk): one line
                 if os.environ.get("HYDRA_FULL_ERROR") == "1":
                     raise
+                from gkd_harness.harness.config.text import console_safe
                 from gkd_harness.harness.store.files import os_error_line
 
                 code, what = _exit_code(e)
-                print(f"gkd-train: {what}: {os_error_line(e)}", file=sys.stderr)
+                print(f"gkd-train: {what}: {console_safe(os_error_line(e), limit=480)}", file=sys.stderr)
                 sys.exit(code)
 
         return run_and_report(composed)

@@ -180,7 +180,7 @@ def node_layout(
         if nnodes > 1:
             raise ConfigError(
                 "backend.master_port",
-                "must be set (or MASTER_PORT) for a multi-node run outside SLURM: "
+                f"must be set (or MASTER_PORT) for a multi-node run (backend.nnodes={nnodes}) outside SLURM: "
                 "every node needs the same rendezvous port",
             )
         # a private port even for one process: a single process that still initialises a process group falls back

@@ -246,12 +246,16 @@ def train(
     """
     from gkd_harness.harness.config.validate import validate_config
     from gkd_harness.harness.launcher.node import is_main_node
+    from gkd_harness.harness.store.provenance import harness_code_sha256
 
+    harness_code_sha256.cache_clear()  # the code identity hashed per point, at its launch (issue 48, item 10)
     cfg = to_typed(cfg)
     validate_config(cfg)
     run_dir = Path(cfg.run.output_dir).expanduser().resolve()
     if cfg.run.dry_run:
-        sys.stdout.write(dry_run(cfg, run_dir, experiment=experiment))
+        from gkd_harness.harness.config.text import console_safe
+
+        sys.stdout.write(console_safe(dry_run(cfg, run_dir, experiment=experiment), multiline=True))
         return {"status": "dry_run"}
     make_plan(cfg, run_dir, dry_run=True, experiment=experiment)  # the layout's checks, before anything is written
     # SIGTERM / SIGHUP / SIGINT raise Interrupted: ms-swift's process group is stopped, summary.json says

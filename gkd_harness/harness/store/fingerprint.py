@@ -1,7 +1,9 @@
 """A run's identity: the fingerprint of its resolved config, and the keys that differ from an earlier attempt.
 
 :func:`config_fingerprint` hashes every key of the resolved (flat, redacted) config plus the code that runs a
-training (:func:`gkd_harness.harness.store.provenance.harness_code_sha256`: every ``*.py`` of ``gkd_harness/harness/``),
+training (:func:`gkd_harness.harness.store.provenance.harness_code_sha256`: every ``*.py`` of ``gkd_harness/harness/``
+and ``gkd_harness/launch/``, hashed per point), :func:`code_change_line` says when a point ran other code than the
+points of its sweep before it,
 not the commit: a docs-, tests- or analysis-only commit between two points of a sweep changes no run's identity, and
 neither does the dev distance of the version, which a stale ``gkd_harness.egg-info`` can change;
 :func:`summary_diff` lists what differs from a folder's summary.json, and :func:`mismatch_message` says it in one
@@ -76,6 +78,40 @@ def summary_diff(summary: Mapping[str, Any], flat_config: Mapping[str, Any], cod
     return keys
 
 
+def _summary_of(run_dir: Path) -> Mapping[str, Any]:
+    try:
+        with (run_dir / SUMMARY_FILE).open("rb") as f:
+            data = json.loads(f.read(1 << 22))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def code_change_line(run_dir: Path, sweep_dir: Path) -> Optional[str]:
+    """One line when the run in ``run_dir`` ran other code (``harness_code_sha256``: the harness's and the
+    launcher's ``*.py``) than the points of ``sweep_dir`` that started before it (a ``git pull`` mid-sweep), else
+    None. Read from the run folders' summary.json, so it holds whichever process ran each point."""
+    mine = _summary_of(run_dir)
+    code, started = mine.get("harness_code_sha256"), mine.get("started_at")
+    if not isinstance(code, str) or not isinstance(started, str):
+        return None
+    earlier: Dict[str, List[str]] = {}
+    for other in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and p != run_dir):
+        summary = _summary_of(other)
+        theirs, when = summary.get("harness_code_sha256"), summary.get("started_at")
+        if isinstance(theirs, str) and isinstance(when, str) and when < started and theirs != code:
+            earlier.setdefault(theirs, []).append(other.name)
+    if not earlier:
+        return None
+    names = [n for group in earlier.values() for n in group]
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (
+        f"{run_dir.name} ran other code than {len(names)} earlier point{'s' * (len(names) != 1)} of this sweep "
+        f"({shown}): harness_code_sha256 {code[:12]} against {', '.join(c[:12] for c in earlier)} (the harness or "
+        "launcher code changed mid-sweep; gkd_harness/harness/ and gkd_harness/launch/ *.py)"
+    )
+
+
 def _show(value: Any, width: int = 40) -> str:
     text = json.dumps(value, default=str) if value is not ... else "(absent)"
     return text if len(text) <= width else text[: width - 3] + "..."
@@ -118,4 +154,5 @@ __all__ = [
     "config_diff",
     "summary_diff",
     "mismatch_message",
+    "code_change_line",
 ]

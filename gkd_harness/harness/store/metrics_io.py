@@ -148,13 +148,17 @@ def _encode(record: Mapping[str, Any]) -> bytes:
 
 def read_metrics(path: str | os.PathLike) -> List[Dict[str, Any]]:
     """All complete lines of a metrics stream (a torn line is skipped)."""
+    from gkd_harness.harness.config.user_files import bounded_lines
+
     out = []
     try:
-        with open(path) as f:
-            for line in f:
+        with open(path, "rb") as f:
+            for _, line in bounded_lines(f):  # a line past the bound is skipped, never read whole (issue 48, 6)
+                if line is None:
+                    continue
                 try:
                     out.append(json.loads(line))
-                except json.JSONDecodeError:
+                except (json.JSONDecodeError, UnicodeDecodeError):
                     continue
     except FileNotFoundError:
         pass

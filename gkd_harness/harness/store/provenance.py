@@ -141,12 +141,15 @@ def loss_code_path(precision: Optional[str], source: Optional[str] = None) -> Op
 
 @functools.lru_cache(maxsize=1)
 def harness_code_sha256() -> str:
-    """sha256 of the code that runs a training: every ``*.py`` under ``gkd_harness/harness/`` (relative path and
-    contents, in path order). The resume fingerprint's code identity: a commit that touches only docs, tests,
-    analysis or benchmarks leaves it unchanged, and so does package metadata (a stale ``egg-info``)."""
+    """sha256 of the code that runs a training and launches it: every ``*.py`` under ``gkd_harness/harness/``
+    and ``gkd_harness/launch/`` (relative path and contents, in path order). The resume fingerprint's code
+    identity: a commit that touches only docs, tests, analysis or benchmarks leaves it unchanged, and so does
+    package metadata (a stale ``egg-info``). Cached for one point: ``launcher.run.train`` clears the cache when a
+    point starts, so a mid-sweep edit (``git pull`` while point 1 trains) is what point 2 records (issue 48, 10)."""
     h = hashlib.sha256()
-    for f in sorted(_HARNESS_DIR.rglob("*.py")):
-        h.update(f.relative_to(_HARNESS_DIR).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    for root in (_HARNESS_DIR, _HARNESS_DIR.parent / "launch"):
+        for f in sorted(root.rglob("*.py")):
+            h.update(f.relative_to(root.parent).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
 
 

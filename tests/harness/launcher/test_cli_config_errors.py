@@ -28,6 +28,8 @@ def test_hydra_config_errors_exit_2_with_one_line(tmp_path, args, named):
         [entry_point("gkd-train"), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
     )
     lines = p.stderr.strip().splitlines()
+    if "Available options in" in p.stderr:  # an unknown preset: the line, then its group's presets (issue 47, 3)
+        lines = lines[: lines.index(next(x for x in lines if x.startswith("Available options in")))]
     assert p.returncode == 2, p.stderr
     assert len(lines) == 1 and lines[0].startswith("gkd-train: invalid config: ") and named in lines[0], p.stderr
     assert list(tmp_path.iterdir()) == []  # no outputs/ folder for a config that never composed

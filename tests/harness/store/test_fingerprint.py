@@ -3,6 +3,7 @@ processes and across commits that do not touch that code."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -88,6 +89,7 @@ def test_the_code_hash_covers_the_training_code_only(tmp_path, monkeypatch):
     here = provenance.harness_code_sha256()
     copy = tmp_path / "harness"
     shutil.copytree(REPO / "gkd_harness" / "harness", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "gkd_harness" / "launch", tmp_path / "launch", ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(provenance, "_HARNESS_DIR", copy)
     provenance.harness_code_sha256.cache_clear()
     try:
@@ -98,3 +100,67 @@ def test_the_code_hash_covers_the_training_code_only(tmp_path, monkeypatch):
         assert provenance.harness_code_sha256() != here
     finally:
         provenance.harness_code_sha256.cache_clear()
+
+
+def _code_copy(tmp_path, monkeypatch):
+    import shutil
+
+    from gkd_harness.harness.store import provenance
+
+    for part in ("harness", "launch"):
+        shutil.copytree(REPO / "gkd_harness" / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(provenance, "_HARNESS_DIR", tmp_path / "harness")
+    provenance.harness_code_sha256.cache_clear()
+    return provenance
+
+
+def test_a_launcher_only_edit_changes_the_code_identity(tmp_path, monkeypatch):
+    """Issue 48, item 10: the launcher's code (gkd_harness/launch/: the sweep callbacks, submitit) is part of what
+    ran; before, only gkd_harness/harness/ was hashed, so a launcher-only edit passed unnoticed."""
+    provenance = _code_copy(tmp_path, monkeypatch)
+    try:
+        before = provenance.harness_code_sha256()
+        sweep = tmp_path / "launch" / "sweep.py"
+        sweep.write_text(sweep.read_text() + "\n# a git pull\n")
+        provenance.harness_code_sha256.cache_clear()
+        assert provenance.harness_code_sha256() != before
+    finally:
+        provenance.harness_code_sha256.cache_clear()
+
+
+def test_each_point_hashes_the_code_it_launches(tmp_path, monkeypatch):
+    """Issue 48, item 10: a ``git pull`` while point 1 trains (a line added to rank/plugin.py): point 2, launched
+    by the same sweep process, records the new code. Before, the hash was taken once per process."""
+    from gkd_harness.harness.launcher.compose import point_config
+    from gkd_harness.harness.launcher.run import train
+
+    provenance = _code_copy(tmp_path, monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    try:
+        point1 = provenance.harness_code_sha256()
+        plugin = tmp_path / "harness" / "rank" / "plugin.py"
+        plugin.write_text(plugin.read_text() + "\n# a git pull mid-sweep\n")
+        cfg, _ = point_config(["run.dry_run=true", "gkd.beta=0.9"])
+        train(cfg)  # point 2 (a dry run: it starts nothing)
+        assert provenance.harness_code_sha256() != point1
+    finally:
+        provenance.harness_code_sha256.cache_clear()
+
+
+def test_the_sweep_says_a_point_ran_other_code(tmp_path):
+    from gkd_harness.harness.store.fingerprint import code_change_line
+
+    def point(name, code, started):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(
+            json.dumps({"harness_code_sha256": code, "started_at": started, "status": "completed"})
+        )
+        return tmp_path / name
+
+    point("gkd.beta=0.1", "a" * 64, "2026-12-07T10:00:00")
+    second = point("gkd.beta=0.5", "a" * 64, "2026-12-07T10:05:00")
+    third = point("gkd.beta=0.9", "b" * 64, "2026-12-07T10:10:00")
+    assert code_change_line(second, tmp_path) is None
+    line = code_change_line(third, tmp_path)
+    assert line is not None and line.startswith("gkd.beta=0.9 ran other code than 2 earlier points of this sweep")
+    assert "bbbbbbbbbbbb against aaaaaaaaaaaa" in line
