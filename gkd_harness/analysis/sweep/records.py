@@ -36,6 +36,7 @@ import pandas as pd
 
 from gkd_harness.analysis.sweep.metrics import MetricsTable, table_from_frame, table_from_rows
 from gkd_harness.harness.contract import (
+    DATA_KEYS,
     METRICS_FILE,
     MIN_TOKEN_JSD,
     NEG_LOSS_CALLS,
@@ -58,6 +59,8 @@ __all__ = [
     "TRACKING_COLUMNS",
     "TRAINING_KEYS",
     "int_step",
+    "StepConflict",
+    "CONFLICT_COLUMNS",
     "tabulate",
     "expected_steps",
     "mixed_sweep_problems",
@@ -133,6 +136,18 @@ class RunRecord:
     wall_s: Optional[float] = None
     problems: list = field(default_factory=list)
     nonfinite: list = field(default_factory=list)
+    #: the sweep point the run carries (a wandb run: its folder relative to the sweep folder), else None
+    point: Optional[str] = None
+    #: the copy of the sweep's manifest the run carries (a wandb run), else None
+    manifest: Any = None
+    #: sha256 of the data files the run read, by config key (summary.json ``data_sha256``)
+    data_sha256: dict = field(default_factory=dict)
+    #: the experiment preset the run was launched with (summary.json ``experiment``)
+    experiment: Optional[str] = None
+
+
+#: The columns of :attr:`Sweep.conflicts`: one row per (run, step, metric) logged twice with different values.
+CONFLICT_COLUMNS = ["run", "step", "kind", "metric", "values"]
 
 
 def _empty_nonfinite() -> pd.DataFrame:
@@ -161,6 +176,11 @@ class Sweep:
     )
     #: the sweep's plan (:class:`gkd_harness.analysis.sweep.plan.Plan`), None when the source has none
     plan: Any = None
+    #: every :class:`StepConflict` (:data:`CONFLICT_COLUMNS`): a run and step whose records disagree
+    conflicts: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=CONFLICT_COLUMNS))
+    #: what the evidence lacks, one line each (e.g. "no plan: completeness not checked"); criteria and the
+    #: banner say it
+    lacks: tuple = ()
 
     def run_history(self, run: str) -> pd.DataFrame:
         """History of one run, indexed by step ``[steps, metrics]``."""
@@ -275,31 +295,80 @@ def _duplicates(steps, what: str) -> list:
     ]
 
 
-def _history_frame(t: MetricsTable) -> tuple:
-    """-> (history ``[steps, metrics]`` one row per step, problems). Training records and evaluation records are
-    counted apart: an evaluation at a training step joins that step's row. Copies of one step are merged: the later
-    non-null value wins, except for counts and error maxima (the worst copy wins, so a negative or a large
-    error in any copy counts); each duplicated training step, and each evaluation logged twice at one step, is
-    reported."""
+@dataclass(frozen=True)
+class StepConflict:
+    """Two records of one step (``kind``: ``training`` or ``evaluation``) of run ``run`` that log ``metric`` with
+    different ``values`` (in file order). Evidence of a problem (a replayed resume, a copied log, a tampered
+    file), never resolved by order: the step's value of ``metric`` is unknown, so the run is ``tampered`` and
+    every criterion that reads it is not measured (:data:`CONFLICT_COLUMNS`, :attr:`Sweep.conflicts`)."""
+
+    run: str
+    step: int
+    kind: str
+    metric: str
+    values: tuple
+
+    def line(self) -> str:
+        return f"{self.kind} step {self.step} of {self.run}: {self.metric} logged as " + " and ".join(
+            f"{v:.6g}" if isinstance(v, float) else str(v) for v in self.values
+        )
+
+
+def _same(values: list) -> bool:
+    first = values[0]
+    return all(
+        (v == first) or (isinstance(v, float) and isinstance(first, float) and v != v and first != first)
+        for v in values[1:]
+    )
+
+
+def _history_frame(name: str, t: MetricsTable) -> tuple:
+    """-> (history ``[steps, metrics]`` one row per step, problems, conflicts). Training records and evaluation
+    records are counted apart: an evaluation at a training step joins that step's row. Copies of one step that log
+    the same values collapse into one (a note names the steps); copies that log a metric with different values are
+    a :class:`StepConflict`, whatever their order: that metric is unknown (NaN) at that step, except counts and
+    error maxima, where the worst copy stands (a negative or a large error in any copy counts, in either order)."""
     df = t.frame()
-    problems = _duplicates(
-        t.steps[~t.evaluation], "duplicate logged steps (worst copy counted for counts and errors)"
-    ) + _duplicates(t.steps[t.evaluation], "duplicate evaluation records")
-    if len(df) and bool((np.diff(t.steps) > 0).all()):
-        return df, problems
-    if df["step"].duplicated().any():
-        g = df.groupby("step", sort=True)
-        merged = g.last()  # last non-null per column
-        for col in _WORST_IS_MAX:
-            if col in merged.columns:
-                merged[col] = pd.to_numeric(df[col], errors="coerce").groupby(df["step"]).max()
-        for col in _WORST_IS_MIN:
-            if col in merged.columns:
-                merged[col] = pd.to_numeric(df[col], errors="coerce").groupby(df["step"]).min()
-        df = merged.reset_index()
-    else:
-        df = df.sort_values("step", kind="stable", ignore_index=True)
-    return df, problems
+    if len(df) < 2 or bool((np.diff(t.steps) > 0).all()):  # the usual case: ascending, so no copies
+        return df, [], []
+    if not df["step"].duplicated().any():
+        return df.sort_values("step", kind="stable", ignore_index=True), [], []
+    evaluation = pd.Series(t.evaluation, index=df.index)
+    dup = df[df["step"].duplicated(keep=False)]
+    conflicts: List[StepConflict] = []
+    for step, g in dup.groupby("step", sort=True):
+        for col in g.columns:
+            if col == "step":
+                continue
+            vals = [v for v in g[col].tolist() if not (v is None or (isinstance(v, float) and math.isnan(v)))]
+            if len(vals) > 1 and not _same(vals):
+                kind = "evaluation" if bool(evaluation[g.index][g[col].notna()].all()) else "training"
+                conflicts.append(StepConflict(name, int(step), kind, str(col), tuple(vals)))
+    merged = df.groupby("step", sort=True).first()  # the one value of each metric where the copies agree
+    for col in _WORST_IS_MAX:
+        if col in merged.columns:
+            merged[col] = pd.to_numeric(df[col], errors="coerce").groupby(df["step"]).max()
+    for col in _WORST_IS_MIN:
+        if col in merged.columns:
+            merged[col] = pd.to_numeric(df[col], errors="coerce").groupby(df["step"]).min()
+    worst = set(_WORST_IS_MAX) | set(_WORST_IS_MIN)
+    for c in conflicts:
+        if c.metric not in worst:
+            merged.loc[c.step, c.metric] = np.nan
+    problems = []
+    copies = _duplicates(t.steps[~t.evaluation], "duplicate logged steps") + _duplicates(
+        t.steps[t.evaluation], "duplicate evaluation records"
+    )
+    if conflicts:
+        problems.append(
+            f"conflicting records ({len(conflicts)}, no copy wins): "
+            + "; ".join(c.line() for c in conflicts[:5])
+            + (" ..." if len(conflicts) > 5 else "")
+        )
+        problems += copies
+    elif copies:
+        problems += [p + " (identical copies, collapsed)" for p in copies]
+    return merged.reset_index(), problems, conflicts
 
 
 def _evals_frame(name: str, t: MetricsTable) -> pd.DataFrame:
@@ -396,6 +465,7 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
     frames: List[Any] = []
     evals: List[Any] = []
     bad: List[Any] = []
+    conflicts: List[StepConflict] = []
     seen: Dict[str, int] = {}
     for rec in records:
         name, copy_of = rec.name, None
@@ -407,7 +477,8 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
         cfg = _canonical_config(rec.config)
         t = _metrics_table(rec)
         bad += [(name, int(step), metric, float(v)) for step, metric, v in t.nonfinite]
-        h, dup_problems = _history_frame(t)
+        h, dup_problems, step_conflicts = _history_frame(name, t)
+        conflicts += step_conflicts
         h.insert(0, "run", name)
         frames.append(h)
         if t.evaluation.any():
@@ -418,7 +489,7 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
         last_step = rec.last_step if rec.last_step is not None else last_logged
         student = _dtype_name(rec.dtypes_seen.get("student", cfg.get("dtypes_seen.student")))
         teacher = _dtype_name(rec.dtypes_seen.get("teacher", cfg.get("dtypes_seen.teacher")))
-        outcome, more = _outcome(rec, cfg, last_step, n_logged, tampered=bool(t.tampered))
+        outcome, more = _outcome(rec, cfg, last_step, n_logged, tampered=bool(t.tampered or step_conflicts))
         if t.tampered:
             more.append(
                 f"tampered records in {METRICS_FILE} (left out): "
@@ -454,7 +525,11 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
             "path": rec.path,
             "wall_s": rec.wall_s,
             "copy_of": copy_of,
+            "sweep_point": rec.point,
+            "experiment": rec.experiment,
         }
+        for key in DATA_KEYS:
+            row[f"sha256.{key}"] = (rec.data_sha256 or {}).get(key)
         for col in CONFIG_COLUMNS + TRACKING_COLUMNS + TRAINING_KEYS:
             row[col] = cfg.get(col)
         for k, v in (rec.versions or {}).items():
@@ -476,6 +551,10 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
         nonfinite["step"] = nonfinite["step"].astype("int64")
         nonfinite["value"] = nonfinite["value"].astype("float64")
     out = Sweep(source=source, runs=runs, history=history, nonfinite=nonfinite)
+    if conflicts:
+        out.conflicts = pd.DataFrame(
+            [(c.run, c.step, c.kind, c.metric, c.values) for c in conflicts], columns=CONFLICT_COLUMNS
+        )
     if evals:
         out.evals = pd.concat(evals, ignore_index=True, sort=False)
     return out
