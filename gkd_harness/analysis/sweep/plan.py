@@ -36,9 +36,14 @@ __all__ = [
     "plan_problems",
     "TRAINING_KEYS",
     "EVAL_EVERY",
+    "NO_PLAN",
+    "require_plan",
 ]
 
 EVAL_EVERY = "monitor.eval.every_n_steps"
+#: What the evidence lacks when the source holds no plan (:attr:`gkd_harness.analysis.sweep.records.Sweep.lacks`),
+#: the words the banner shows when ``--no-plan`` accepts it.
+NO_PLAN = "no plan: completeness not checked"
 _MULTIRUN_FILE = "multirun.yaml"
 
 
@@ -309,4 +314,18 @@ def apply_plan(sweep: Any, plan: Optional[Plan], root: Optional[Path]) -> Any:
                 r.at[i, "outcome"] = "incomplete"
             old = r.at[i, "problems"]
             r.at[i, "problems"] = "; ".join(([old] if isinstance(old, str) and old else []) + notes)
-    return dataclasses.replace(sweep, runs=r, plan=plan)
+    lacks = tuple(x for x in sweep.lacks if x != NO_PLAN) + (() if plan is not None else (NO_PLAN,))
+    return dataclasses.replace(sweep, runs=r, plan=plan, lacks=lacks)
+
+
+def require_plan(sweep: Any, no_plan: bool = False) -> Any:
+    """``sweep`` when it has a plan, or when ``no_plan`` accepts a sweep without one (its evidence then says
+    :data:`NO_PLAN`); else :class:`UnusableInput` (exit 2): without the plan a deleted point, a cancelled array
+    task or a run never started cannot be seen, so no verdict could say the sweep is complete."""
+    if getattr(sweep, "plan", None) is None and not no_plan:
+        raise UnusableInput(
+            f"{sweep.source.split(':', 1)[-1]}: no plan (no {SWEEP_MANIFEST_FILE} or multirun.yaml in the sweep "
+            "folder, and no run carries one), so missing points cannot be told; --no-plan judges the runs found "
+            "without checking completeness"
+        )
+    return sweep

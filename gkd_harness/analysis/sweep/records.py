@@ -59,8 +59,8 @@ __all__ = [
     "TRACKING_COLUMNS",
     "TRAINING_KEYS",
     "int_step",
-    "StepConflict",
-    "CONFLICT_COLUMNS",
+    "RecordConflict",
+    "step_conflicts",
     "tabulate",
     "expected_steps",
     "mixed_sweep_problems",
@@ -146,10 +146,6 @@ class RunRecord:
     experiment: Optional[str] = None
 
 
-#: The columns of :attr:`Sweep.conflicts`: one row per (run, step, metric) logged twice with different values.
-CONFLICT_COLUMNS = ["run", "step", "kind", "metric", "values"]
-
-
 def _empty_nonfinite() -> pd.DataFrame:
     return pd.DataFrame(
         {
@@ -176,8 +172,8 @@ class Sweep:
     )
     #: the sweep's plan (:class:`gkd_harness.analysis.sweep.plan.Plan`), None when the source has none
     plan: Any = None
-    #: every :class:`StepConflict` (:data:`CONFLICT_COLUMNS`): a run and step whose records disagree
-    conflicts: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=CONFLICT_COLUMNS))
+    #: records of one fact with different values (:class:`RecordConflict`): a run and step whose records disagree
+    conflicts: tuple = ()
     #: what the evidence lacks, one line each (e.g. "no plan: completeness not checked"); criteria and the
     #: banner say it
     lacks: tuple = ()
@@ -296,54 +292,61 @@ def _duplicates(steps, what: str) -> list:
 
 
 @dataclass(frozen=True)
-class StepConflict:
-    """Two records of one step (``kind``: ``training`` or ``evaluation``) of run ``run`` that log ``metric`` with
-    different ``values`` (in file order). Evidence of a problem (a replayed resume, a copied log, a tampered
-    file), never resolved by order: the step's value of ``metric`` is unknown, so the run is ``tampered`` and
-    every criterion that reads it is not measured (:data:`CONFLICT_COLUMNS`, :attr:`Sweep.conflicts`)."""
+class RecordConflict:
+    """Two records of one fact with different values: a training step (or an evaluation) logged twice
+    (``step`` set, ``key`` the metric), or a config key of a run's identity that ``summary.json`` and
+    ``config.yaml`` give differently (``step`` None). Evidence of a problem, never resolved by order: the run is
+    ``tampered`` and every criterion that reads it is not measured (:mod:`gkd_harness.analysis.signoff.criteria`).
+    ``values``: the distinct values, sorted by their text (the same whatever the order they were recorded in)."""
 
     run: str
-    step: int
-    kind: str
-    metric: str
+    key: str
     values: tuple
+    step: Optional[int] = None
+    evaluation: bool = False
 
     def line(self) -> str:
-        return f"{self.kind} step {self.step} of {self.run}: {self.metric} logged as " + " and ".join(
-            f"{v:.6g}" if isinstance(v, float) else str(v) for v in self.values
-        )
+        shown = " vs ".join(repr(v) if isinstance(v, str) else f"{v!r}" for v in self.values)
+        if self.step is None:
+            return f"{self.run}: {self.key} is {shown} (summary.json vs config.yaml)"
+        what = "evaluation" if self.evaluation else "step"
+        return f"{self.run} {what} {self.step}: {self.key} recorded twice with different values ({shown})"
 
 
-def _same(values: list) -> bool:
-    first = values[0]
-    return all(
-        (v == first) or (isinstance(v, float) and isinstance(first, float) and v != v and first != first)
-        for v in values[1:]
-    )
+def step_conflicts(run: str, t: MetricsTable) -> list:
+    """The :class:`RecordConflict` of one run's records: each (step, metric) logged more than once with different
+    values, training records and evaluation records apart (identical copies are no conflict: they collapse)."""
+    steps = np.asarray(t.steps)
+    if len(steps) < 2 or bool((np.diff(steps) > 0).all()):
+        return []
+    out = []
+    for evaluation in (False, True):
+        rows = np.asarray(t.evaluation) == evaluation
+        if rows.sum() < 2:
+            continue
+        for key, col in t.columns.items():
+            df = pd.DataFrame({"step": steps[rows], "v": col[rows]}).dropna()
+            if not len(df):
+                continue
+            n = df.groupby("step")["v"].nunique()
+            for step in n.index[n > 1]:
+                values = tuple(sorted(set(df.loc[df["step"] == step, "v"].tolist()), key=repr))
+                out.append(RecordConflict(run, key, values, int(step), evaluation))
+    return sorted(out, key=lambda c: (c.step or 0, c.key))
 
 
 def _history_frame(name: str, t: MetricsTable) -> tuple:
     """-> (history ``[steps, metrics]`` one row per step, problems, conflicts). Training records and evaluation
     records are counted apart: an evaluation at a training step joins that step's row. Copies of one step that log
     the same values collapse into one (a note names the steps); copies that log a metric with different values are
-    a :class:`StepConflict`, whatever their order: that metric is unknown (NaN) at that step, except counts and
+    a :class:`RecordConflict`, whatever their order: that metric is unknown (NaN) at that step, except counts and
     error maxima, where the worst copy stands (a negative or a large error in any copy counts, in either order)."""
     df = t.frame()
     if len(df) < 2 or bool((np.diff(t.steps) > 0).all()):  # the usual case: ascending, so no copies
         return df, [], []
     if not df["step"].duplicated().any():
         return df.sort_values("step", kind="stable", ignore_index=True), [], []
-    evaluation = pd.Series(t.evaluation, index=df.index)
-    dup = df[df["step"].duplicated(keep=False)]
-    conflicts: List[StepConflict] = []
-    for step, g in dup.groupby("step", sort=True):
-        for col in g.columns:
-            if col == "step":
-                continue
-            vals = [v for v in g[col].tolist() if not (v is None or (isinstance(v, float) and math.isnan(v)))]
-            if len(vals) > 1 and not _same(vals):
-                kind = "evaluation" if bool(evaluation[g.index][g[col].notna()].all()) else "training"
-                conflicts.append(StepConflict(name, int(step), kind, str(col), tuple(vals)))
+    conflicts = step_conflicts(name, t)
     merged = df.groupby("step", sort=True).first()  # the one value of each metric where the copies agree
     for col in _WORST_IS_MAX:
         if col in merged.columns:
@@ -353,8 +356,8 @@ def _history_frame(name: str, t: MetricsTable) -> tuple:
             merged[col] = pd.to_numeric(df[col], errors="coerce").groupby(df["step"]).min()
     worst = set(_WORST_IS_MAX) | set(_WORST_IS_MIN)
     for c in conflicts:
-        if c.metric not in worst:
-            merged.loc[c.step, c.metric] = np.nan
+        if c.key not in worst:
+            merged.loc[c.step, c.key] = np.nan
     problems = []
     copies = _duplicates(t.steps[~t.evaluation], "duplicate logged steps") + _duplicates(
         t.steps[t.evaluation], "duplicate evaluation records"
@@ -465,7 +468,7 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
     frames: List[Any] = []
     evals: List[Any] = []
     bad: List[Any] = []
-    conflicts: List[StepConflict] = []
+    conflicts: List[RecordConflict] = []
     seen: Dict[str, int] = {}
     for rec in records:
         name, copy_of = rec.name, None
@@ -551,10 +554,7 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
         nonfinite["step"] = nonfinite["step"].astype("int64")
         nonfinite["value"] = nonfinite["value"].astype("float64")
     out = Sweep(source=source, runs=runs, history=history, nonfinite=nonfinite)
-    if conflicts:
-        out.conflicts = pd.DataFrame(
-            [(c.run, c.step, c.kind, c.metric, c.values) for c in conflicts], columns=CONFLICT_COLUMNS
-        )
+    out.conflicts = tuple(conflicts)
     if evals:
         out.evals = pd.concat(evals, ignore_index=True, sort=False)
     return out

@@ -13,6 +13,7 @@ read as themselves.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
@@ -183,7 +184,8 @@ def load_sweep(sweep: os.PathLike) -> Sweep:
         if not planned:
             raise
         folders = []  # the sweep planned points and none started (every array task cancelled): all missing
-    records = [load_run_folder(p) for p in folders]
     have = {str(p.relative_to(root)) for p in folders if p != root} | {p.name for p in folders}
-    records += missing_points(plan, have)
+    # one run folder at a time: each run's columns are freed once tabulate has its history frame, so the peak
+    # holds the frames and the concatenated history, never every run's records besides them
+    records = itertools.chain((load_run_folder(p) for p in folders), missing_points(plan, have))
     return apply_plan(tabulate(records, source=f"local:{root}"), plan, root)

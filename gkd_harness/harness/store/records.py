@@ -39,11 +39,14 @@ from gkd_harness.harness.contract import (
     CAPTURES_DIR,
     COMMAND_FILE,
     CONFIG_FILE,
+    EVAL_JSD,
     EVAL_METRICS,
     METRICS_FILE,
     RUN_STATUSES,
     SUMMARY_FILE,
     SWEEP_MANIFEST_FILE,
+    TRAIN_GLOBAL_STEP,
+    WANDB_DIR,
 )
 from gkd_harness.harness.store.files import dump_json, write_atomic
 from gkd_harness.harness.store.metrics_io import MetricsAppender, read_metrics
@@ -53,9 +56,13 @@ __all__ = [
     "Summary",
     "read_summary",
     "write_summary",
+    "summary_path",
+    "folders_with_summary",
     "Command",
     "read_command",
     "write_command",
+    "wandb_run_id",
+    "read_quietly",
     "read_config",
     "write_config",
     "metrics_path",
@@ -156,6 +163,16 @@ def read_summary(run_dir: str | os.PathLike[str], check: bool = True) -> Optiona
     return data  # type: ignore[return-value]
 
 
+def summary_path(run_dir: str | os.PathLike[str]) -> Path:
+    """Where ``run_dir``'s summary.json is (for a watcher that compares its bytes between polls)."""
+    return Path(run_dir) / SUMMARY_FILE
+
+
+def folders_with_summary(root: str | os.PathLike[str]) -> List[Path]:
+    """Every folder under ``root`` (itself included) holding a summary.json: the run folders gkd-train wrote."""
+    return sorted(p.parent for p in Path(root).rglob(SUMMARY_FILE))
+
+
 def write_summary(run_dir: str | os.PathLike[str], summary: Mapping[str, Any]) -> Path:
     """Write ``run_dir``'s summary.json (atomic, redacted)."""
     path = Path(run_dir) / SUMMARY_FILE
@@ -188,6 +205,29 @@ def read_command(run_dir: str | os.PathLike[str]) -> Optional[Command]:
     if not isinstance(argv, list) or not isinstance(env, dict):
         raise RecordError(path, "expected {'argv': [...], 'env': {...}}")
     return Command(tuple(str(a) for a in argv), {str(k): str(v) for k, v in env.items()})
+
+
+def wandb_run_id(run_dir: str | os.PathLike[str]) -> Optional[str]:
+    """The run's wandb id: the ``WANDB_RUN_ID`` gkd-train gave ms-swift (command.json), else the id in the name
+    of the newest run folder wandb wrote (``wandb/offline-run-<time>-<id>``); None when neither says."""
+    try:
+        command = read_command(run_dir)
+    except RecordError:
+        command = None
+    if command is not None and command.wandb_run_id:
+        return command.wandb_run_id
+    folder = Path(run_dir) / WANDB_DIR
+    runs = sorted(folder.glob("*run-*-*")) if folder.is_dir() else []
+    return runs[-1].name.rsplit("-", 1)[-1] if runs else None
+
+
+def read_quietly(read: Any, run_dir: str | os.PathLike[str]) -> Any:
+    """``read(run_dir)``, None where the file is absent or not its record (a report's provenance table, which
+    shows what a run folder says and never refuses it)."""
+    try:
+        return read(run_dir)
+    except RecordError:
+        return None
 
 
 def write_command(run_dir: str | os.PathLike[str], command: Command) -> Path:
@@ -261,14 +301,18 @@ def metrics_appender(run_dir: str | os.PathLike[str], **kw: Any) -> MetricsAppen
 
 
 _EVAL = frozenset(EVAL_METRICS)
-_PLACE = frozenset(("step", "train/global_step", "train/epoch"))
+#: Evaluation prefixes: the contract's (``eval/``), and transformers' metric_key_prefix of an evaluation log
+#: (``eval_loss``; Megatron's and HF's own logs), which wandb's HF integration rewrites to ``eval/loss``.
+_EVAL_PREFIXES = (EVAL_JSD.split("/")[0] + "/", "eval_")
+#: Keys that place a row rather than measure anything (transformers adds its step and epoch to every log).
+_PLACE = frozenset(("step", TRAIN_GLOBAL_STEP, "train/epoch"))
 
 
 def is_evaluation_row(keys: Iterable[str]) -> bool:
     """True when the metric keys of one row (its step and epoch aside) are all held-out evaluation metrics
     (``eval/*`` of the contract, or transformers' ``eval_*``): an evaluation row, not a training step."""
     metric = [k for k in keys if k not in _PLACE]
-    return bool(metric) and all(k in _EVAL or k.startswith(("eval/", "eval_")) for k in metric)
+    return bool(metric) and all(k in _EVAL or k.startswith(_EVAL_PREFIXES) for k in metric)
 
 
 def read_evaluation_rows(run_dir: str | os.PathLike[str]) -> List[Dict[str, Any]]:
@@ -345,16 +389,17 @@ class Manifest:
         }
 
 
-def manifest_from_mapping(data: Any, where: Path) -> Manifest:
+def manifest_from_mapping(data: Any, where: Optional[Path] = None) -> Manifest:
     """A manifest's JSON object as a :class:`Manifest` (``where``: the file it came from, for the error line). A
     manifest of the first layout (``points`` only) has one launch."""
+    where = where if where is not None else Path(SWEEP_MANIFEST_FILE)
     points = data.get("points") if isinstance(data, dict) else None
     if not isinstance(points, list) or not all(isinstance(p, str) for p in points):
         raise RecordError(where, "'points' must be a list of point names")
     declared = data.get("declared") if isinstance(data.get("declared"), dict) else {}
     launches = [dict(x) for x in (data.get("launches") or []) if isinstance(x, dict)]
     if not launches:
-        launches = [{"id": 1, "at": data.get("written_at"), "points": list(points)}]
+        launches = [{"id": 1, "at": data.get("written_at"), "launcher": data.get("launcher"), "points": list(points)}]
     signoff = data.get("signoff") if isinstance(data.get("signoff"), dict) else {}
     group = data.get("group")
     return Manifest(

@@ -238,7 +238,8 @@ def test_repro3_a_training_step_logged_twice_with_different_values_is_a_conflict
         assert verdict == "fail", (source, status)
         assert status["no_failed_runs"] == "fail", (source, status)
         c = judged.conflicts
-        assert [(r.step, r.kind, r.metric) for r in c.itertuples()] == [(4, "training", TRAIN_LOSS)], source
+        assert [(x.run, x.step, x.evaluation, x.key) for x in c] == [(run, 4, False, TRAIN_LOSS)], source
+        assert "step 4: train/loss recorded twice with different values" in c[0].line()
         assert judged.runs.set_index("point").loc[run, "outcome"] == "tampered", source
 
 
@@ -259,7 +260,7 @@ def test_repro3_a_final_evaluation_logged_twice_with_different_values_is_a_confl
         # before: 5% worse first gave PASS, second FAIL (+8.8%)
         assert verdict == "fail", (source, status)
         c = judged.conflicts
-        assert [(r.step, r.kind, r.metric) for r in c.itertuples()] == [(STEPS, "evaluation", EVAL_JSD)], source
+        assert [(x.run, x.step, x.evaluation, x.key) for x in c] == [(run, STEPS, True, EVAL_JSD)], source
 
 
 def test_identical_copies_of_a_step_collapse_with_a_note(bases, tmp_path):
@@ -310,3 +311,25 @@ def test_repro7_a_dataset_edited_in_place_is_refused_naming_the_file(bases, tmp_
         # before: FAIL blaming the β forms (or PASS on these equal streams): the path alone was recorded
         with pytest.raises(UnusableInput, match=r"run\.dataset=data/train\.jsonl has two contents .*sha256 dddddddd"):
             _judged(sweep, source)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# reproduction 4: no plan at all and a point deleted: PASS on the runs found, no note, before
+# ---------------------------------------------------------------------------------------------------------------
+def test_repro4_a_sweep_without_a_plan_is_refused_unless_no_plan_accepts_it(bases, tmp_path, capsys):
+    from gkd_harness.analysis.cli import main
+    from gkd_harness.analysis.sweep.plan import NO_PLAN, require_plan
+
+    def edit(sweep):
+        (sweep / SWEEP_MANIFEST_FILE).unlink()
+        shutil.rmtree(sweep / _name("fp32", 2))
+
+    sweep = _case(bases, tmp_path, "outcome", edit)
+    for copy in sweep.rglob(f"files/{SWEEP_MANIFEST_FILE}"):  # wandb runs of a launch that wrote no plan
+        copy.unlink()
+    for source in SOURCES:
+        code = main([str(sweep), "--source", source, "--report", str(tmp_path / f"report-{source}")])
+        out = capsys.readouterr()
+        assert code == 2 and "no plan" in out.out + out.err and "--no-plan" in out.out + out.err, source
+        accepted = require_plan(load_runs(source, str(sweep), None), no_plan=True)
+        assert accepted.plan is None and NO_PLAN in accepted.lacks and len(accepted.runs) == 3, source
