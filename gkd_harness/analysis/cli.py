@@ -1,11 +1,11 @@
 """gkd-analyze: turn a sweep into a sign-off report and a verdict.
 
     gkd-analyze SWEEP --report DIR [--criteria FILE] [--source local|wandb|wandb-offline] [--group G] [--wandb]
-                [--allow-mixed] [--no-plan] [--junit PATH] [--summary PATH]
+                [--allow-mixed] [--junit PATH] [--summary PATH]
     gkd-analyze --verify REPORT_DIR [--criteria FILE] [SWEEP]
 
 Exit codes: 0 the verdict is PASS; 1 the verdict is FAIL; 2 the input cannot be used (missing or corrupt files,
-a bad criteria file, a bad --report folder, a sweep without a plan unless --no-plan, runs outside the sweep's plan, runs of two ms-swift versions,
+a bad criteria file, a bad --report folder, runs outside the sweep's plan, runs of two ms-swift versions,
 rank-side codes or loss sources without --allow-mixed) or gkd-analyze itself failed. Every exit 2 prints one line saying why; --verbose adds the Python
 traceback. --verify: 0 the report matches its run folders, 1 the first difference (one line), 2 unusable input.
 """
@@ -119,13 +119,6 @@ def _parser() -> argparse.ArgumentParser:
         help="also log the verdict, tables and plots as an analysis run in the sweep's wandb group",
     )
     p.add_argument(
-        "--no-plan",
-        action="store_true",
-        help="judge a sweep without a plan (no sweep_manifest.json or multirun.yaml, no wandb run carrying one; "
-        "refused otherwise: exit 2); missing points cannot be seen, and the evidence says "
-        "'no plan: completeness not checked'",
-    )
-    p.add_argument(
         "--allow-mixed",
         action="store_true",
         help="analyse runs of several groups, copies of one run id, runs outside the sweep's plan or differing "
@@ -181,12 +174,11 @@ def _missing_path(args) -> Optional[str]:
 def _run(args, own_process: bool = False) -> int:
     from gkd_harness.analysis.signoff.judge import judge, load_runs, margin_line
     from gkd_harness.analysis.signoff.report import build_report
-    from gkd_harness.analysis.sweep.plan import require_plan
     from gkd_harness.analysis.sweep.records import UnusableInput
 
     if args.sweep is None or args.report is None:
         raise UnusableInput("give SWEEP and --report DIR (or --verify REPORT_DIR)")
-    sweep = require_plan(load_runs(args.source, args.sweep, args.group), args.no_plan)
+    sweep = load_runs(args.source, args.sweep, args.group)
     j = judge(sweep, args.criteria, args.allow_mixed, label=args.sweep)
     if own_process:
         _freeze_imported_heap()
@@ -233,12 +225,11 @@ def _verify(args) -> int:
         read_verdict,
         report_files_difference,
     )
-    from gkd_harness.analysis.sweep.plan import require_plan
 
     recorded = read_verdict(args.verify)
     inputs = recorded["inputs"]
     where = args.sweep or inputs.get("sweep")
-    sweep = require_plan(load_runs(inputs.get("source") or "local", where, inputs.get("group")), args.no_plan)
+    sweep = load_runs(inputs.get("source") or "local", where, inputs.get("group"))
     j = judge(sweep, args.criteria, bool(recorded.get("allow_mixed")), label=where)
     fresh = judgement(j.ev, j.verdict, j.results, j.allow_mixed, j.mixed)
     md, html = args.verify / "report.md", args.verify / "report.html"

@@ -201,7 +201,7 @@ def write_sweep(
     steps: int = 2000,
     spot_every: int = 50,
     group: str = "synthetic",
-    plan: bool = True,
+    plan: bool = False,
 ) -> list:
     """Write the cross product of the axes as run folders under ``root``, and (``plan``) the sweep's plan,
     ``sweep_manifest.json``, naming them; returns the folders.

@@ -316,8 +316,7 @@ def test_repro7_a_dataset_edited_in_place_is_refused_naming_the_file(bases, tmp_
 # ---------------------------------------------------------------------------------------------------------------
 # reproduction 4: no plan at all and a point deleted: PASS on the runs found, no note, before
 # ---------------------------------------------------------------------------------------------------------------
-def test_repro4_a_sweep_without_a_plan_is_refused_unless_no_plan_accepts_it(bases, tmp_path, capsys):
-    from gkd_harness.analysis.cli import main
+def test_repro4_a_sweep_without_a_plan_is_refused_unless_no_plan_accepts_it(bases, tmp_path):
     from gkd_harness.analysis.sweep.plan import NO_PLAN, require_plan
 
     def edit(sweep):
@@ -328,8 +327,10 @@ def test_repro4_a_sweep_without_a_plan_is_refused_unless_no_plan_accepts_it(base
     for copy in sweep.rglob(f"files/{SWEEP_MANIFEST_FILE}"):  # wandb runs of a launch that wrote no plan
         copy.unlink()
     for source in SOURCES:
-        code = main([str(sweep), "--source", source, "--report", str(tmp_path / f"report-{source}")])
-        out = capsys.readouterr()
-        assert code == 2 and "no plan" in out.out + out.err and "--no-plan" in out.out + out.err, source
-        accepted = require_plan(load_runs(source, str(sweep), None), no_plan=True)
+        loaded = load_runs(source, str(sweep), None)
+        with pytest.raises(UnusableInput, match=r"no plan .*--no-plan judges the runs found"):
+            require_plan(loaded)
+        accepted = require_plan(loaded, no_plan=True)
         assert accepted.plan is None and NO_PLAN in accepted.lacks and len(accepted.runs) == 3, source
+    with_plan = load_runs("local", str(bases["outcome"]), None)
+    assert require_plan(with_plan) is with_plan and NO_PLAN not in with_plan.lacks
