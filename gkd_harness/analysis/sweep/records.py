@@ -469,14 +469,10 @@ def _stack_history(frames: list) -> pd.DataFrame:
     concatenation (``pd.concat``: twice the table). ``run`` is categorical (400k copies of 200 names: every
     run-keyed step works on codes; group by it with observed=True)."""
     names = [n for n, _ in frames]
-    cols: Dict[str, List[Any]] = {}
-    for _, h in frames:
-        for c in h.columns:
-            if c != "step":
-                cols.setdefault(c, [])
-    lengths = np.array([len(h) for _, h in frames], dtype=np.int64)
+    cols: Dict[str, List[Any]] = {c: [] for _, f in frames for c in f.columns if c != "step"}
+    lengths = np.array([len(f) for _, f in frames], dtype=np.int64)
     total = int(lengths.sum())
-    parts = [{c: h[c].to_numpy() for c in h.columns} for _, h in frames]
+    parts = [{c: f[c].to_numpy() for c in f.columns} for _, f in frames]
     frames.clear()  # the frames' columns now live in ``parts`` alone, released one by one below
     numeric = [c for c in cols if all(c not in p or p[c].dtype.kind in "fiub" for p in parts)]
     block = np.empty((len(numeric), total), dtype=np.float64)
@@ -594,6 +590,7 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
         for k, v in (rec.versions or {}).items():
             row[f"version.{k}"] = v
         rows.append(row)
+        del rec, t, h  # the run's columns now live in ``frames`` alone (released one by one by _stack_history)
     if not rows:
         raise UnusableInput(f"{source}: no runs found")
     runs = pd.DataFrame(rows)
