@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List
 
-from gkd_harness.harness.contract import METRICS_FILE, SUMMARY_FILE
+from gkd_harness.harness.store.records import metrics_path, summary_path
 
 __all__ = ["measure_analysis", "analysis_rows", "VARIANTS", "RSS_VARIANTS", "sizes"]
 
@@ -75,8 +75,8 @@ def _read_all(sweep: Path) -> int:
     """The baseline: ``json.loads`` of every run's summary and of every metrics line; returns the lines read."""
     rows = 0
     for run in sorted(p for p in sweep.iterdir() if p.is_dir()):
-        json.loads((run / SUMMARY_FILE).read_text())
-        with open(run / METRICS_FILE) as f:
+        json.loads(summary_path(run).read_text())
+        with open(metrics_path(run)) as f:
             for line in f:
                 json.loads(line)
                 rows += 1
@@ -119,7 +119,7 @@ _RSS_CODE = {
 
 def _rss(variant: str, run: Path) -> Dict:
     """Peak RSS (MiB) of a fresh process running ``variant`` over the long run, and the lines it saw."""
-    res = _child(["-c", _RSS_CODE[variant], str(run / METRICS_FILE), str(run)])
+    res = _child(["-c", _RSS_CODE[variant], str(metrics_path(run)), str(run)])
     if res["rc"] != 0:
         raise RuntimeError(f"analysis_rss/{variant} exited {res['rc']}: {res['err'][-2000:]}")
     lines, peak_kib = res["out"].split()[-2:]

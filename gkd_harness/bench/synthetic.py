@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import itertools
-import json
 import math
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
@@ -28,12 +27,10 @@ import numpy as np
 from gkd_harness.analysis.signoff.betacurve import beta_defect_inputs, fp64_beta_curve
 from gkd_harness.harness.contract import (
     BETA_FORMS,
-    CONFIG_FILE,
     FP32,
     FP64,
     JSD_LOSS,
     LOSS_CALLS_TOTAL,
-    METRICS_FILE,
     MIN_TOKEN_JSD,
     NATIVE,
     NEG_LOSS_CALLS,
@@ -48,11 +45,11 @@ from gkd_harness.harness.contract import (
     SPOT_LOSS_REL_ERR,
     SPOT_PARAM_GRAD_REL_L2,
     SPOT_SIGN_MISMATCH,
-    SUMMARY_FILE,
     TRAIN_GRAD_NORM,
     TRAIN_LEARNING_RATE,
     TRAIN_LOSS,
 )
+from gkd_harness.harness.store.records import Manifest, write_config, write_manifest, write_metrics_rows, write_summary
 
 __all__ = ["write_run", "write_sweep", "main"]
 
@@ -123,7 +120,7 @@ def write_run(
         nested.setdefault(a, {})[b] = v
     import yaml
 
-    (folder / CONFIG_FILE).write_text(yaml.safe_dump(nested, sort_keys=False))
+    write_config(folder, yaml.safe_dump(nested, sort_keys=False))
     last = steps if status == "completed" else max(1, steps // 2)
     neg_total = calls_total = nonfinite = 0
     lines = []
@@ -168,8 +165,8 @@ def write_run(
                     SPOT_PARAM_GRAD_REL_L2: grad_err * float(rng.uniform(0.5, 1.0)),
                 }
             )
-        lines.append(json.dumps(row))
-    (folder / METRICS_FILE).write_text("\n".join(lines) + "\n")
+        lines.append(row)
+    write_metrics_rows(folder, lines)
     summary = {
         "status": status,
         "error": None if status != "failed" else "RuntimeError: synthetic failure",
@@ -189,7 +186,7 @@ def write_run(
         "ended_at": None if status == "running" else "2026-01-01T00:10:00Z",
         "wall_s": 600.0,
     }
-    (folder / SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
+    write_summary(folder, summary)
     return folder
 
 
@@ -204,16 +201,22 @@ def write_sweep(
     steps: int = 2000,
     spot_every: int = 50,
     group: str = "synthetic",
+    plan: bool = False,
 ) -> list:
-    """Write the cross product of the axes as run folders under ``root``; returns the folders.
+    """Write the cross product of the axes as run folders under ``root``, and (``plan``) the sweep's plan,
+    ``sweep_manifest.json``, naming them; returns the folders.
 
     The default is 5 β x 2 forms x 2 precisions x 2 temperatures x 5 seeds = 200 runs.
     """
     root = Path(root)
     levels = _d_of_beta(forms, betas)
     out = []
+    declared: dict = {}
     for beta, form, precision, temp, seed in itertools.product(betas, forms, precisions, temperatures, seeds):
         name = f"b{beta}_{form}_{_PRECISION_TO_LOSS_CFG[precision]}_T{temp}_s{seed}"
+        overrides = [f"gkd.beta={beta}", f"loss.beta_form={form}", f"loss={_PRECISION_TO_LOSS_CFG[precision]}"]
+        overrides += [f"gkd.temperature={temp}", f"run.seed={seed}"]
+        declared[name] = {"run.seed": seed, "run.max_steps": steps, "overrides": overrides}
         out.append(
             write_run(
                 root / name,
@@ -228,6 +231,8 @@ def write_sweep(
                 group=group,
             )
         )
+    if plan:  # the plan, as gkd_harness.launch.sweep.write_manifest writes it at launch
+        write_manifest(root, Manifest(tuple(declared), declared, ({"id": 1, "points": list(declared)},), {}, group))
     return out
 
 

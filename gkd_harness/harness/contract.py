@@ -127,6 +127,24 @@ WANDB_STEP_FILE = "gkd_wandb_step.json"
 #: Hydra's own files in ``.hydra/`` (written by the harness once it owns the folder); its ``config.yaml`` shares
 #: the run's file name.
 HYDRA_FILES = (CONFIG_FILE, "overrides.yaml", "hydra.yaml")
+#: The ms-swift command gkd-train ran (``argv``, and the environment it set, secrets redacted).
+COMMAND_FILE = "command.json"
+#: A capture's file name in ``captures/`` (:func:`gkd_harness.harness.store.records.capture_path`).
+CAPTURE_FILE = "step{step}_rank{rank}.safetensors"
+#: ``summary.json`` field: sha256 of the data a run read, by config key (the training set, the held-out set),
+#: recorded when the run starts: part of the run's identity (a file edited in place under one path is another run).
+DATA_SHA256_FIELD = "data_sha256"
+#: The config keys naming a run's data files (hashed into :data:`DATA_SHA256_FIELD`).
+DATA_KEYS = ("run.dataset", "monitor.eval.dataset")
+#: ``summary.json`` ``versions``: the packages whose arithmetic a result depends on; runs of one comparison agree
+#: on each (``gkd_harness.analysis.sweep.evidence.mixed_evidence``).
+IDENTITY_PACKAGES = ("ms-swift", "torch", "transformers")
+#: Where the sweep's plan travels with a wandb run: a copy of ``sweep_manifest.json`` in the run's files, and the
+#: run's point (its folder relative to the sweep folder) in its harness config under this key.
+WANDB_POINT_KEY = "sweep_point"
+#: The files of a run folder and a sweep folder that have a typed record (:mod:`gkd_harness.harness.store.records`):
+#: only the store layer opens them by name (a layer test holds every other module to it).
+RECORD_FILES = (SUMMARY_FILE, COMMAND_FILE, CONFIG_FILE, METRICS_FILE, SWEEP_MANIFEST_FILE)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,12 +44,11 @@ from typing import Any, Iterable
 
 from gkd_harness.harness.contract import (
     LOSS_CALLS_TOTAL,
-    METRICS_FILE,
     NATIVE,
     NEG_LOSS_CALLS_TOTAL,
     SPOT_LOSS_REL_ERR,
-    SUMMARY_FILE,
 )
+from gkd_harness.harness.store.records import RecordError, folders_with_summary, read_metrics_rows, read_summary
 
 #: (row name, module to import, distribution name, what to do when it is missing), in the order they are needed.
 PREFLIGHT = (
@@ -197,14 +196,10 @@ def seed_repro(device: str = "cuda", seed: int = 0) -> dict[str, Any]:
 
 
 def _last_metrics(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / METRICS_FILE
     last: dict[str, Any] = {}
     try:
-        for line in path.read_text().splitlines():
-            try:
-                last.update(json.loads(line))
-            except ValueError:
-                continue
+        for row in read_metrics_rows(run_dir):
+            last.update(row)
     except OSError:
         pass
     return last
@@ -213,11 +208,8 @@ def _last_metrics(run_dir: Path) -> dict[str, Any]:
 def _max_metric(run_dir: Path, key: str) -> float | None:
     best = None
     try:
-        for line in (run_dir / METRICS_FILE).read_text().splitlines():
-            try:
-                val = json.loads(line).get(key)
-            except ValueError:
-                continue
+        for row in read_metrics_rows(run_dir):
+            val = row.get(key)
             if isinstance(val, (int, float)):
                 best = val if best is None else max(best, val)
     except OSError:
@@ -249,10 +241,10 @@ def judge_repro(rec: dict[str, Any]) -> list[tuple[str, str, str]]:
 def judge_run(rec: dict[str, Any]) -> tuple[str, str]:
     """Judge one gkd-train run folder against its ``expect`` block."""
     run_dir = Path(rec["run_dir"])
-    summary = {}
+    summary: dict[str, Any] = {}
     try:
-        summary = json.loads((run_dir / SUMMARY_FILE).read_text())
-    except (OSError, ValueError):
+        summary = dict(read_summary(run_dir, check=False) or {})
+    except (OSError, RecordError):
         pass
     status = summary.get("status", "missing")
     last = _last_metrics(run_dir)
@@ -297,7 +289,7 @@ def table(records: Iterable[dict[str, Any]], dry_run: bool = False) -> tuple[str
     expanded: list[dict[str, Any]] = []
     for rec in records:
         if rec.get("group_dir") and not rec.get("planned"):
-            found = sorted(p.parent for p in Path(rec["group_dir"]).rglob(SUMMARY_FILE))
+            found = folders_with_summary(rec["group_dir"])
             if not found:
                 expanded.append({**rec, "run_dir": rec["group_dir"]})
             for run_dir in found:

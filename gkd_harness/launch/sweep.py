@@ -43,12 +43,22 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from gkd_harness.harness.contract import HYDRA_DIR, METRICS_FILE, SUMMARY_FILE, SWEEP_MANIFEST_FILE
+from gkd_harness.harness.contract import HYDRA_DIR, SUMMARY_FILE, SWEEP_MANIFEST_FILE
 from gkd_harness.harness.launcher.job_result import EXIT_CONFIG, PointFailed
 from gkd_harness.harness.launcher.progress import ProgressDisplay, Running, Snapshot, render
 from gkd_harness.harness.launcher.sweep_points import point_name, sweep_points
+from gkd_harness.harness.store.files import RunFolderError
 from gkd_harness.harness.store.fingerprint import code_change_line
 from gkd_harness.harness.store.metrics_io import tail_step
+from gkd_harness.harness.store.records import (
+    manifest_from_mapping,
+    metrics_path,
+    read_manifest,
+    read_quietly,
+    read_summary,
+    summary_path,
+)
+from gkd_harness.harness.store.records import write_manifest as write_manifest_record
 
 STATUS_FILE = "job_return.json"
 MULTIRUN_FILE = "multirun.yaml"  # Hydra's record of a sweep's config
@@ -117,11 +127,10 @@ def write_manifest(
     name -> :func:`declared_point`; ``signoff``: criteria values the experiment preset declares
     (``hydra.callbacks.sweep_status.plan``, e.g. the non-inferiority margin), merged by gkd-analyze over the
     shipped criteria. A manifest of the first layout (``points`` only) counts as launch 1."""
-    import os
 
     sweep_dir = Path(sweep_dir)
-    path = sweep_dir / SWEEP_MANIFEST_FILE
-    earlier: dict = _read_json(path) or {}
+    found = read_quietly(read_manifest, sweep_dir)
+    earlier: dict = found.to_mapping() if found is not None else {}
     before = [str(n) for n in (earlier.get("points") or [])]
     launches = [dict(x) for x in (earlier.get("launches") or []) if isinstance(x, dict)]
     if before and not launches:  # the first layout: one launch whose declarations were not recorded
@@ -153,11 +162,8 @@ def write_manifest(
         "launches": [*launches, entry],
         "written_at": now,
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(body, indent=1))
-    os.replace(tmp, path)
-    return path, entry
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    return write_manifest_record(sweep_dir, manifest_from_mapping(body)), entry
 
 
 def launch_line(entry: dict) -> str | None:
@@ -269,7 +275,7 @@ def holds_a_run(run_dir: Path) -> bool:
 
 def _summary_bytes(run_dir: Path) -> bytes | None:
     try:
-        return (Path(run_dir) / SUMMARY_FILE).read_bytes()
+        return summary_path(run_dir).read_bytes()
     except OSError:
         return None
 
@@ -277,7 +283,7 @@ def _summary_bytes(run_dir: Path) -> bytes | None:
 def read_point(name: str, run_dir: Path) -> PointStatus:
     """Status of one point from its run folder (see the module docstring for the order of trust)."""
     point = PointStatus(name=name, run_dir=run_dir)
-    summary = _read_json(run_dir / SUMMARY_FILE)
+    summary = read_quietly(read_summary, run_dir)
     verdict = _read_json(run_dir / HYDRA_DIR / STATUS_FILE)
     if summary:
         point.status = str(summary.get("status", "missing"))
@@ -288,7 +294,7 @@ def read_point(name: str, run_dir: Path) -> PointStatus:
     if verdict and verdict.get("status") == "FAILED":
         point.status = "failed"
         point.error = point.error or verdict.get("error")
-    step = tail_step(run_dir / METRICS_FILE)
+    step = tail_step(metrics_path(run_dir))
     if step is not None:
         point.step = step
     if point.error:
@@ -406,7 +412,7 @@ class SweepStatusCallback(Callback):
                     self._print(f"[sweep {self._group}] {line}")
         except _NoManifest:
             pass
-        except OSError as e:
+        except (OSError, RunFolderError) as e:
             self._print(
                 f"[sweep {self._group}] cannot write {SWEEP_MANIFEST_FILE} ({e}); gkd-analyze will fall "
                 "back to multirun.yaml"

@@ -18,7 +18,6 @@ from typing import Any, Iterable, Optional
 from gkd_harness.analysis.dashboard import names as n
 from gkd_harness.analysis.sweep.records import Sweep, UnusableInput, tabulate
 from gkd_harness.harness.config.flat import flatten
-from gkd_harness.harness.contract import HYDRA_DIR, SUMMARY_FILE
 
 __all__ = ["SweepFacts", "facts_from_folder", "facts_from_wandb"]
 
@@ -74,31 +73,6 @@ def _common(sets: list) -> frozenset:
 def _history_keys(sweep: Sweep) -> frozenset:
     h = sweep.history
     return frozenset(c for c in h.columns if c not in _NOT_METRICS and h[c].notna().any())
-
-
-def _hydra_experiment(run_folder: Path) -> Optional[str]:
-    """The ``experiment=`` choice recorded in a run folder's ``.hydra/hydra.yaml`` (None if absent)."""
-    path = run_folder / HYDRA_DIR / "hydra.yaml"
-    if not path.exists():
-        return None
-    import yaml
-
-    try:
-        data = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
-    except yaml.YAMLError as e:
-        raise UnusableInput(f"{path}: not valid YAML ({e})") from None
-    choice = (((data.get("hydra") or {}).get("runtime") or {}).get("choices") or {}).get("experiment")
-    return None if choice in (None, "null") else str(choice)
-
-
-def _owning_run_folder(path: Path, root: Path) -> Optional[Path]:
-    """The run folder (holding ``summary.json`` or ``.hydra/``) at or above ``path``, not above ``root``."""
-    for p in (path, *path.parents):
-        if (p / SUMMARY_FILE).exists() or (p / HYDRA_DIR).is_dir():
-            return p
-        if p == root:
-            break
-    return None
 
 
 def _wandb_runs(root: Path, group: Optional[str]) -> list:
@@ -157,8 +131,8 @@ def facts_from_folder(
         group = _one(sweep.runs["group"], "group", str(root), group)
         wruns = _wandb_runs(root, group)
         experiment = _one([r.config.get(n.EXPERIMENT) for r in records], "experiment", str(root), experiment) or _one(
-            [_hydra_experiment(Path(r.path)) for r in records if r.path], "experiment", str(root)
-        )
+            [r.experiment for r in records], "experiment", str(root)
+        )  # summary.json's experiment, as gkd-train recorded it
         local_keys = _history_keys(sweep)
         local_config = _common([{n.wandb_config_key(k) for k in r.config} for r in records])
     elif source == "wandb-offline":
@@ -167,10 +141,10 @@ def facts_from_folder(
             raise UnusableInput(
                 f"no training runs in the wandb offline files under {root}" + (f" for group {group!r}" if group else "")
             )
-        sweep = tabulate(runs_from_wandb(wruns), source=f"wandb-offline:{root}")
+        wrecords = runs_from_wandb(wruns)
+        sweep = tabulate(wrecords, source=f"wandb-offline:{root}")
         group = _one([r.group for r in wruns], "group", str(root), group)
-        folders = [_owning_run_folder(Path(r.path_str), root) for r in wruns if getattr(r, "path_str", None)]
-        experiment = experiment or _one([_hydra_experiment(f) for f in folders if f], "experiment", str(root))
+        experiment = experiment or _one([r.experiment for r in wrecords], "experiment", str(root))
         local_keys, local_config = _history_keys(sweep), frozenset()
     else:
         raise UnusableInput(f"unknown source {source!r} (local | wandb-offline | wandb)")

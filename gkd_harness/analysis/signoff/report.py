@@ -47,12 +47,11 @@ from gkd_harness.harness.contract import (
     FAILING_STATUSES,
     ORIGINAL,
     PATCHED,
-    SUMMARY_FILE,
     TRAIN_GRAD_NORM,
     TRAIN_LOSS,
-    WANDB_DIR,
 )
 from gkd_harness.harness.store.provenance import git_state
+from gkd_harness.harness.store.records import read_command, read_quietly, read_summary, wandb_run_id
 
 __all__ = [
     "build_report",
@@ -552,26 +551,8 @@ def _cuda_of_torch(version: Optional[str]) -> Optional[str]:
     return None
 
 
-def _json_quietly(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def _mapping(value: Any) -> dict:
     return value if isinstance(value, dict) else {}
-
-
-def _wandb_run_id(folder: Path, command: dict) -> Optional[str]:
-    """The run's wandb id: the ``WANDB_RUN_ID`` gkd-train gave ms-swift (command.json), else the id in the name
-    of the newest run folder wandb wrote (``wandb/offline-run-<time>-<id>``)."""
-    env = _mapping(command.get("env"))
-    if env.get("WANDB_RUN_ID"):
-        return str(env["WANDB_RUN_ID"])
-    runs = sorted((folder / WANDB_DIR).glob("*run-*-*")) if (folder / WANDB_DIR).is_dir() else []
-    return runs[-1].name.rsplit("-", 1)[-1] if runs else None
 
 
 def _device_text(summary: dict, command: dict) -> Optional[str]:
@@ -595,8 +576,9 @@ def provenance_table(runs: pd.DataFrame, report_dir: Path) -> pd.DataFrame:
     for row in runs.to_dict(orient="records"):
         path = row.get("path") if isinstance(row.get("path"), str) else None
         folder = Path(path) if path else None
-        summary = _json_quietly(folder / SUMMARY_FILE) if folder else {}
-        command = _json_quietly(folder / "command.json") if folder else {}
+        summary = dict(read_quietly(read_summary, folder) or {}) if folder else {}
+        cmd = read_quietly(read_command, folder) if folder else None
+        command = {"argv": list(cmd.argv), "env": cmd.env} if cmd is not None else {}
         runtime = _mapping(summary.get("runtime"))
         torch = runtime.get("torch") or _mapping(summary.get("versions")).get("torch") or row.get("version.torch")
         commit = row.get("harness_commit")
@@ -604,7 +586,7 @@ def provenance_table(runs: pd.DataFrame, report_dir: Path) -> pd.DataFrame:
             {
                 "run": Link(str(row["run"]), os.path.relpath(folder, report_dir)) if folder else str(row["run"]),
                 "status": row.get("status"),
-                "wandb run id": _wandb_run_id(folder, command) if folder else None,
+                "wandb run id": wandb_run_id(folder) if folder else None,
                 "torch": torch,
                 "CUDA": (runtime["cuda"] or "none") if "cuda" in runtime else _cuda_of_torch(torch),
                 "device": _device_text(summary, command),

@@ -32,6 +32,7 @@ import pandas as pd
 from gkd_harness.analysis.sweep.records import TRAINING_KEYS, Sweep
 from gkd_harness.harness.contract import (
     CANDIDATE,
+    DATA_KEYS,
     EVAL_METRICS,
     ORIGINAL,
     PATCHED,
@@ -41,7 +42,11 @@ from gkd_harness.harness.contract import (
     role_of,
 )
 
+#: The identity columns of the data a run read: sha256 of each file of :data:`~gkd_harness.harness.contract.DATA_KEYS`.
+DATA_SHA256_COLUMNS = tuple(f"sha256.{k}" for k in DATA_KEYS)
+
 __all__ = [
+    "DATA_SHA256_COLUMNS",
     "VARIANT_KEYS",
     "VERSION_KEYS",
     "annotate",
@@ -75,7 +80,10 @@ VARIANT_KEYS = tuple(
             "dtype.teacher",
             "rank_sha256",
             "ms_swift",
+            "torch",
+            "transformers",
             *TRAINING_KEYS,
+            *DATA_SHA256_COLUMNS,
         )
     )
 )
@@ -86,7 +94,11 @@ VERSION_KEYS = {
     "harness_commit": "version.harness_commit",
     "harness_dirty": "version.harness_dirty",
     "ms_swift": "version.ms-swift",
+    "torch": "version.torch",
+    "transformers": "version.transformers",
 }
+#: The packages whose versions split a comparison (runs of one sweep must agree on each), by identity column.
+_PACKAGES = {"ms_swift": "ms-swift", "torch": "torch", "transformers": "transformers"}
 #: Keys whose values name the variant in tables and messages (the rest are usually equal across a sweep).
 _LABEL_KEYS = (
     "loss.precision",
@@ -188,9 +200,18 @@ def mixed_evidence(sweep: Sweep) -> list:
       ran the same code. A point that failed before it recorded a config, and a missing point, are not counted."""
     r = sweep.runs if "role" in sweep.runs.columns else annotate(sweep).runs
     out = []
-    known = r[r["ms_swift"].notna()]
-    if known["ms_swift"].map(_text).nunique() > 1:
-        out.append("runs of two ms-swift versions: " + _listing(known, "ms_swift"))
+    for col, package in _PACKAGES.items():
+        known = r[r[col].notna()]
+        if known[col].map(_text).nunique() > 1:
+            out.append(f"runs of two {package} versions: " + _listing(known, col))
+    for key, col in zip(DATA_KEYS, DATA_SHA256_COLUMNS):
+        hashed = r[_column(r, col).notna()]
+        for path, g in hashed.groupby(_column(hashed, key).map(_text), sort=True):
+            if g[col].nunique() > 1:
+                out.append(
+                    f"{key}={path} has two contents (the file changed between runs): "
+                    + _listing(g, col, lambda v: f"sha256 {str(v)[:8]}")
+                )
     ranks = r[r["rank_sha256"].notna()]
     if ranks["rank_sha256"].map(_text).nunique() > 1:
         out.append(

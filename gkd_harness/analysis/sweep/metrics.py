@@ -41,7 +41,8 @@ import msgspec
 import numpy as np
 
 from gkd_harness.harness.config.user_files import MAX_LINE, bounded_lines
-from gkd_harness.harness.contract import ALL_METRICS, EVAL_JSD, EVAL_METRICS, ROLLOUT_METRICS, TRAIN_GLOBAL_STEP
+from gkd_harness.harness.contract import ALL_METRICS, ROLLOUT_METRICS, TRAIN_GLOBAL_STEP
+from gkd_harness.harness.store.records import is_evaluation_row
 
 __all__ = [
     "MetricsTable",
@@ -54,22 +55,13 @@ __all__ = [
 
 #: The metric names of the contract: each holds a number in every record that logs it.
 KNOWN_METRICS = frozenset(ALL_METRICS + ROLLOUT_METRICS + (TRAIN_GLOBAL_STEP,))
-_EVAL_METRICS = frozenset(EVAL_METRICS)
-#: Evaluation prefixes: the contract's (``eval/``), and transformers' metric_key_prefix of an evaluation log
-#: (``eval_loss``; Megatron's and HF's own logs), which wandb's HF integration rewrites to ``eval/loss``.
-_EVAL_PREFIXES = (EVAL_JSD.split("/")[0] + "/", "eval_")
 _STEP = "step"
-#: Keys that place a record rather than measure anything (transformers adds its step and epoch to every log).
-_PLACE_KEYS = frozenset((_STEP, TRAIN_GLOBAL_STEP, "train/epoch"))
 #: The record type: a JSON object of numbers (msgspec refuses bools, strings, null and nested values for it).
 _DECODE = msgspec.json.Decoder(Dict[str, Union[int, float]]).decode
 _DecodeError = msgspec.DecodeError
-
-
-def is_evaluation_record(keys: Iterable[str]) -> bool:
-    """True when the metric keys of one record (its step and epoch aside) are all held-out evaluation metrics."""
-    metric_keys = [k for k in keys if k not in _PLACE_KEYS]
-    return bool(metric_keys) and all(k in _EVAL_METRICS or k.startswith(_EVAL_PREFIXES) for k in metric_keys)
+#: An evaluation record: the evaluation rows of the store's record (:func:`gkd_harness.harness.store.records.
+#: is_evaluation_row`), their one definition.
+is_evaluation_record = is_evaluation_row
 
 
 @dataclass

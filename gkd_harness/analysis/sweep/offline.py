@@ -21,8 +21,9 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from gkd_harness.analysis.sweep.records import Sweep, UnusableInput, tabulate
-from gkd_harness.analysis.sweep.wandb_api import row_step, runs_from_wandb
+from gkd_harness.analysis.sweep.plan import read_plan
+from gkd_harness.analysis.sweep.records import Sweep, UnusableInput
+from gkd_harness.analysis.sweep.wandb_api import row_step, runs_from_wandb, with_carried_plan
 from gkd_harness.analysis.sweep.wandb_file import read_records
 from gkd_harness.harness.contract import ARCHIVE_DIR, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
 
@@ -55,6 +56,8 @@ class OfflineRun:
     def __init__(self, path: os.PathLike):
         self.path = Path(path)
         self.path_str = str(self.path)
+        #: the run's files (``offline-run-*/files/``): what the run carries besides its records
+        self.files_dir = self.path.parent / "files"
         self.id = self.name = self.group = self.job_type = self.project = None
         self.config: Dict[str, Any] = {}
         self.summary: Dict[str, Any] = {}
@@ -121,6 +124,7 @@ class MergedRun:
         self.attempts = attempts
         last = attempts[-1]
         self.id, self.state, self.start_time = last.id, last.state, last.start_time
+        self.files_dir = last.files_dir
         self.path_str = str(run_folder) if run_folder is not None else last.path_str
         for attr in ("name", "group", "job_type", "project"):
             setattr(self, attr, next((getattr(a, attr) for a in reversed(attempts) if getattr(a, attr)), None))
@@ -270,4 +274,7 @@ def load_wandb_offline(root: os.PathLike, group: Optional[str] = None) -> Sweep:
         raise UnusableInput(
             f"no training runs in the wandb offline files under {root}" + (f" for group {group!r}" if group else "")
         )
-    return tabulate(records, source=f"wandb-offline:{root}")
+    # the sweep folder's own manifest when the files lie in it, else the copies the runs carry
+    return with_carried_plan(
+        records, source=f"wandb-offline:{root}", plan=read_plan(root) if root.is_dir() else None, root=root
+    )

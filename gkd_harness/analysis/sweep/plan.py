@@ -14,7 +14,6 @@ run) and which training keys differ between runs though the plan sweeps none of 
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,13 +21,29 @@ from typing import Any, Optional
 
 import pandas as pd
 
-from gkd_harness.analysis.sweep.records import TRAINING_KEYS, UnusableInput
-from gkd_harness.harness.config.user_files import UserFileError, read_text
+from gkd_harness.analysis.sweep.records import TRAINING_KEYS, RunRecord, UnusableInput
 from gkd_harness.harness.contract import SWEEP_MANIFEST_FILE
+from gkd_harness.harness.store.records import Manifest, RecordError, read_manifest
 
-__all__ = ["Plan", "read_plan", "apply_plan", "planned_by", "plan_problems", "TRAINING_KEYS", "EVAL_EVERY"]
+__all__ = [
+    "Plan",
+    "read_plan",
+    "plan_of",
+    "carried_plan",
+    "missing_points",
+    "apply_plan",
+    "planned_by",
+    "plan_problems",
+    "TRAINING_KEYS",
+    "EVAL_EVERY",
+    "NO_PLAN",
+    "require_plan",
+]
 
 EVAL_EVERY = "monitor.eval.every_n_steps"
+#: What the evidence lacks when the source holds no plan (:attr:`gkd_harness.analysis.sweep.records.Sweep.lacks`),
+#: the words the banner shows when ``--no-plan`` accepts it.
+NO_PLAN = "no plan: completeness not checked"
 _MULTIRUN_FILE = "multirun.yaml"
 
 
@@ -103,30 +118,43 @@ class Plan:
         }
 
 
-def _read_json(path: Path) -> Any:
-    try:  # a regular file of bounded size (harness/config/user_files.py; issue 48, item 6)
-        return json.loads(read_text(path))
-    except UserFileError as e:
+def plan_of(manifest: Manifest, where: str) -> Plan:
+    """The :class:`Plan` of a sweep manifest record (``where``: the file it came from, as the report names it)."""
+    return Plan(
+        where,
+        tuple(manifest.points),
+        dict(manifest.declared),
+        tuple(manifest.launches),
+        dict(manifest.signoff),
+        manifest.group,
+    )
+
+
+def _from_manifest(root: Path) -> Optional[Plan]:
+    try:
+        manifest = read_manifest(root)
+    except RecordError as e:
         raise UnusableInput(str(e)) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UnusableInput(f"{path}: not valid JSON ({e})") from None
-    except RecursionError:
-        raise UnusableInput(f"{path}: not valid JSON (nested too deeply)") from None
-    except OSError as e:
-        raise UnusableInput(f"{path}: cannot be read ({e})") from None
+    return plan_of(manifest, SWEEP_MANIFEST_FILE) if manifest is not None else None
 
 
-def _from_manifest(path: Path) -> Plan:
-    data = _read_json(path)
-    points = data.get("points") if isinstance(data, dict) else None
-    if not isinstance(points, list) or not all(isinstance(p, str) for p in points):
-        raise UnusableInput(f"{path}: 'points' must be a list of point names")
-    declared = data.get("declared") if isinstance(data.get("declared"), dict) else {}
-    launches = [x for x in (data.get("launches") or []) if isinstance(x, dict)]
-    if not launches:
-        launches = [{"id": 1, "at": data.get("written_at"), "points": list(points)}]
-    signoff = data.get("signoff") if isinstance(data.get("signoff"), dict) else {}
-    return Plan(path.name, tuple(points), dict(declared), tuple(launches), dict(signoff), data.get("group"))
+def carried_plan(manifests: list) -> tuple:
+    """``(plan, problems)`` from the copies of the sweep's manifest the runs carry (wandb: each run's files hold
+    the manifest as it was when the run started): the copy with the most launches (the latest plan; earlier
+    launches are its prefix). Copies of one launch count that disagree are a problem (runs of two sweeps).
+    ``(None, [])`` when no run carries one."""
+    if not manifests:
+        return None, []
+    latest = max(manifests, key=lambda m: len(m.launches))
+    problems = []
+    others = {
+        tuple(m.points) for m in manifests if len(m.launches) == len(latest.launches) and m.points != latest.points
+    }
+    if others:
+        problems.append(
+            f"the runs carry {len(others) + 1} different plans of launch {len(latest.launches)} (runs of two sweeps)"
+        )
+    return plan_of(latest, f"{SWEEP_MANIFEST_FILE} (carried by the runs)"), problems
 
 
 def _from_multirun(path: Path) -> Plan:
@@ -148,8 +176,9 @@ def read_plan(sweep: os.PathLike) -> Optional[Plan]:
     """The plan of the sweep folder ``sweep``: ``sweep_manifest.json``, else Hydra's ``multirun.yaml`` (names
     only), else None (a copied or hand-made sweep: no plan, the runs found are judged as they are)."""
     root = Path(sweep)
-    if (root / SWEEP_MANIFEST_FILE).is_file():
-        return _from_manifest(root / SWEEP_MANIFEST_FILE)
+    plan = _from_manifest(root)
+    if plan is not None:
+        return plan
     if (root / _MULTIRUN_FILE).is_file():
         return _from_multirun(root / _MULTIRUN_FILE)
     return None
@@ -201,6 +230,30 @@ def planned_by(plan: Plan, point: str) -> Optional[int]:
     return ids[-1] if ids else None
 
 
+def missing_points(plan: Optional[Plan], have: set, what: str = "run folder") -> list:
+    """A ``missing`` :class:`RunRecord` for each point ``plan`` plans that is not in ``have`` (the points that
+    have a run: folder names relative to the sweep folder, or the points the runs carry)."""
+    if plan is None:
+        return []
+    out = []
+    for name in plan.points:
+        if name in have:
+            continue
+        out.append(
+            RunRecord(
+                name=name,
+                status="missing",
+                config={},
+                history=[],
+                path=None,
+                error=f"planned by launch {planned_by(plan, name)} of {len(plan.launches)} ({plan.where}) but has "
+                f"no {what}",
+                problems=["never started, cancelled while pending, or its folder was deleted"],
+            )
+        )
+    return out
+
+
 def _eval_steps(sweep: Any) -> dict:
     evals = getattr(sweep, "evals", None)
     if not isinstance(evals, pd.DataFrame) or "run" not in evals.columns or not len(evals):
@@ -222,8 +275,11 @@ def apply_plan(sweep: Any, plan: Optional[Plan], root: Optional[Path]) -> Any:
 
     r = sweep.runs.copy()
     points = []
-    for path, name in zip(r["path"], r["run"]):
-        if isinstance(path, str) and path and root is not None:
+    carried = r["sweep_point"] if "sweep_point" in r.columns else pd.Series([None] * len(r), index=r.index)
+    for path, name, point in zip(r["path"], r["run"], carried):
+        if isinstance(point, str) and point:  # the point the run carries (a wandb source)
+            points.append(point)
+        elif isinstance(path, str) and path and root is not None:
             rel = os.path.relpath(path, root)
             points.append(Path(path).name if rel == "." else rel)
         else:
@@ -258,4 +314,18 @@ def apply_plan(sweep: Any, plan: Optional[Plan], root: Optional[Path]) -> Any:
                 r.at[i, "outcome"] = "incomplete"
             old = r.at[i, "problems"]
             r.at[i, "problems"] = "; ".join(([old] if isinstance(old, str) and old else []) + notes)
-    return dataclasses.replace(sweep, runs=r, plan=plan)
+    lacks = tuple(x for x in sweep.lacks if x != NO_PLAN) + (() if plan is not None else (NO_PLAN,))
+    return dataclasses.replace(sweep, runs=r, plan=plan, lacks=lacks)
+
+
+def require_plan(sweep: Any, no_plan: bool = False) -> Any:
+    """``sweep`` when it has a plan, or when ``no_plan`` accepts a sweep without one (its evidence then says
+    :data:`NO_PLAN`); else :class:`UnusableInput` (exit 2): without the plan a deleted point, a cancelled array
+    task or a run never started cannot be seen, so no verdict could say the sweep is complete."""
+    if getattr(sweep, "plan", None) is None and not no_plan:
+        raise UnusableInput(
+            f"{sweep.source.split(':', 1)[-1]}: no plan (no {SWEEP_MANIFEST_FILE} or multirun.yaml in the sweep "
+            "folder, and no run carries one), so missing points cannot be told; --no-plan judges the runs found "
+            "without checking completeness"
+        )
+    return sweep

@@ -36,6 +36,7 @@ import pandas as pd
 
 from gkd_harness.analysis.sweep.metrics import MetricsTable, table_from_frame, table_from_rows
 from gkd_harness.harness.contract import (
+    DATA_KEYS,
     METRICS_FILE,
     MIN_TOKEN_JSD,
     NEG_LOSS_CALLS,
@@ -58,6 +59,8 @@ __all__ = [
     "TRACKING_COLUMNS",
     "TRAINING_KEYS",
     "int_step",
+    "RecordConflict",
+    "step_conflicts",
     "tabulate",
     "expected_steps",
     "mixed_sweep_problems",
@@ -133,6 +136,14 @@ class RunRecord:
     wall_s: Optional[float] = None
     problems: list = field(default_factory=list)
     nonfinite: list = field(default_factory=list)
+    #: the sweep point the run carries (a wandb run: its folder relative to the sweep folder), else None
+    point: Optional[str] = None
+    #: the copy of the sweep's manifest the run carries (a wandb run), else None
+    manifest: Any = None
+    #: sha256 of the data files the run read, by config key (summary.json ``data_sha256``)
+    data_sha256: dict = field(default_factory=dict)
+    #: the experiment preset the run was launched with (summary.json ``experiment``)
+    experiment: Optional[str] = None
 
 
 def _empty_nonfinite() -> pd.DataFrame:
@@ -161,6 +172,11 @@ class Sweep:
     )
     #: the sweep's plan (:class:`gkd_harness.analysis.sweep.plan.Plan`), None when the source has none
     plan: Any = None
+    #: records of one fact with different values (:class:`RecordConflict`): a run and step whose records disagree
+    conflicts: tuple = ()
+    #: what the evidence lacks, one line each (e.g. "no plan: completeness not checked"); criteria and the
+    #: banner say it
+    lacks: tuple = ()
 
     def run_history(self, run: str) -> pd.DataFrame:
         """History of one run, indexed by step ``[steps, metrics]``."""
@@ -275,31 +291,87 @@ def _duplicates(steps, what: str) -> list:
     ]
 
 
-def _history_frame(t: MetricsTable) -> tuple:
-    """-> (history ``[steps, metrics]`` one row per step, problems). Training records and evaluation records are
-    counted apart: an evaluation at a training step joins that step's row. Copies of one step are merged: the later
-    non-null value wins, except for counts and error maxima (the worst copy wins, so a negative or a large
-    error in any copy counts); each duplicated training step, and each evaluation logged twice at one step, is
-    reported."""
+@dataclass(frozen=True)
+class RecordConflict:
+    """Two records of one fact with different values: a training step (or an evaluation) logged twice
+    (``step`` set, ``key`` the metric), or a config key of a run's identity that ``summary.json`` and
+    ``config.yaml`` give differently (``step`` None). Evidence of a problem, never resolved by order: the run is
+    ``tampered`` and every criterion that reads it is not measured (:mod:`gkd_harness.analysis.signoff.criteria`).
+    ``values``: the distinct values, sorted by their text (the same whatever the order they were recorded in)."""
+
+    run: str
+    key: str
+    values: tuple
+    step: Optional[int] = None
+    evaluation: bool = False
+
+    def line(self) -> str:
+        shown = " vs ".join(repr(v) if isinstance(v, str) else f"{v!r}" for v in self.values)
+        if self.step is None:
+            return f"{self.run}: {self.key} is {shown} (summary.json vs config.yaml)"
+        what = "evaluation" if self.evaluation else "step"
+        return f"{self.run} {what} {self.step}: {self.key} recorded twice with different values ({shown})"
+
+
+def step_conflicts(run: str, t: MetricsTable) -> list:
+    """The :class:`RecordConflict` of one run's records: each (step, metric) logged more than once with different
+    values, training records and evaluation records apart (identical copies are no conflict: they collapse)."""
+    steps = np.asarray(t.steps)
+    if len(steps) < 2 or bool((np.diff(steps) > 0).all()):
+        return []
+    out = []
+    for evaluation in (False, True):
+        rows = np.asarray(t.evaluation) == evaluation
+        if rows.sum() < 2:
+            continue
+        for key, col in t.columns.items():
+            df = pd.DataFrame({"step": steps[rows], "v": col[rows]}).dropna()
+            if not len(df):
+                continue
+            n = df.groupby("step")["v"].nunique()
+            for step in n.index[n > 1]:
+                values = tuple(sorted(set(df.loc[df["step"] == step, "v"].tolist()), key=repr))
+                out.append(RecordConflict(run, key, values, int(step), evaluation))
+    return sorted(out, key=lambda c: (c.step or 0, c.key))
+
+
+def _history_frame(name: str, t: MetricsTable) -> tuple:
+    """-> (history ``[steps, metrics]`` one row per step, problems, conflicts). Training records and evaluation
+    records are counted apart: an evaluation at a training step joins that step's row. Copies of one step that log
+    the same values collapse into one (a note names the steps); copies that log a metric with different values are
+    a :class:`RecordConflict`, whatever their order: that metric is unknown (NaN) at that step, except counts and
+    error maxima, where the worst copy stands (a negative or a large error in any copy counts, in either order)."""
     df = t.frame()
-    problems = _duplicates(
-        t.steps[~t.evaluation], "duplicate logged steps (worst copy counted for counts and errors)"
-    ) + _duplicates(t.steps[t.evaluation], "duplicate evaluation records")
-    if len(df) and bool((np.diff(t.steps) > 0).all()):
-        return df, problems
-    if df["step"].duplicated().any():
-        g = df.groupby("step", sort=True)
-        merged = g.last()  # last non-null per column
-        for col in _WORST_IS_MAX:
-            if col in merged.columns:
-                merged[col] = pd.to_numeric(df[col], errors="coerce").groupby(df["step"]).max()
-        for col in _WORST_IS_MIN:
-            if col in merged.columns:
-                merged[col] = pd.to_numeric(df[col], errors="coerce").groupby(df["step"]).min()
-        df = merged.reset_index()
-    else:
-        df = df.sort_values("step", kind="stable", ignore_index=True)
-    return df, problems
+    if len(df) < 2 or bool((np.diff(t.steps) > 0).all()):  # the usual case: ascending, so no copies
+        return df, [], []
+    if not df["step"].duplicated().any():
+        return df.sort_values("step", kind="stable", ignore_index=True), [], []
+    conflicts = step_conflicts(name, t)
+    merged = df.groupby("step", sort=True).first()  # the one value of each metric where the copies agree
+    for col in _WORST_IS_MAX:
+        if col in merged.columns:
+            merged[col] = pd.to_numeric(df[col], errors="coerce").groupby(df["step"]).max()
+    for col in _WORST_IS_MIN:
+        if col in merged.columns:
+            merged[col] = pd.to_numeric(df[col], errors="coerce").groupby(df["step"]).min()
+    worst = set(_WORST_IS_MAX) | set(_WORST_IS_MIN)
+    for c in conflicts:
+        if c.key not in worst:
+            merged.loc[c.step, c.key] = np.nan
+    problems = []
+    copies = _duplicates(t.steps[~t.evaluation], "duplicate logged steps") + _duplicates(
+        t.steps[t.evaluation], "duplicate evaluation records"
+    )
+    if conflicts:
+        problems.append(
+            f"conflicting records ({len(conflicts)}, no copy wins): "
+            + "; ".join(c.line() for c in conflicts[:5])
+            + (" ..." if len(conflicts) > 5 else "")
+        )
+        problems += copies
+    elif copies:
+        problems += [p + " (identical copies, collapsed)" for p in copies]
+    return merged.reset_index(), problems, conflicts
 
 
 def _evals_frame(name: str, t: MetricsTable) -> pd.DataFrame:
@@ -390,12 +462,66 @@ def _outcome(rec: RunRecord, cfg: Mapping, last_step: Optional[int], n_logged: i
     return outcome, problems
 
 
+def _stack_history(frames: list) -> pd.DataFrame:
+    """The runs' history frames ``[(run, frame [steps, 1 + metrics])]`` as one table ``[rows, run + step +
+    metrics]``, built column by column into one preallocated float64 block: each run's column is released as soon
+    as it is copied, so the peak is the table plus one column, never every run's frames beside their
+    concatenation (``pd.concat``: twice the table). ``run`` is categorical (400k copies of 200 names: every
+    run-keyed step works on codes; group by it with observed=True)."""
+    names = [n for n, _ in frames]
+    cols: Dict[str, List[Any]] = {c: [] for _, f in frames for c in f.columns if c != "step"}
+    lengths = np.array([len(f) for _, f in frames], dtype=np.int64)
+    total = int(lengths.sum())
+    parts = [{c: f[c].to_numpy() for c in f.columns} for _, f in frames]
+    frames.clear()  # the frames' columns now live in ``parts`` alone, released one by one below
+    numeric = [c for c in cols if all(c not in p or p[c].dtype.kind in "fiub" for p in parts)]
+    block = np.empty((len(numeric), total), dtype=np.float64)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    for j, c in enumerate(numeric):
+        for i, p in enumerate(parts):
+            v = p.pop(c, None)
+            block[j, starts[i] : starts[i + 1]] = np.nan if v is None else v
+    history = pd.DataFrame(block.T, columns=numeric, copy=False)
+    for c in cols:
+        if c not in numeric:  # another source's non-numeric key: an object column of its own
+            history[c] = np.concatenate(
+                [p.pop(c) if c in p else np.full(n, None, dtype=object) for p, n in zip(parts, lengths)]
+            )
+    steps = np.concatenate([p.pop("step").astype(np.int64) for p in parts]) if parts else np.empty(0, np.int64)
+    order = sorted(range(len(names)), key=lambda i: names[i])
+    rank = np.empty(len(names), dtype=np.int64)
+    rank[order] = np.arange(len(names))
+    run = pd.Categorical.from_codes(np.repeat(rank, lengths), categories=[names[i] for i in order])
+    history.insert(0, "step", steps)
+    history.insert(0, "run", run)
+    _return_freed_heap()
+    return history
+
+
+def _return_freed_heap() -> None:
+    """Hand the heap pages the runs' records and frames freed back to the system (glibc ``malloc_trim``): their
+    columns are small blocks (a 2,000-step column is 16 KiB, under malloc's mmap threshold), so without it the
+    process keeps their pages (measured: 340 MiB of a 1,000 x 2,000 sweep) and every later allocation of the
+    sign-off comes on top. A no-op where the C library has no ``malloc_trim`` (musl, macOS)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    except OSError:
+        return
+    if trim is not None:
+        trim(0)
+
+
 def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
     """RunRecords -> :class:`Sweep` (runs, history and non-finite tables). Run names are made unique."""
     rows: List[dict] = []
     frames: List[Any] = []
     evals: List[Any] = []
     bad: List[Any] = []
+    conflicts: List[RecordConflict] = []
     seen: Dict[str, int] = {}
     for rec in records:
         name, copy_of = rec.name, None
@@ -407,9 +533,9 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
         cfg = _canonical_config(rec.config)
         t = _metrics_table(rec)
         bad += [(name, int(step), metric, float(v)) for step, metric, v in t.nonfinite]
-        h, dup_problems = _history_frame(t)
-        h.insert(0, "run", name)
-        frames.append(h)
+        h, dup_problems, step_conflicts = _history_frame(name, t)
+        conflicts += step_conflicts
+        frames.append((name, h))
         if t.evaluation.any():
             evals.append(_evals_frame(name, t))
         trained = np.unique(t.steps[~t.evaluation])
@@ -418,7 +544,7 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
         last_step = rec.last_step if rec.last_step is not None else last_logged
         student = _dtype_name(rec.dtypes_seen.get("student", cfg.get("dtypes_seen.student")))
         teacher = _dtype_name(rec.dtypes_seen.get("teacher", cfg.get("dtypes_seen.teacher")))
-        outcome, more = _outcome(rec, cfg, last_step, n_logged, tampered=bool(t.tampered))
+        outcome, more = _outcome(rec, cfg, last_step, n_logged, tampered=bool(t.tampered or step_conflicts))
         if t.tampered:
             more.append(
                 f"tampered records in {METRICS_FILE} (left out): "
@@ -454,28 +580,30 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
             "path": rec.path,
             "wall_s": rec.wall_s,
             "copy_of": copy_of,
+            "sweep_point": rec.point,
+            "experiment": rec.experiment,
         }
+        for key in DATA_KEYS:
+            row[f"sha256.{key}"] = (rec.data_sha256 or {}).get(key)
         for col in CONFIG_COLUMNS + TRACKING_COLUMNS + TRAINING_KEYS:
             row[col] = cfg.get(col)
         for k, v in (rec.versions or {}).items():
             row[f"version.{k}"] = v
         rows.append(row)
+        del rec, t, h  # the run's columns now live in ``frames`` alone (released one by one by _stack_history)
     if not rows:
         raise UnusableInput(f"{source}: no runs found")
     runs = pd.DataFrame(rows)
     for col in ("gkd.beta", "gkd.temperature", "gkd.sft_alpha", "gkd.lmbda"):
         runs[col] = pd.to_numeric(runs[col], errors="coerce")
     runs["variant"] = runs["loss.precision"].map(ROLE_BY_PRECISION).fillna("unknown")
-    history = pd.concat(frames, ignore_index=True, sort=False)
-    history["step"] = history["step"].astype("int64")
-    # 400k copies of 200 names: every run-keyed step works on codes. Group by it with observed=True (pandas 2's
-    # default would add an empty group for every run a selection left out; pandas 3's default is observed=True).
-    history["run"] = pd.Categorical(history["run"])
+    history = _stack_history(frames)
     nonfinite = pd.DataFrame(bad, columns=_NONFINITE_COLUMNS) if bad else _empty_nonfinite()
     if bad:
         nonfinite["step"] = nonfinite["step"].astype("int64")
         nonfinite["value"] = nonfinite["value"].astype("float64")
     out = Sweep(source=source, runs=runs, history=history, nonfinite=nonfinite)
+    out.conflicts = tuple(conflicts)
     if evals:
         out.evals = pd.concat(evals, ignore_index=True, sort=False)
     return out

@@ -13,13 +13,14 @@ read as themselves.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from gkd_harness.analysis.sweep.metrics import read_metrics_file
-from gkd_harness.analysis.sweep.plan import apply_plan, planned_by, read_plan
+from gkd_harness.analysis.sweep.plan import apply_plan, missing_points, read_plan
 from gkd_harness.analysis.sweep.records import RunRecord, Sweep, UnusableInput, tabulate
 from gkd_harness.harness.config.flat import flatten
 from gkd_harness.harness.config.user_files import UserFileError, check_yaml, read_text
@@ -27,13 +28,14 @@ from gkd_harness.harness.contract import (
     ARCHIVE_DIR,
     CAPTURES_DIR,
     CONFIG_FILE,
+    DATA_SHA256_FIELD,
     HYDRA_DIR,
     METRICS_FILE,
-    RUN_STATUSES,
     SUMMARY_FILE,
     SWIFT_DIR,
     WANDB_DIR,
 )
+from gkd_harness.harness.store.records import RecordError, metrics_path, read_config, read_summary
 
 __all__ = ["find_run_folders", "load_run_folder", "load_sweep", "planned_points"]
 
@@ -127,12 +129,16 @@ def _provenance(summary: dict) -> dict:
 def load_run_folder(path: os.PathLike) -> RunRecord:
     """Read one run folder. Raises :class:`UnusableInput` on missing/corrupt files."""
     path = Path(path)
-    summary_path = path / SUMMARY_FILE
     verdict_path = path / HYDRA_DIR / _HYDRA_VERDICT
     hydra_verdict = _read_json(verdict_path) if verdict_path.exists() else None
     hydra_failed = isinstance(hydra_verdict, dict) and hydra_verdict.get("status") == "FAILED"
     hydra_error = hydra_verdict.get("error") if isinstance(hydra_verdict, dict) else None
-    if not summary_path.exists():
+    try:
+        read = read_summary(path)
+        resolved = read_config(path)
+    except RecordError as e:
+        raise UnusableInput(str(e)) from None
+    if read is None:
         if hydra_failed:
             # The point failed before the harness wrote anything (e.g. a config error): a failed run.
             return RunRecord(
@@ -145,28 +151,18 @@ def load_run_folder(path: os.PathLike) -> RunRecord:
                 problems=["failed before summary.json was written"],
             )
         raise UnusableInput(f"run folder {path}: summary.json missing (every run writes it at start)")
-    summary = _read_json(summary_path)
-    if not isinstance(summary, dict):
-        raise UnusableInput(f"{summary_path}: expected a JSON object")
-    status = summary.get("status")
-    if status not in RUN_STATUSES:
-        raise UnusableInput(f"{summary_path}: 'status' must be {'|'.join(RUN_STATUSES)}, got {status!r}")
-    config = summary.get("config") or {}
-    if not isinstance(config, dict):
-        raise UnusableInput(f"{summary_path}: 'config' must be an object")
-    config = flatten(config)
+    summary: dict = dict(read)
+    status = str(summary.get("status"))
+    config = flatten(summary.get("config") or {})
     if hydra_failed and status != "failed":
         summary = dict(summary, error=summary.get("error") or hydra_error)
         status = "failed"
-    cfg_yaml = path / CONFIG_FILE
-    if cfg_yaml.exists():
-        for k, v in _read_config_yaml(cfg_yaml).items():
-            config.setdefault(k, v)
-    metrics_path = path / METRICS_FILE
+    for k, v in flatten(resolved or {}).items():
+        config.setdefault(k, v)
     problems = []
     history: Any
-    if metrics_path.exists():
-        history = read_metrics_file(metrics_path, completed=status == "completed")
+    if metrics_path(path).exists():
+        history = read_metrics_file(metrics_path(path), completed=status == "completed")
         if history.unusable:
             raise UnusableInput(history.unusable)
     elif status == "completed":
@@ -187,6 +183,8 @@ def load_run_folder(path: os.PathLike) -> RunRecord:
         last_step=summary.get("last_step"),
         wall_s=summary.get("wall_s"),
         problems=problems,
+        data_sha256=dict(summary.get(DATA_SHA256_FIELD) or {}),
+        experiment=summary.get("experiment") if isinstance(summary.get("experiment"), str) else None,
     )
 
 
@@ -209,20 +207,8 @@ def load_sweep(sweep: os.PathLike) -> Sweep:
         if not planned:
             raise
         folders = []  # the sweep planned points and none started (every array task cancelled): all missing
-    records = [load_run_folder(p) for p in folders]
     have = {str(p.relative_to(root)) for p in folders if p != root} | {p.name for p in folders}
-    for name in planned:
-        if name not in have and plan is not None:
-            launch = planned_by(plan, name)
-            records.append(
-                RunRecord(
-                    name=name,
-                    status="missing",
-                    config={},
-                    history=[],
-                    path=None,
-                    error=f"planned by launch {launch} of {len(plan.launches)} ({plan.where}) but has no run folder",
-                    problems=["never started, cancelled while pending, or its folder was deleted"],
-                )
-            )
+    # one run folder at a time: each run's columns are freed once tabulate has its history frame, so the peak
+    # holds the frames and the concatenated history, never every run's records besides them
+    records = itertools.chain((load_run_folder(p) for p in folders), missing_points(plan, have))
     return apply_plan(tabulate(records, source=f"local:{root}"), plan, root)

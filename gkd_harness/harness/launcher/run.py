@@ -302,6 +302,8 @@ def _train_main_node(
     from gkd_harness.harness.config.flat import flatten
     from gkd_harness.harness.config.secrets import redact
     from gkd_harness.harness.launcher.resume import decide_attempt
+    from gkd_harness.harness.store.provenance import data_sha256
+    from gkd_harness.harness.store.records import Command
 
     flat = flatten(redact(to_dict(cfg)))
     attempt = decide_attempt(folder, flat, overwrite=cfg.run.overwrite, resume=cfg.run.resume)
@@ -339,9 +341,10 @@ def _train_main_node(
             wandb_mode=plan.env.get("WANDB_MODE", "disabled"),
             experiment=experiment,
             inputs={"student": plan.inputs.student, "teacher": plan.inputs.teacher, "dataset": plan.inputs.dataset},
+            data_sha256=data_sha256({**flat, "run.dataset": plan.inputs.dataset}),  # the files as resolved
             device=plan.device,  # cpu or cuda, as planned (the rank adds its torch build's CUDA and GPU: "runtime")
         )
-        folder.write_json("command.json", {"argv": plan.argv, "env": plan.shown_env()})
+        folder.write_command(Command(tuple(plan.argv), plan.shown_env()))
         execute(
             plan,
             run_dir / SWIFT_LOG,

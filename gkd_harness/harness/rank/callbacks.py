@@ -79,7 +79,8 @@ def _record_start(world_size: int, is_writer: bool, step: int = 0, explicit_wand
                 "experiment": state.current().settings.experiment,
                 "world_size": world_size,
                 "versions": package_versions(),
-            }
+            },
+            run_dir=state.current().settings.run_dir,
         )
     except Exception as e:  # noqa: BLE001 - tracking never kills training
         logger.warning(f"could not add the harness config to the wandb run: {e}")

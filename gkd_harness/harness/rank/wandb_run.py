@@ -58,9 +58,10 @@ def _add_to_wandb_config(run: Any, tree: Mapping[str, Any]) -> None:
     run.config.update({WANDB_CONFIG_KEY: _merge(current, tree)}, allow_val_change=True)
 
 
-def attach_to_wandb_run(harness_config: Mapping[str, Any]) -> bool:
+def attach_to_wandb_run(harness_config: Mapping[str, Any], run_dir: Optional[str] = None) -> bool:
     """Inside ms-swift's process: add the harness config (nested under :data:`WANDB_CONFIG_KEY`) and metric
-    summaries to the active wandb run."""
+    summaries to the active wandb run; with ``run_dir`` (the run folder) also the evidence that lives beside the
+    run folder (:func:`carry_run_evidence`: the sweep's plan, the data's sha256)."""
     try:
         import wandb
     except ImportError:
@@ -76,7 +77,40 @@ def attach_to_wandb_run(harness_config: Mapping[str, Any]) -> bool:
     _add_to_wandb_config(run, {**tree, "provenance": dict(prov)})
     for name, summary in WANDB_SUMMARIES.items():
         run.define_metric(name, summary=summary)
+    if run_dir is not None:
+        carry_run_evidence(run, Path(run_dir))
     return True
+
+
+#: How far above a run folder its sweep folder (the one holding ``sweep_manifest.json``) is looked for.
+_SWEEP_LEVELS = 4
+
+
+def carry_run_evidence(run: Any, run_dir: Path) -> Optional[str]:
+    """Make the wandb run carry what the sign-off needs beside its metrics, so every source yields the same
+    evidence: a copy of the sweep's plan (``sweep_manifest.json``, the nearest one above ``run_dir``) in the run's
+    files (``run.dir``: wandb uploads it with the run; offline it lies in ``offline-run-*/files/``), the run's
+    point (its folder relative to that sweep folder, :data:`~gkd_harness.harness.contract.WANDB_POINT_KEY`) and
+    summary.json's ``data_sha256`` in its harness config. Returns the point (None outside a planned sweep)."""
+    from gkd_harness.harness.contract import DATA_SHA256_FIELD, WANDB_POINT_KEY
+    from gkd_harness.harness.store.records import read_manifest, read_summary, write_manifest
+
+    summary = read_summary(run_dir, check=False) or {}
+    extra: Dict[str, Any] = {}
+    data = summary.get("data_sha256")  # DATA_SHA256_FIELD
+    if isinstance(data, Mapping):
+        extra[DATA_SHA256_FIELD] = dict(data)
+    point = None
+    for sweep in list(run_dir.absolute().parents)[:_SWEEP_LEVELS]:
+        manifest = read_manifest(sweep)
+        if manifest is not None:
+            point = str(run_dir.absolute().relative_to(sweep))
+            write_manifest(Path(run.dir), manifest)
+            extra[WANDB_POINT_KEY] = point
+            break
+    if extra:
+        _add_to_wandb_config(run, extra)
+    return point
 
 
 def update_wandb_config(values: Mapping[str, Any]) -> None:

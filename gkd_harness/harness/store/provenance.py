@@ -25,10 +25,10 @@ import functools
 import hashlib
 import subprocess
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Mapping, Optional
 
 from gkd_harness.harness.config.source_files import source_file
-from gkd_harness.harness.contract import CANDIDATE, NATIVE
+from gkd_harness.harness.contract import CANDIDATE, DATA_KEYS, NATIVE
 
 __all__ = [
     "harness_code_sha256",
@@ -162,6 +162,24 @@ def sha256_path(path: Path) -> str:
     else:
         h.update(path.read_bytes())
     return h.hexdigest()
+
+
+def data_sha256(paths: Mapping[str, Any]) -> Dict[str, Optional[str]]:
+    """sha256 of each data file a run reads, by its config key (:data:`gkd_harness.harness.contract.DATA_KEYS`:
+    the training set, the held-out set): ``paths`` maps a key to the file (a flat config, or the launch plan's
+    resolved inputs). A key that names no local file (null: embedded, whose held-out split derives from the
+    training file; a hub id) is left out. Read in 1 MiB blocks: a large dataset is never held whole."""
+    out: Dict[str, Optional[str]] = {}
+    for key in DATA_KEYS:
+        value = paths.get(key)
+        if not isinstance(value, (str, Path)) or not value or not Path(value).is_file():
+            continue
+        h = hashlib.sha256()
+        with open(value, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        out[key] = h.hexdigest()
+    return out
 
 
 def provenance(precision: Optional[str], source: Optional[str] = None) -> Dict[str, Any]:

@@ -26,16 +26,16 @@ always the step of the last line in metrics.jsonl.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import logging
 import os
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
-from gkd_harness.harness.config.secrets import redact, redact_name, redact_text
+from gkd_harness.harness.config.secrets import redact, redact_name
 from gkd_harness.harness.contract import (
     ARCHIVE_DIR,
     CAPTURES_DIR,
+    COMMAND_FILE,
     CONFIG_FILE,
     LOCK_FILE,
     METRICS_FILE,
@@ -53,7 +53,10 @@ from gkd_harness.harness.store.files import write_in_place as _write_in_place
 from gkd_harness.harness.store.fingerprint import canonical_config, config_fingerprint
 from gkd_harness.harness.store.lock import RunLock, describe_owner, owned_by_this_process, read_lock
 from gkd_harness.harness.store.metrics_io import last_metrics_step, read_metrics, record_step
-from gkd_harness.harness.store.provenance import harness_code_sha256, harness_version, package_versions
+from gkd_harness.harness.store.provenance import data_sha256, harness_code_sha256, harness_version, package_versions
+from gkd_harness.harness.store.records import Command, RecordError, write_command, write_metrics_rows, write_summary
+from gkd_harness.harness.store.records import read_summary as _read_summary_record
+from gkd_harness.harness.store.records import write_config as _write_config_record
 
 log = logging.getLogger("gkd_harness.run_folder")
 
@@ -66,7 +69,7 @@ ATTEMPT_FILES = (
     WANDB_DIR,
     SWIFT_DIR,
     SWIFT_LOG,
-    "command.json",
+    COMMAND_FILE,
     PLUGIN_SETTINGS_FILE,
 )
 
@@ -121,10 +124,14 @@ class RunFolder:
 
     def write_config(self, yaml_text: str) -> None:
         """config.yaml (atomic). The caller passes redacted text; credentials are redacted again here."""
-        _write_atomic(self.config_path, redact_text(yaml_text), self.path)
+        _write_config_record(self.path, yaml_text)
+
+    def write_command(self, command: Command) -> Path:
+        """command.json (:class:`~gkd_harness.harness.store.records.Command`), atomic and redacted."""
+        return write_command(self.path, command)
 
     def write_json(self, name: str, data: Any) -> Path:
-        """Any other JSON file of the folder (command.json, plugin_settings.json), atomic and redacted."""
+        """Any other JSON file of the folder (plugin_settings.json), atomic and redacted."""
         path = self.path / name
         _write_atomic(path, _json(redact(data)), self.path)
         return path
@@ -169,16 +176,17 @@ class RunFolder:
         rows = [
             r for r in read_metrics(self.metrics_path) if (step := record_step(r)) is not None and step <= last_step
         ]
-        _write_atomic(self.metrics_path, "".join(json.dumps(r) + "\n" for r in rows), self.path)
+        write_metrics_rows(self.path, rows)
         return len(rows)
 
     def read_summary(self) -> Optional[Dict[str, Any]]:
         try:
-            return json.loads(self.summary_path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+            summary = _read_summary_record(self.path, check=False)
+        except RecordError as e:
+            if e.os_error is not None:
+                raise _os_error(e.os_error, "read", self.summary_path, self.path) from None
             return None
-        except OSError as e:
-            raise _os_error(e, "read", self.summary_path, self.path) from None
+        return dict(summary) if summary is not None else None
 
     def is_completed(self) -> bool:
         summary = self.read_summary()
@@ -190,7 +198,7 @@ class RunFolder:
 
     # summary.json -------------------------------------------------------------------------------------
     def _write_summary(self, summary: Mapping[str, Any]) -> None:
-        _write_atomic(self.summary_path, _json(redact(dict(summary))), self.path)
+        write_summary(self.path, summary)
 
     def start_summary(self, run_name: str, group: Optional[str], flat_config: Mapping[str, Any]) -> Dict[str, Any]:
         """summary.json of a new attempt: status running, the flat config (redacted), its fingerprint, the
@@ -210,6 +218,7 @@ class RunFolder:
             "harness_code_sha256": harness_code_sha256(),
             "dtypes_seen": {},
             "versions": package_versions(),
+            "data_sha256": data_sha256(flat_config),
             "last_step": 0,
             "started_at": now_iso(),
             "ended_at": None,

@@ -61,4 +61,10 @@ def test_the_harness_config_is_logged_nested_and_read_back_flat(tmp_path, monkey
     flat = flatten(run.config)
     assert flat["harness.gkd.beta"] == 0.7 and flat["beta"] == 0.5  # ms-swift's own config keys stay as they are
     (record,) = runs_from_wandb([run])
-    assert record.config["harness.loss.precision"] == "fp32" and record.config["harness.gkd.beta"] == 0.7
+    # the run folder's flat keys (issue 45: under the "harness." prefix every key outside the shown columns, e.g.
+    # monitor.eval.every_n_steps, came back None); ms-swift's own keys stay as they are
+    assert record.config["loss.precision"] == "fp32" and record.config["gkd.beta"] == 0.7
+    assert (
+        record.config["monitor.eval.every_n_steps"] == cfg.monitor.eval.every_n_steps and record.config["beta"] == 0.5
+    )
+    assert not any(k.startswith("harness.") for k in record.config)
