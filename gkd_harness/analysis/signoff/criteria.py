@@ -25,6 +25,7 @@ from gkd_harness.analysis.signoff.compare import (
     largest_divergence,
     negatives_table,
     paired_runs,
+    planned_max_steps,
     spot_table,
     step_agreement,
 )
@@ -470,7 +471,9 @@ def _agreement_thr(c: Any) -> str:
     return f"|a - b| <= {c.rtol:g}*max(|a|,|b|) + {c.atol:g} at every common step of " + ", ".join(c.metrics)
 
 
-def _agreement_result(name, title, agreement: pd.DataFrame, c: Any, no_pairs: str, applies: str = "") -> Result:
+def _agreement_result(
+    name, title, agreement: pd.DataFrame, c: Any, no_pairs: str, applies: str = "", runs=None, plan=None
+) -> Result:
     thr = _agreement_thr(c)
     if agreement.empty or "max_abs_diff" not in agreement:
         return _not_measured(name, title, thr, no_pairs, c.required, applies)
@@ -497,8 +500,33 @@ def _agreement_result(name, title, agreement: pd.DataFrame, c: Any, no_pairs: st
     )
     if "gkd.beta" in a:
         measured += "; β compared: " + ", ".join(f"{b:g}" for b in sorted(a["gkd.beta"].dropna().unique()))
+    short = _short_pairs(a, runs, plan) if runs is not None else []
+    if short:
+        measured += f"; {len(short)} pair{'s' if len(short) > 1 else ''} compared on fewer steps than planned"
+        details += short
     status: CriterionStatus = "pass" if bad.empty and no_common.empty else "fail"
     return Result(name, title, status, thr, measured, details, applies)
+
+
+def _short_pairs(agreement: pd.DataFrame, runs: pd.DataFrame, plan) -> list:
+    """One line per compared pair with a run that logged fewer training steps than planned (an incomplete run
+    let through by ``no_failed_runs.allow_incomplete``, or a failed one): how many steps were compared."""
+    planned = pd.to_numeric(planned_max_steps(runs, plan), errors="coerce")
+    steps = dict(zip(runs["run"], planned))
+    logged = dict(zip(runs["run"], runs["train_steps"])) if "train_steps" in runs.columns else {}
+    out = []
+    for (ra, rb), g in agreement.groupby(["run_a", "run_b"], sort=False):
+        want = max(steps.get(ra, np.nan), steps.get(rb, np.nan))
+        if not want == want:  # no planned steps recorded
+            continue
+        low = [(r, int(logged[r])) for r in (ra, rb) if r in logged and logged[r] < (steps.get(r) or want)]
+        if low:
+            out.append(
+                f"{ra} vs {rb}: compared on {int(g['common_steps'].max())} common steps of {int(want)} planned ("
+                + ", ".join(f"{r} logged {n} of {int(steps.get(r) or want)}" for r, n in low)
+                + ")"
+            )
+    return out
 
 
 def beta_forms_unchanged(ev: Evidence, c: Any) -> Result:
@@ -518,7 +546,7 @@ def beta_forms_unchanged(ev: Evidence, c: Any) -> Result:
             f"the sweep has no {lacking} point at β ∈ {{{betas}}} (β forms in the sweep: "
             f"{_values(sweep.runs, 'loss.beta_form')})",
         )
-    elif not paired_runs(runs, "loss.beta_form", "paper", "continuous"):
+    elif not paired_runs(runs, "loss.beta_form", "paper", "continuous", sweep.plan):
         res = _not_applicable(
             "beta_forms_unchanged",
             title,
@@ -538,6 +566,8 @@ def beta_forms_unchanged(ev: Evidence, c: Any) -> Result:
             c,
             "no paired paper/continuous runs at these β (runs equal in every other key)",
             f"applies: paper and continuous points at one precision and β ∈ {{{betas}}}",
+            runs,
+            sweep.plan,
         )
     # The formula itself, in FP64 on the β-curve's fixed inputs: the forms must coincide exactly at these β.
     s, t = beta_defect_inputs()
@@ -563,7 +593,7 @@ def precisions_unchanged_in_fp32(ev: Evidence, c: Any) -> Result:
     )
     r = ev.runs
     both = r[(r["dtype.student"] == "float32") & (r["dtype.teacher"] == "float32")]
-    pairs = paired_runs(both, "loss.precision", "native", "fp32")
+    pairs = paired_runs(both, "loss.precision", "native", "fp32", ev.sweep.plan)
     if not pairs:
         precs = set(both["loss.precision"].dropna())
         return _not_applicable(
