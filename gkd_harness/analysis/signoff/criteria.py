@@ -38,6 +38,12 @@ from gkd_harness.harness.contract import (
     CONTINUOUS,
     CRITERION_STATUSES,
     FAILING_STATUSES,
+    LOSS_CALLS_TOTAL,
+    MIN_TOKEN_JSD,
+    NEG_LOSS_CALLS,
+    NEG_LOSS_CALLS_TOTAL,
+    NEG_TOKEN_FRAC,
+    NONFINITE_CALLS_TOTAL,
     ORIGINAL,
     PAPER,
     PATCHED,
@@ -130,6 +136,12 @@ class Evidence:
     judged_why: str
     negatives: pd.DataFrame
     spots: pd.DataFrame
+
+    @property
+    def conflicts(self) -> tuple:
+        """Records of one fact with different values (:class:`~gkd_harness.analysis.sweep.records.RecordConflict`):
+        a step or evaluation logged twice, a run's config given differently by summary.json and config.yaml."""
+        return tuple(getattr(self.sweep, "conflicts", ()) or ())
 
     @property
     def runs(self) -> pd.DataFrame:
@@ -735,8 +747,65 @@ CRITERIA = {
 }
 
 
+_NEGATIVE_KEYS = (NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, LOSS_CALLS_TOTAL, MIN_TOKEN_JSD, NEG_TOKEN_FRAC)
+
+
+def _spot(key: str) -> bool:
+    return key.startswith("spot/")
+
+
+def _reads(ev: Evidence, name: str, c: Any) -> tuple:
+    """``(runs, key -> bool)``: the runs criterion ``name`` reads and which of their logged keys (None: it reads
+    no logged value)."""
+    r = ev.runs
+    if name == "no_negative_patched":
+        return set(ev.judged["run"]), lambda k: k in _NEGATIVE_KEYS
+    if name == "no_nonfinite":
+        return set(ev.judged["run"]), lambda k: k in c.metrics or _spot(k) or k == NONFINITE_CALLS_TOTAL
+    if name == "spot_tolerance":
+        return set(ev.judged["run"]), _spot
+    if name == "original_shows_defect":
+        return set(ev.originals["run"]), lambda k: _spot(k) or k in _NEGATIVE_KEYS
+    if name == "beta_forms_unchanged":
+        return set(r.loc[r["gkd.beta"].isin(c.betas), "run"]), lambda k: k in c.metrics
+    if name == "precisions_unchanged_in_fp32":
+        return set(r["run"]), lambda k: k in c.metrics or _spot(k)
+    if name == "patched_not_worse":
+        return set(r["run"]), lambda k: k.startswith("eval/")
+    return set(), None
+
+
+def _conflicted(ev: Evidence, r: Result, c: Any) -> Result:
+    """``r``, or ``not_measured`` (``skipped`` when not required) when the criterion reads a record that was
+    recorded twice with different values, naming each run and step: a step (or evaluation) it reads, or a run
+    whose identity (config) its records give two ways, which no criterion can place (``no_failed_runs`` fails
+    such a run as tampered, and judges no logged value)."""
+    if r.status == "disabled" or not ev.conflicts:
+        return r
+    runs, reads = _reads(ev, r.name, c)
+    hits = [x for x in ev.conflicts if x.step is None and reads is not None]
+    if r.status != "not_applicable":
+        hits += [x for x in ev.conflicts if x.step is not None and reads is not None and x.run in runs and reads(x.key)]
+    if not hits:
+        return r
+    from gkd_harness.analysis.signoff.outcome import held_out_declared
+
+    lines = [x.line() for x in hits]
+    required = c.required or (r.name == "patched_not_worse" and held_out_declared(ev.sweep))
+    return Result(
+        r.name,
+        r.title,
+        "not_measured" if required else "skipped",
+        r.threshold,
+        f"{len(hits)} conflicting record(s), not judged by order: {lines[0]}",
+        lines + r.details,
+        r.applies,
+    )
+
+
 def evaluate_evidence(ev: Evidence, cfg: SignoffCriteria) -> tuple:
-    """Evaluate every criterion on ``ev`` -> (verdict "pass"|"fail", [Result])."""
+    """Evaluate every criterion on ``ev`` -> (verdict "pass"|"fail", [Result]); a criterion that reads
+    conflicting records is not measured (:func:`_conflicted`)."""
     assert tuple(CRITERIA) == CRITERIA_NAMES, "criteria functions and schema sections differ"
     results = []
     for name, fn in CRITERIA.items():
@@ -753,7 +822,7 @@ def evaluate_evidence(ev: Evidence, cfg: SignoffCriteria) -> tuple:
                 )
             )
             continue
-        results.append(fn(ev, c))
+        results.append(_conflicted(ev, fn(ev, c), c))
     verdict = "fail" if any(r.status in FAILING_STATUSES for r in results) else "pass"
     return verdict, results
 

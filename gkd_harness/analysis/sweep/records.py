@@ -62,6 +62,8 @@ __all__ = [
     "expected_steps",
     "mixed_sweep_problems",
     "step_gaps",
+    "RecordConflict",
+    "step_conflicts",
 ]
 
 #: Config columns every runs table carries (NaN/None when a run does not say).
@@ -110,6 +112,50 @@ class UnusableInput(Exception):
     """The sweep cannot be analysed (exit code 2). The message names the offending file or folder."""
 
 
+@dataclass(frozen=True)
+class RecordConflict:
+    """Two records of one fact with different values: a training step (or an evaluation) logged twice
+    (``step`` set, ``key`` the metric), or a config key of a run's identity that ``summary.json`` and
+    ``config.yaml`` give differently (``step`` None). Evidence of a problem, never resolved by order: every
+    criterion that reads it is not measured (:mod:`gkd_harness.analysis.signoff.criteria`). ``values``: the
+    distinct values, sorted by their text (the same whatever the order they were recorded in)."""
+
+    run: str
+    key: str
+    values: tuple
+    step: Optional[int] = None
+    evaluation: bool = False
+
+    def line(self) -> str:
+        shown = " vs ".join(repr(v) if isinstance(v, str) else f"{v!r}" for v in self.values)
+        if self.step is None:
+            return f"{self.run}: {self.key} is {shown} (summary.json vs config.yaml)"
+        what = "evaluation" if self.evaluation else "step"
+        return f"{self.run} {what} {self.step}: {self.key} recorded twice with different values ({shown})"
+
+
+def step_conflicts(run: str, t: MetricsTable) -> list:
+    """The :class:`RecordConflict` of one run's records: each (step, metric) logged more than once with different
+    values, training records and evaluation records apart (identical copies are no conflict: they collapse)."""
+    steps = np.asarray(t.steps)
+    if len(steps) < 2 or bool((np.diff(steps) > 0).all()):
+        return []
+    out = []
+    for evaluation in (False, True):
+        rows = np.asarray(t.evaluation) == evaluation
+        if rows.sum() < 2:
+            continue
+        for key, col in t.columns.items():
+            df = pd.DataFrame({"step": steps[rows], "v": col[rows]}).dropna()
+            if not len(df):
+                continue
+            n = df.groupby("step")["v"].nunique()
+            for step in n.index[n > 1]:
+                values = tuple(sorted(set(df.loc[df["step"] == step, "v"].tolist()), key=repr))
+                out.append(RecordConflict(run, key, values, int(step), evaluation))
+    return sorted(out, key=lambda c: (c.step or 0, c.key))
+
+
 @dataclass
 class RunRecord:
     """One run before tabulation.
@@ -133,6 +179,8 @@ class RunRecord:
     wall_s: Optional[float] = None
     problems: list = field(default_factory=list)
     nonfinite: list = field(default_factory=list)
+    #: config keys of the run's identity its records give differently (:class:`RecordConflict`, ``step`` None)
+    conflicts: list = field(default_factory=list)
 
 
 def _empty_nonfinite() -> pd.DataFrame:
@@ -161,6 +209,8 @@ class Sweep:
     )
     #: the sweep's plan (:class:`gkd_harness.analysis.sweep.plan.Plan`), None when the source has none
     plan: Any = None
+    #: records of one fact with different values (:class:`RecordConflict`)
+    conflicts: tuple = ()
 
     def run_history(self, run: str) -> pd.DataFrame:
         """History of one run, indexed by step ``[steps, metrics]``."""
@@ -396,6 +446,7 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
     frames: List[Any] = []
     evals: List[Any] = []
     bad: List[Any] = []
+    conflicts: List[RecordConflict] = []
     seen: Dict[str, int] = {}
     for rec in records:
         name, copy_of = rec.name, None
@@ -408,6 +459,7 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
         t = _metrics_table(rec)
         bad += [(name, int(step), metric, float(v)) for step, metric, v in t.nonfinite]
         h, dup_problems = _history_frame(t)
+        conflicts += [RecordConflict(name, c.key, c.values) for c in rec.conflicts] + step_conflicts(name, t)
         h.insert(0, "run", name)
         frames.append(h)
         if t.evaluation.any():
@@ -418,7 +470,8 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
         last_step = rec.last_step if rec.last_step is not None else last_logged
         student = _dtype_name(rec.dtypes_seen.get("student", cfg.get("dtypes_seen.student")))
         teacher = _dtype_name(rec.dtypes_seen.get("teacher", cfg.get("dtypes_seen.teacher")))
-        outcome, more = _outcome(rec, cfg, last_step, n_logged, tampered=bool(t.tampered))
+        outcome, more = _outcome(rec, cfg, last_step, n_logged, tampered=bool(t.tampered or rec.conflicts))
+        more += [f"records disagree: {c.line()}" for c in rec.conflicts]
         if t.tampered:
             more.append(
                 f"tampered records in {METRICS_FILE} (left out): "
@@ -475,7 +528,7 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
     if bad:
         nonfinite["step"] = nonfinite["step"].astype("int64")
         nonfinite["value"] = nonfinite["value"].astype("float64")
-    out = Sweep(source=source, runs=runs, history=history, nonfinite=nonfinite)
+    out = Sweep(source=source, runs=runs, history=history, nonfinite=nonfinite, conflicts=tuple(conflicts))
     if evals:
         out.evals = pd.concat(evals, ignore_index=True, sort=False)
     return out

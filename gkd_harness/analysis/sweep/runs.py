@@ -20,7 +20,15 @@ from typing import Any
 
 from gkd_harness.analysis.sweep.metrics import read_metrics_file
 from gkd_harness.analysis.sweep.plan import apply_plan, planned_by, read_plan
-from gkd_harness.analysis.sweep.records import RunRecord, Sweep, UnusableInput, tabulate
+from gkd_harness.analysis.sweep.records import (
+    CONFIG_COLUMNS,
+    TRAINING_KEYS,
+    RecordConflict,
+    RunRecord,
+    Sweep,
+    UnusableInput,
+    tabulate,
+)
 from gkd_harness.harness.config.flat import flatten
 from gkd_harness.harness.contract import (
     ARCHIVE_DIR,
@@ -39,6 +47,8 @@ __all__ = ["find_run_folders", "load_run_folder", "load_sweep", "planned_points"
 _SKIP_DIRS = {WANDB_DIR, SWIFT_DIR, CAPTURES_DIR, HYDRA_DIR, "__pycache__", ".submitit", "report", ARCHIVE_DIR}
 _HYDRA_VERDICT = "job_return.json"  # written by gkd_harness.launch.sweep's Hydra callback for every sweep point
 _MARKERS = (SUMMARY_FILE, METRICS_FILE, CONFIG_FILE)
+#: The config keys of a run's identity that summary.json and config.yaml must give alike.
+IDENTITY_KEYS = frozenset(CONFIG_COLUMNS + TRAINING_KEYS)
 
 
 def planned_points(sweep: os.PathLike) -> tuple:
@@ -148,8 +158,11 @@ def load_run_folder(path: os.PathLike) -> RunRecord:
         summary = dict(summary, error=summary.get("error") or hydra_error)
         status = "failed"
     cfg_yaml = path / CONFIG_FILE
+    conflicts = []
     if cfg_yaml.exists():
         for k, v in _read_config_yaml(cfg_yaml).items():
+            if k in IDENTITY_KEYS and k in config and _differ(config[k], v):
+                conflicts.append(RecordConflict(path.name, k, (config[k], v)))
             config.setdefault(k, v)
     metrics_path = path / METRICS_FILE
     problems = []
@@ -176,7 +189,16 @@ def load_run_folder(path: os.PathLike) -> RunRecord:
         last_step=summary.get("last_step"),
         wall_s=summary.get("wall_s"),
         problems=problems,
+        conflicts=conflicts,
     )
+
+
+def _differ(a: Any, b: Any) -> bool:
+    """Whether two recorded values of one config key differ (``1`` and ``1.0`` do not)."""
+    try:
+        return float(a) != float(b)
+    except (TypeError, ValueError):
+        return str(a) != str(b)
 
 
 def load_sweep(sweep: os.PathLike) -> Sweep:
