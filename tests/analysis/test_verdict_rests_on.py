@@ -42,6 +42,8 @@ def _sweep(root: Path, *, running: str | None = None) -> Path:
                 spot_every=2,
                 status="running" if name == running else "completed",
             )
+    points = sorted(p.name for p in root.iterdir())
+    (root / "sweep_manifest.json").write_text(json.dumps({"points": points}))  # the plan: names only
     return root
 
 
@@ -73,7 +75,8 @@ def _analyze(sweep: Path, out: Path, capsys, criteria: str | None = None) -> tup
     rc = main(args)
     console = capsys.readouterr().out
     line = next(x for x in console.splitlines() if x.startswith("verdict: "))
-    banner = next(x for x in (out / "r" / "report.md").read_text().splitlines() if x.startswith("> **Verdict"))
+    md = (out / "r" / "report.md").read_text()
+    banner = next(x for x in md.splitlines() if x.startswith("> **Verdict")).replace("\\", "")  # any escaping
     return rc, line, banner, json.loads((out / "r" / "verdict.json").read_text())
 
 
@@ -91,7 +94,7 @@ def test_repro2_a_beta_list_without_the_mismatching_beta_is_on_the_first_line(tm
     assert rc == 1 and v["failed_criteria"] == ["beta_forms_unchanged"] and v["rests_on"] == ""
     rc, line, banner, v = _analyze(sweep, tmp_path / "file", capsys, "beta_forms_unchanged:\n  betas: [0.0, 1.0]\n")
     said = (
-        f"criteria file {tmp_path / 'file' / 'c.yaml'} changes beta_forms_unchanged.betas [0, 0.5, 1] → [0, 1]; "
+        "criteria file c.yaml changes beta_forms_unchanged.betas [0, 0.5, 1] → [0, 1]; "
         "without the criteria file the verdict is FAIL (beta_forms_unchanged)"
     )
     assert rc == 0 and v["verdict"] == "pass"
@@ -103,10 +106,16 @@ def test_repro2_a_beta_list_without_the_mismatching_beta_is_on_the_first_line(tm
             "key": "beta_forms_unchanged.betas",
             "shipped": [0.0, 0.5, 1.0],
             "value": [0.0, 1.0],
-            "by": str(tmp_path / "file" / "c.yaml"),
+            "by": "c.yaml",
         }
     ]
     assert v["verdict_without_criteria_file"] == {"verdict": "fail", "failed": ["beta_forms_unchanged"]}
+    # --verify recomputes it, the criteria file given by another path
+    (tmp_path / "again").mkdir()
+    (tmp_path / "again" / "c.yaml").write_text((tmp_path / "file" / "c.yaml").read_text())
+    capsys.readouterr()
+    assert main(["--verify", str(tmp_path / "file" / "r"), "--criteria", str(tmp_path / "again" / "c.yaml")]) == 0
+    assert "matches: verdict PASS" in capsys.readouterr().out
 
 
 def test_repro2_b_a_wide_spot_tolerance_is_on_the_first_line(tmp_path, capsys):
@@ -116,7 +125,7 @@ def test_repro2_b_a_wide_spot_tolerance_is_on_the_first_line(tmp_path, capsys):
         _edit(sweep / run, lambda r: _spot_off(r, 0.5))
     rc, line, banner, v = _analyze(sweep, tmp_path / "file", capsys, "spot_tolerance:\n  loss_rtol: 1.0\n")
     said = (
-        f"criteria file {tmp_path / 'file' / 'c.yaml'} changes spot_tolerance.loss_rtol 0.0001 → 1; "
+        "criteria file c.yaml changes spot_tolerance.loss_rtol 0.0001 → 1; "
         "without the criteria file the verdict is FAIL (spot_tolerance)"
     )
     assert rc == 0 and _status(v, "spot_tolerance") == "pass"
@@ -130,7 +139,7 @@ def test_repro2_c_allow_incomplete_is_on_the_first_line_and_the_beta_forms_say_h
     sweep = _sweep(tmp_path / "s", running="fp32-continuous")
     rc, line, banner, v = _analyze(sweep, tmp_path / "file", capsys, "no_failed_runs:\n  allow_incomplete: true\n")
     said = (
-        f"criteria file {tmp_path / 'file' / 'c.yaml'} changes no_failed_runs.allow_incomplete false → true; "
+        "criteria file c.yaml changes no_failed_runs.allow_incomplete false → true; "
         "without the criteria file the verdict is FAIL (no_failed_runs)"
     )
     assert (
@@ -151,13 +160,25 @@ def test_a_plan_declared_value_is_named_with_the_plan(tmp_path, capsys):
     """The experiment's plan declares a margin: the first line names the plan, and no "without the criteria file"
     verdict (there is no file)."""
     sweep = _sweep(tmp_path / "s")
-    points = sorted(p.name for p in sweep.iterdir())
+    points = sorted(p.name for p in sweep.iterdir() if p.is_dir())
     manifest = {"points": points, "signoff": {"patched_not_worse": {"margin": 0.02}}}
     (sweep / "sweep_manifest.json").write_text(json.dumps(manifest))
     rc, line, banner, v = _analyze(sweep, tmp_path / "o", capsys)
     said = "the plan (sweep_manifest.json) changes patched_not_worse.margin 0.01 → 0.02"
     assert rc == 0 and v["rests_on"] == said and v["verdict_without_criteria_file"] is None
     assert f"not the shipped criteria: {said})" in line
+
+
+def test_without_a_plan_the_banner_says_completeness_is_not_checked(tmp_path, capsys):
+    sweep = _sweep(tmp_path / "s")
+    (sweep / "sweep_manifest.json").unlink()
+    rc, _, banner, v = _analyze(sweep, tmp_path / "o", capsys)
+    assert rc == 0 and v["plan"] is None
+    assert banner.replace("\\", "").startswith(  # whatever Markdown escaping the name gets
+        "> **Verdict: PASS** — No plan (no sweep_manifest.json or multirun.yaml): completeness not checked. "
+    ), banner
+    failed = next(c for c in v["criteria"] if c["name"] == "no_failed_runs")
+    assert "plan: none, so completeness is not checked against planned points" in failed["applies"]
 
 
 # --------------------------------------------------------------------------------------------------- repro 9

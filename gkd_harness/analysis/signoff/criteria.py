@@ -693,7 +693,12 @@ def no_failed_runs(ev: Evidence, c: Any) -> Result:
         thr,
         measured,
         details,
-        "applies to every sweep (planned points from the sweep's manifest or multirun.yaml)",
+        "applies to every sweep (planned points from the sweep's "
+        + (
+            f"{ev.sweep.plan.where})"
+            if getattr(ev.sweep, "plan", None) is not None
+            else "plan: none, so completeness is not checked against planned points)"
+        ),
     )
 
 

@@ -116,7 +116,9 @@ def judge(sweep: Sweep, criteria_file: Optional[Path] = None, allow_mixed: bool 
             "key": k,
             "shipped": old,
             "value": new,
-            "by": str(criteria_file) if k in by_file else (plan.where if plan is not None and k in by_plan else "?"),
+            "by": _file_label(criteria_file)
+            if k in by_file
+            else (plan.where if plan is not None and k in by_plan else "?"),
         }
         for k, old, new in criteria_changes(cfg, shipped_cfg)
     ]
@@ -127,6 +129,11 @@ def judge(sweep: Sweep, criteria_file: Optional[Path] = None, allow_mixed: bool 
     return Judged(
         sweep, cfg, ev, verdict, results, mixed, allow_mixed, criteria_file, changes, shipped, headline(ev, results)
     )
+
+
+def _file_label(criteria_file: Optional[Path]) -> str:
+    """How the verdict names a --criteria file: its name (the path and sha256 are in verdict.json's inputs)."""
+    return Path(criteria_file).name if criteria_file is not None else ""
 
 
 def _shown(v: Any) -> str:
@@ -152,9 +159,8 @@ def rests_on(j: Judged) -> str:
     parts = []
     for by in dict.fromkeys(c["by"] for c in j.changes):
         mine = [c for c in j.changes if c["by"] == by]
-        who = (
-            f"criteria file {by}" if j.criteria_file is not None and by == str(j.criteria_file) else f"the plan ({by})"
-        )
+        by_file = j.criteria_file is not None and by == _file_label(j.criteria_file)
+        who = f"criteria file {by}" if by_file else f"the plan ({by})"
         parts.append(
             f"{who} changes " + ", ".join(f"{c['key']} {_shown(c['shipped'])} → {_shown(c['value'])}" for c in mine)
         )
@@ -229,6 +235,6 @@ def margin_line(j: Judged) -> str:
     plan = getattr(j.sweep, "plan", None)
     declared = ((plan.signoff if plan is not None else {}) or {}).get("patched_not_worse", {}) or {}
     where = "the plan" if "margin" in declared else "the shipped criteria"
-    if any(c["key"] == "patched_not_worse.margin" and c["by"] == str(j.criteria_file) for c in j.changes):
+    if any(c["key"] == "patched_not_worse.margin" and c["by"] == _file_label(j.criteria_file) for c in j.changes):
         where = f"--criteria {j.criteria_file}"
     return f"; non-inferiority margin {j.cfg.patched_not_worse.margin:.2%} ({where})"

@@ -439,7 +439,13 @@ def _banner(ctx: ReportContext, doc: Document) -> None:
         parts.append(f"{n['skipped']} skipped (not required, nothing measured: {', '.join(n['names']['skipped'])})")
     if n["disabled"]:
         parts.append(f"{n['disabled']} turned off by the criteria file ({', '.join(n['names']['disabled'])})")
-    detail = (f"Not the shipped criteria: {rests}. " if rests else "") + "; ".join(parts) + "."
+    no_plan = "No plan (no sweep_manifest.json or multirun.yaml): completeness not checked. "
+    detail = (
+        (no_plan if getattr(ctx.sweep, "plan", None) is None else "")
+        + (f"Not the shipped criteria: {rests}. " if rests else "")
+        + "; ".join(parts)
+        + "."
+    )
     if n["failed"]:
         detail += f" Failing: {', '.join(n['names']['failed'])}."
     if ctx.allow_mixed:

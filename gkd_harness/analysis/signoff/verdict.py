@@ -44,6 +44,10 @@ __all__ = [
 ]
 
 EXIT_PASS, EXIT_FAIL = 0, 1
+#: Judgement keys --verify does not compare one by one: the run files (compared above, file by file) and what the
+#: criteria changed (a function of the criteria, sealed by their sha256, and of the plan, compared as ``plan``;
+#: the file's name may differ between the report and the check).
+_SEALED_BY_CRITERIA = ("run_files", "rests_on", "criteria_changes")
 #: The files of a run folder whose sha256 the verdict records.
 RUN_FILES = (METRICS_FILE, SUMMARY_FILE, CONFIG_FILE)
 
@@ -208,7 +212,7 @@ def first_difference(
                     f"{str(new[run].get(f))[:12]} now)"
                 )
     for key, value in fresh.items():
-        if key == "run_files":
+        if key in _SEALED_BY_CRITERIA:
             continue
         if recorded.get(key) != value:
             if key == "criteria":
