@@ -53,17 +53,7 @@ def analyze(
     criteria_file = Path(criteria) if criteria is not None else None
     runs = load_runs(source, str(sweep), group)
     j = judge(runs, criteria_file, allow_mixed, label=str(sweep))
-    return build_report(
-        runs,
-        Path(out),
-        j.cfg,
-        allow_mixed=allow_mixed,
-        mixed=tuple(j.mixed),
-        criteria_file=criteria_file,
-        evidence=j.ev,
-        source={"source": source, "sweep": str(sweep), "group": group},
-        judged=(j.verdict, j.results),
-    )
+    return build_report(j, Path(out), source={"source": source, "sweep": str(sweep), "group": group})
 
 
 def certify(
@@ -84,14 +74,16 @@ def certify(
         against upstream (reported only).
 
     Raises:
-        CandidateError: the candidate cannot be loaded.
+        CandidateError: the candidate cannot be loaded, or its process exits, is killed or hangs while importing.
         ValueError: no family matches ``families``.
     """
-    from gkd_harness.analysis.certify.certificate import certify as certify_candidate
-    from gkd_harness.analysis.certify.certificate import load, write
+    from gkd_harness.analysis.certify.certificate import write
+    from gkd_harness.analysis.certify.process import certify_in_child
 
-    cand = load(candidate, name, beta_form, ())
-    cert = certify_candidate(cand, beta_form, quick, strict, tuple(families), speed=speed)
+    # the candidate's code runs in a spawned child, as in gkd-certify: its exit, hang or global state is evidence
+    cert = certify_in_child(
+        candidate, name, beta_form, (), quick=quick, strict=strict, only=tuple(families), speed=speed
+    )
     if not cert["families"]:
         raise ValueError(f"families: no family matches {list(families)}")
     if out is not None:

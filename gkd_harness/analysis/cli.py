@@ -177,7 +177,7 @@ def _missing_path(args) -> Optional[str]:
 
 
 def _run(args, own_process: bool = False) -> int:
-    from gkd_harness.analysis.signoff.judge import judge, load_runs, margin_line
+    from gkd_harness.analysis.signoff.judge import judge, load_runs, margin_line, rests_on
     from gkd_harness.analysis.signoff.report import build_report
     from gkd_harness.analysis.sweep.records import UnusableInput
     from gkd_harness.harness.launcher.stage_lines import Stages
@@ -192,25 +192,20 @@ def _run(args, own_process: bool = False) -> int:
     if own_process:
         _freeze_imported_heap()
     stage("writing the report")
-    result = build_report(
-        sweep,
-        args.report,
-        j.cfg,
-        allow_mixed=args.allow_mixed,
-        mixed=tuple(j.mixed),
-        criteria_file=args.criteria,
-        evidence=j.ev,
-        source={"source": args.source, "sweep": args.sweep, "group": args.group},
-        judged=(j.verdict, j.results),
-    )
+    result = build_report(j, args.report, source={"source": args.source, "sweep": args.sweep, "group": args.group})
     for c in result["criteria"]:
         print(console_safe(f"[{c['status']:>12}] {c['title']}: {c['measured']}", multiline=True))
     for name, why in result.get("failed_reasons", {}).items():
         print(console_safe(f"FAIL {name}: {why}", multiline=True))
     if args.allow_mixed and j.mixed:
         print(f"--allow-mixed: {'; '.join(j.mixed)}")
+    rests = rests_on(j)
     print(
-        console_safe(f"verdict: {result['verdict'].upper()} ({len(sweep.runs)} runs{margin_line(j)}) -> ")
+        console_safe(
+            f"verdict: {result['verdict'].upper()} ({len(sweep.runs)} runs{margin_line(j)}"
+            + (f"; not the shipped criteria: {rests}" if rests else "")
+            + ") -> "
+        )
         + console_safe(args.report / "report.md")
     )
     if args.junit is not None or args.summary is not None:
@@ -243,7 +238,7 @@ def _verify(args) -> int:
     where = args.sweep or inputs.get("sweep")
     sweep = load_runs(inputs.get("source") or "local", where, inputs.get("group"))
     j = judge(sweep, args.criteria, bool(recorded.get("allow_mixed")), label=where)
-    fresh = judgement(j.ev, j.verdict, j.results, j.allow_mixed, j.mixed)
+    fresh = judgement(j)
     md, html = args.verify / "report.md", args.verify / "report.html"
     diff = first_difference(
         recorded,

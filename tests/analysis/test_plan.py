@@ -95,7 +95,7 @@ def _judged(sweep: Path, criteria: Path | None = None, allow_mixed: bool = False
     from gkd_harness.analysis.signoff.verdict import judgement
 
     j = judge(load_runs("local", str(sweep), None), criteria, allow_mixed)
-    out = judgement(j.ev, j.verdict, j.results, j.allow_mixed, j.mixed)
+    out = judgement(j)
     out["runs"] = j.sweep.runs[["run", "outcome", "problems"]].to_dict("records")
     return out
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gkd_harness.analysis.signoff.compare as compare
 from gkd_harness.analysis.signoff import report
-from gkd_harness.analysis.signoff.criteria_file import load_criteria
+from gkd_harness.analysis.signoff.judge import judge
 from gkd_harness.analysis.sweep.runs import load_sweep
 
 
@@ -26,7 +26,7 @@ def test_spot_and_negatives_tables_are_computed_once_per_report(synthetic_sweep_
             m = importlib.import_module(mod)
             if hasattr(m, name):
                 monkeypatch.setattr(m, name, counted)
-    out = report.build_report(load_sweep(synthetic_sweep_dir), tmp_path / "r", load_criteria())
+    out = report.build_report(judge(load_sweep(synthetic_sweep_dir)), tmp_path / "r")
     assert out["verdict"] == "pass"
     assert calls == {"spot_table": 1, "negatives_table": 1}
 

@@ -44,6 +44,8 @@ __all__ = [
     "spot_distribution",
     "step_agreement",
     "paired_runs",
+    "pair_keys",
+    "planned_max_steps",
     "forms_agreement",
     "precision_agreement",
     "largest_divergence",
@@ -185,10 +187,41 @@ def spot_distribution(spots: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def paired_runs(runs: pd.DataFrame, vary: str, a: str, b: str) -> list:
-    """(run_a, run_b) pairs equal on every :data:`PAIR_KEYS` column except ``vary``, with ``vary`` = a / b."""
-    keys = [k for k in PAIR_KEYS if k in runs.columns and k != vary]
+#: The keys that name the loss variant itself: never a pairing key (one of them is what a comparison varies).
+_LOSS_VARIANT_KEYS = ("role", "loss.precision", "loss.beta_form", "candidate", "loss_sha256")
+
+
+def pair_keys(runs: pd.DataFrame, vary, plan=None) -> list:
+    """The keys two runs must share to be compared while ``vary`` (a key, or a tuple of keys) differs: the
+    config columns (:data:`PAIR_KEYS`), every key of a run's identity but the loss variant
+    (:data:`gkd_harness.analysis.sweep.evidence.VARIANT_KEYS`: learning rate, dataset, batch size, max_length, the
+    held-out evaluation keys, versions) and every key the plan sweeps (``plan.swept_keys()``), other than
+    ``vary``; only those ``runs`` has as columns."""
+    from gkd_harness.analysis.sweep.evidence import VARIANT_KEYS
+
+    varied = {vary} if isinstance(vary, str) else set(vary)
+    swept = sorted(plan.swept_keys()) if plan is not None else []
+    keys = [*PAIR_KEYS, *(k for k in VARIANT_KEYS if k not in _LOSS_VARIANT_KEYS), *swept]
+    return [k for k in dict.fromkeys(keys) if k in runs.columns and k not in varied]
+
+
+def planned_max_steps(runs: pd.DataFrame, plan=None) -> pd.Series:
+    """Each run's planned ``run.max_steps``: what the plan declares for its point, else its own config's (a run
+    relaunched or cut with fewer steps is still the plan's point, paired with its twin, and incomplete)."""
+    own = runs["run.max_steps"] if "run.max_steps" in runs.columns else pd.Series(np.nan, index=runs.index)
+    if plan is None or not getattr(plan, "declared", None) or "point" not in runs.columns:
+        return own
+    declared = [plan.value(str(p), "run.max_steps") for p in runs["point"]]
+    return pd.Series([d if d is not None else o for d, o in zip(declared, own)], index=runs.index, dtype=object)
+
+
+def paired_runs(runs: pd.DataFrame, vary: str, a: str, b: str, plan=None) -> list:
+    """(run_a, run_b) pairs equal on every :func:`pair_keys` key, with ``vary`` = a / b; ``run.max_steps``
+    compared as planned (:func:`planned_max_steps`)."""
+    keys = pair_keys(runs, vary, plan)
     r = runs.copy()
+    if "run.max_steps" in r.columns:
+        r["run.max_steps"] = planned_max_steps(r, plan)
     r[keys] = r[keys].astype(str)  # NaN/None compare equal as strings
     left = r[r[vary] == a][["run"] + keys]
     right = r[r[vary] == b][["run"] + keys]
@@ -213,7 +246,7 @@ def step_agreement(
     ``violations`` (common steps with ``|x−y| > rtol·max(|x|,|y|) + atol``).
     """
     runs = sweep.runs if runs is None else runs
-    pairs = paired_runs(runs, vary, a, b)
+    pairs = paired_runs(runs, vary, a, b, getattr(sweep, "plan", None))
     if not pairs:
         return pd.DataFrame()
     h = sweep.history

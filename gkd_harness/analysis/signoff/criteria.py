@@ -25,6 +25,7 @@ from gkd_harness.analysis.signoff.compare import (
     largest_divergence,
     negatives_table,
     paired_runs,
+    planned_max_steps,
     spot_table,
     step_agreement,
 )
@@ -37,6 +38,12 @@ from gkd_harness.harness.contract import (
     CONTINUOUS,
     CRITERION_STATUSES,
     FAILING_STATUSES,
+    LOSS_CALLS_TOTAL,
+    MIN_TOKEN_JSD,
+    NEG_LOSS_CALLS,
+    NEG_LOSS_CALLS_TOTAL,
+    NEG_TOKEN_FRAC,
+    NONFINITE_CALLS_TOTAL,
     ORIGINAL,
     PAPER,
     PATCHED,
@@ -129,6 +136,12 @@ class Evidence:
     judged_why: str
     negatives: pd.DataFrame
     spots: pd.DataFrame
+
+    @property
+    def conflicts(self) -> tuple:
+        """Records of one fact with different values (:class:`~gkd_harness.analysis.sweep.records.RecordConflict`):
+        a step or evaluation logged twice, a run's config given differently by summary.json and config.yaml."""
+        return tuple(getattr(self.sweep, "conflicts", ()) or ())
 
     @property
     def runs(self) -> pd.DataFrame:
@@ -470,7 +483,9 @@ def _agreement_thr(c: Any) -> str:
     return f"|a - b| <= {c.rtol:g}*max(|a|,|b|) + {c.atol:g} at every common step of " + ", ".join(c.metrics)
 
 
-def _agreement_result(name, title, agreement: pd.DataFrame, c: Any, no_pairs: str, applies: str = "") -> Result:
+def _agreement_result(
+    name, title, agreement: pd.DataFrame, c: Any, no_pairs: str, applies: str = "", runs=None, plan=None
+) -> Result:
     thr = _agreement_thr(c)
     if agreement.empty or "max_abs_diff" not in agreement:
         return _not_measured(name, title, thr, no_pairs, c.required, applies)
@@ -497,8 +512,33 @@ def _agreement_result(name, title, agreement: pd.DataFrame, c: Any, no_pairs: st
     )
     if "gkd.beta" in a:
         measured += "; β compared: " + ", ".join(f"{b:g}" for b in sorted(a["gkd.beta"].dropna().unique()))
+    short = _short_pairs(a, runs, plan) if runs is not None else []
+    if short:
+        measured += f"; {len(short)} pair{'s' if len(short) > 1 else ''} compared on fewer steps than planned"
+        details += short
     status: CriterionStatus = "pass" if bad.empty and no_common.empty else "fail"
     return Result(name, title, status, thr, measured, details, applies)
+
+
+def _short_pairs(agreement: pd.DataFrame, runs: pd.DataFrame, plan) -> list:
+    """One line per compared pair with a run that logged fewer training steps than planned (an incomplete run
+    let through by ``no_failed_runs.allow_incomplete``, or a failed one): how many steps were compared."""
+    planned = pd.to_numeric(planned_max_steps(runs, plan), errors="coerce")
+    steps = dict(zip(runs["run"], planned))
+    logged = dict(zip(runs["run"], runs["train_steps"])) if "train_steps" in runs.columns else {}
+    out = []
+    for (ra, rb), g in agreement.groupby(["run_a", "run_b"], sort=False):
+        want = max(steps.get(ra, np.nan), steps.get(rb, np.nan))
+        if not want == want:  # no planned steps recorded
+            continue
+        low = [(r, int(logged[r])) for r in (ra, rb) if r in logged and logged[r] < (steps.get(r) or want)]
+        if low:
+            out.append(
+                f"{ra} vs {rb}: compared on {int(g['common_steps'].max())} common steps of {int(want)} planned ("
+                + ", ".join(f"{r} logged {n} of {int(steps.get(r) or want)}" for r, n in low)
+                + ")"
+            )
+    return out
 
 
 def beta_forms_unchanged(ev: Evidence, c: Any) -> Result:
@@ -518,7 +558,7 @@ def beta_forms_unchanged(ev: Evidence, c: Any) -> Result:
             f"the sweep has no {lacking} point at β ∈ {{{betas}}} (β forms in the sweep: "
             f"{_values(sweep.runs, 'loss.beta_form')})",
         )
-    elif not paired_runs(runs, "loss.beta_form", "paper", "continuous"):
+    elif not paired_runs(runs, "loss.beta_form", "paper", "continuous", sweep.plan):
         res = _not_applicable(
             "beta_forms_unchanged",
             title,
@@ -538,6 +578,8 @@ def beta_forms_unchanged(ev: Evidence, c: Any) -> Result:
             c,
             "no paired paper/continuous runs at these β (runs equal in every other key)",
             f"applies: paper and continuous points at one precision and β ∈ {{{betas}}}",
+            runs,
+            sweep.plan,
         )
     # The formula itself, in FP64 on the β-curve's fixed inputs: the forms must coincide exactly at these β.
     s, t = beta_defect_inputs()
@@ -563,7 +605,7 @@ def precisions_unchanged_in_fp32(ev: Evidence, c: Any) -> Result:
     )
     r = ev.runs
     both = r[(r["dtype.student"] == "float32") & (r["dtype.teacher"] == "float32")]
-    pairs = paired_runs(both, "loss.precision", "native", "fp32")
+    pairs = paired_runs(both, "loss.precision", "native", "fp32", ev.sweep.plan)
     if not pairs:
         precs = set(both["loss.precision"].dropna())
         return _not_applicable(
@@ -651,7 +693,12 @@ def no_failed_runs(ev: Evidence, c: Any) -> Result:
         thr,
         measured,
         details,
-        "applies to every sweep (planned points from the sweep's manifest or multirun.yaml)",
+        "applies to every sweep (planned points from the sweep's "
+        + (
+            f"{ev.sweep.plan.where})"
+            if getattr(ev.sweep, "plan", None) is not None
+            else "plan: none, so completeness is not checked against planned points)"
+        ),
     )
 
 
@@ -705,8 +752,65 @@ CRITERIA = {
 }
 
 
+_NEGATIVE_KEYS = (NEG_LOSS_CALLS, NEG_LOSS_CALLS_TOTAL, LOSS_CALLS_TOTAL, MIN_TOKEN_JSD, NEG_TOKEN_FRAC)
+
+
+def _spot(key: str) -> bool:
+    return key.startswith("spot/")
+
+
+def _reads(ev: Evidence, name: str, c: Any) -> tuple:
+    """``(runs, key -> bool)``: the runs criterion ``name`` reads and which of their logged keys (None: it reads
+    no logged value)."""
+    r = ev.runs
+    if name == "no_negative_patched":
+        return set(ev.judged["run"]), lambda k: k in _NEGATIVE_KEYS
+    if name == "no_nonfinite":
+        return set(ev.judged["run"]), lambda k: k in c.metrics or _spot(k) or k == NONFINITE_CALLS_TOTAL
+    if name == "spot_tolerance":
+        return set(ev.judged["run"]), _spot
+    if name == "original_shows_defect":
+        return set(ev.originals["run"]), lambda k: _spot(k) or k in _NEGATIVE_KEYS
+    if name == "beta_forms_unchanged":
+        return set(r.loc[r["gkd.beta"].isin(c.betas), "run"]), lambda k: k in c.metrics
+    if name == "precisions_unchanged_in_fp32":
+        return set(r["run"]), lambda k: k in c.metrics or _spot(k)
+    if name == "patched_not_worse":
+        return set(r["run"]), lambda k: k.startswith("eval/")
+    return set(), None
+
+
+def _conflicted(ev: Evidence, r: Result, c: Any) -> Result:
+    """``r``, or ``not_measured`` (``skipped`` when not required) when the criterion reads a record that was
+    recorded twice with different values, naming each run and step: a step (or evaluation) it reads, or a run
+    whose identity (config) its records give two ways, which no criterion can place (``no_failed_runs`` fails
+    such a run as tampered, and judges no logged value)."""
+    if r.status == "disabled" or not ev.conflicts:
+        return r
+    runs, reads = _reads(ev, r.name, c)
+    hits = [x for x in ev.conflicts if x.step is None and reads is not None]
+    if r.status != "not_applicable":
+        hits += [x for x in ev.conflicts if x.step is not None and reads is not None and x.run in runs and reads(x.key)]
+    if not hits:
+        return r
+    from gkd_harness.analysis.signoff.outcome import held_out_declared
+
+    lines = [x.line() for x in hits]
+    required = c.required or (r.name == "patched_not_worse" and held_out_declared(ev.sweep))
+    return Result(
+        r.name,
+        r.title,
+        "not_measured" if required else "skipped",
+        r.threshold,
+        f"{len(hits)} conflicting record(s), not judged by order: {lines[0]}",
+        lines + r.details,
+        r.applies,
+    )
+
+
 def evaluate_evidence(ev: Evidence, cfg: SignoffCriteria) -> tuple:
-    """Evaluate every criterion on ``ev`` -> (verdict "pass"|"fail", [Result])."""
+    """Evaluate every criterion on ``ev`` -> (verdict "pass"|"fail", [Result]); a criterion that reads
+    conflicting records is not measured (:func:`_conflicted`)."""
     assert tuple(CRITERIA) == CRITERIA_NAMES, "criteria functions and schema sections differ"
     results = []
     for name, fn in CRITERIA.items():
@@ -723,7 +827,7 @@ def evaluate_evidence(ev: Evidence, cfg: SignoffCriteria) -> tuple:
                 )
             )
             continue
-        results.append(fn(ev, c))
+        results.append(_conflicted(ev, fn(ev, c), c))
     verdict = "fail" if any(r.status in FAILING_STATUSES for r in results) else "pass"
     return verdict, results
 

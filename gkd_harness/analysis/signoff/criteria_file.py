@@ -31,6 +31,7 @@ __all__ = [
     "default_criteria_text",
     "load_criteria",
     "criteria_from_dict",
+    "criteria_changes",
 ]
 
 #: Packages that may hold the config tree (the wheel ships ``configs/`` as ``gkd_harness.configs``).
@@ -339,3 +340,20 @@ def load_criteria(
     except (OSError, UnicodeDecodeError) as e:
         raise UnusableInput(f"criteria file {path} cannot be read ({e})") from None
     return criteria_from_dict(_merge(data, _parse_yaml(user_text, str(path))), str(path))
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out: dict = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def criteria_changes(cfg: SignoffCriteria, base: SignoffCriteria) -> list:
+    """``[(key, base value, cfg value)]`` for every key (dotted, e.g. ``spot_tolerance.loss_rtol``) whose value in
+    ``cfg`` differs from ``base``, in the file's order: each changed threshold or switch."""
+    old, new = _flat(base.to_dict()), _flat(cfg.to_dict())
+    return [(k, old[k], v) for k, v in new.items() if old.get(k) != v]

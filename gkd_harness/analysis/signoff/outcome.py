@@ -28,21 +28,35 @@ from gkd_harness.harness.contract import EVAL_FORWARD_KL, EVAL_JSD, EVAL_REVERSE
 
 #: The held-out metrics the statistics cover (``eval/tokens`` is a count, not an outcome).
 OUTCOME_METRICS = (EVAL_JSD, EVAL_FORWARD_KL, EVAL_REVERSE_KL, EVAL_TOP1_AGREEMENT)
-#: Config columns two runs must share to be a pair (besides the seed); the loss variant is what differs.
-PAIR_COLUMNS = (
-    "gkd.beta",
-    "gkd.temperature",
-    "gkd.topk",
-    "gkd.sft_alpha",
-    "gkd.lmbda",
-    "run.max_steps",
-    "model.student",
-    "model.teacher",
-    "model.student_dtype",
-    "model.teacher_dtype",
-    "backend.name",
+#: What the outcome's pairing does not match on as a key: the loss variant (what differs), and the β form and seed
+#: (matched one by one, :func:`paired_differences`); every other key of the plan and of a run's identity is a
+#: pairing key (:func:`gkd_harness.analysis.signoff.compare.pair_keys`).
+_MATCHED_APART = (
+    "loss.precision",
+    "loss.source",
+    "loss.name",
+    "loss.beta_form",
+    "run.seed",
+    "dtype.student",
+    "dtype.teacher",
 )
 LEVEL = 0.95
+
+
+def outcome_pair_keys(sweep) -> list:
+    """The keys an original and a patched run of one seed and β form must share to pair (learning rate, dataset,
+    batch size, max_length, the held-out evaluation keys, and every key the plan sweeps among them)."""
+    from gkd_harness.analysis.signoff.compare import pair_keys
+
+    return pair_keys(sweep.runs, _MATCHED_APART, getattr(sweep, "plan", None))
+
+
+def _pair_key(row: Any, keys: list) -> str:
+    """``row``'s values of ``keys`` as one string (NaN and None alike)."""
+    get = row.get if hasattr(row, "get") else (lambda k: None)
+    return "|".join(
+        "nan" if (v := get(k)) is None or (isinstance(v, float) and math.isnan(v)) else str(v) for k in keys
+    )
 
 
 def held_out_declared(sweep) -> bool:
@@ -107,6 +121,7 @@ def final_values(sweep, metrics: Iterable[str] = OUTCOME_METRICS) -> pd.DataFram
     hist = sweep.history
     finals = _final_steps(sweep.runs)
     last = {m: _at_final(hist, m, finals) for m in dict.fromkeys(metrics) if m in hist.columns}
+    keys = outcome_pair_keys(sweep)
     rows = []
     for _, r in sweep.runs.iterrows():
         row = {
@@ -128,11 +143,10 @@ def final_values(sweep, metrics: Iterable[str] = OUTCOME_METRICS) -> pd.DataFram
                     row["step"] = step_value[0]
             else:
                 row[m] = math.nan
-        for c in PAIR_COLUMNS:
-            row[c] = r.get(c)
+        row["pair_key"] = _pair_key(r, keys)
         if found:
             rows.append(row)
-    cols = ["run", "variant", "role", "precision", "beta_form", "seed", "step", *metrics, *PAIR_COLUMNS]
+    cols = ["run", "variant", "role", "precision", "beta_form", "seed", "step", *metrics, "pair_key"]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -194,10 +208,6 @@ def variant_table(finals: pd.DataFrame, metrics: Iterable[str] = OUTCOME_METRICS
     return pd.DataFrame(out, columns=["variant", "role", "metric", "n", "mean", "low", "high"])
 
 
-def _key(row: pd.Series) -> tuple:
-    return tuple("nan" if (isinstance(row[c], float) and math.isnan(row[c])) else str(row[c]) for c in PAIR_COLUMNS)
-
-
 def paired_differences(
     finals: pd.DataFrame,
     original_precision: Optional[str] = None,
@@ -222,7 +232,7 @@ def paired_differences(
     out = []
     for _, p in pats.iterrows():
         match = orig[(orig["seed"] == p["seed"]) & (orig["beta_form"] == p["beta_form"])]
-        match = match[[_key(o) == _key(p) for _, o in match.iterrows()]]
+        match = match[match["pair_key"] == p["pair_key"]]
         if len(match) != 1:
             continue
         o = match.iloc[0]
@@ -326,6 +336,7 @@ def _pair_gaps(sweep, orig: pd.DataFrame, pats: pd.DataFrame, seeds: list, final
             f" (its last is at step {at[0]})" if at else " (none logged)"
         )
 
+    keys = outcome_pair_keys(sweep)
     gaps = []
     labels = pd.Series([variant_of(r) for _, r in pats.iterrows()], index=pats.index, dtype=object)
     for label in sorted(set(labels)):
@@ -340,7 +351,7 @@ def _pair_gaps(sweep, orig: pd.DataFrame, pats: pd.DataFrame, seeds: list, final
                     (pd.to_numeric(orig["run.seed"], errors="coerce") == seed)
                     & (orig["loss.beta_form"] == p["loss.beta_form"])
                 ]
-                twins = twins[[_key(o) == _key(p) for _, o in twins.iterrows()]]
+                twins = twins[[_pair_key(o, keys) == _pair_key(p, keys) for _, o in twins.iterrows()]]
                 if len(twins) != 1:
                     gaps.append(f"seed {seed}: {len(twins)} original runs pair with {label} ({p['run']}), not 1")
                     continue
@@ -564,7 +575,7 @@ def report_section(sweep, doc, report_dir, original_precision: str, patched_prec
 
 __all__ = [
     "OUTCOME_METRICS",
-    "PAIR_COLUMNS",
+    "outcome_pair_keys",
     "t_interval",
     "variant_of",
     "final_values",

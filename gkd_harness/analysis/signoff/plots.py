@@ -183,7 +183,7 @@ def _paired_difference(sweep, runs: pd.DataFrame, metric: str, by_run: Optional[
     """
     from gkd_harness.analysis.signoff.compare import paired_runs
 
-    pairs = paired_runs(runs, "loss.precision", "native", "fp32")
+    pairs = paired_runs(runs, "loss.precision", "native", "fp32", getattr(sweep, "plan", None))
     if not pairs:
         return []
     if by_run is None:

@@ -16,7 +16,7 @@ import shutil
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import pandas as pd
 
@@ -35,7 +35,7 @@ from gkd_harness.analysis.signoff.compare import (
     run_summary,
     spot_distribution,
 )
-from gkd_harness.analysis.signoff.criteria import Evidence, build_evidence, counts, evaluate_evidence
+from gkd_harness.analysis.signoff.criteria import Evidence, counts
 from gkd_harness.analysis.signoff.criteria_file import SignoffCriteria
 from gkd_harness.analysis.signoff.document import Document, Link
 from gkd_harness.analysis.signoff.verdict import EXIT_FAIL, EXIT_PASS, judgement, report_digests, sweep_inputs
@@ -46,12 +46,14 @@ from gkd_harness.harness.contract import (
     CAPTURES_DIR,
     FAILING_STATUSES,
     ORIGINAL,
-    PATCHED,
     TRAIN_GRAD_NORM,
     TRAIN_LOSS,
 )
 from gkd_harness.harness.store.provenance import git_state
 from gkd_harness.harness.store.records import read_command, read_quietly, read_summary, wandb_run_id
+
+if TYPE_CHECKING:
+    from gkd_harness.analysis.signoff.judge import Judged
 
 __all__ = [
     "build_report",
@@ -262,36 +264,28 @@ def _replace_dir(new: Path, target: Path) -> None:
 
 
 def build_report(
-    sweep: Sweep,
+    judged: "Judged",
     report_dir: Path,
-    cfg: SignoffCriteria,
     captures: Optional[list] = None,
     *,
-    allow_mixed: bool = False,
-    mixed: tuple = (),
-    criteria_file: Optional[Path] = None,
-    evidence: Optional[Evidence] = None,
     source: Optional[dict] = None,
-    judged: Optional[tuple] = None,
 ) -> dict:
-    """Evaluate the criteria and write the report folder ``report_dir``, completely or not at all.
+    """Write the report folder ``report_dir`` of a judged sweep, completely or not at all. The verdict is the
+    judge's (:func:`gkd_harness.analysis.signoff.judge.judge`): this renders it and never computes one.
 
-    ``allow_mixed``/``mixed``: the sweep was analysed with --allow-mixed and what that let through (recorded in
-    verdict.json and shown in the banner); ``criteria_file``: the file given with --criteria (its sha256 is
-    recorded); ``source``: how the runs were loaded (``source``, ``sweep``, ``group``: what --verify reloads);
-    ``evidence``: the sweep's :class:`~gkd_harness.analysis.signoff.criteria.Evidence` when the caller built it;
-    ``judged``: ``(verdict, results)`` when the caller evaluated them on it (:mod:`gkd_harness.analysis.signoff.judge`).
+    ``source``: how the runs were loaded (``source``, ``sweep``, ``group``: what --verify reloads); the criteria
+    file, ``--allow-mixed`` and what it let through come with ``judged`` (recorded in verdict.json, shown in the
+    banner).
 
     Returns the verdict dict (also written as ``verdict.json``); ``verdict["exit_code"]`` is 0 (pass) or 1
     (fail). Raises :class:`UnusableInput` when ``report_dir`` is a folder that is not an earlier report."""
     report_dir = Path(report_dir).absolute()
     _check_report_dir(report_dir)
-    ev = evidence if evidence is not None else build_evidence(sweep, cfg)
     report_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = report_dir.with_name(f".{report_dir.name}.tmp-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     try:
-        out = _write_report(ev, tmp, cfg, captures, allow_mixed, list(mixed), criteria_file, source, judged)
+        out = _write_report(judged, tmp, captures, source)
         _replace_dir(tmp, report_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -302,16 +296,11 @@ def build_report(
 
 @dataclass
 class ReportContext:
-    """Everything the report shows, each table computed once (the criteria's tables come from ``ev``)."""
+    """Everything the report shows, each table computed once (the criteria's tables come from ``ev``); the
+    verdict and the criteria's results are the judge's (``judged``)."""
 
-    ev: Evidence
-    cfg: SignoffCriteria
+    judged: "Judged"
     report_dir: Path
-    verdict: str
-    results: list
-    mixed: list
-    allow_mixed: bool
-    criteria_file: Optional[Path]
     source: Optional[dict] = None
     shown: Optional[Sweep] = None
     summary: pd.DataFrame = None
@@ -327,6 +316,34 @@ class ReportContext:
     png: dict = field(default_factory=dict)
     seed: Optional[pd.DataFrame] = None
     replay_avg: Optional[pd.DataFrame] = None
+
+    @property
+    def ev(self) -> Evidence:
+        return self.judged.ev
+
+    @property
+    def cfg(self) -> SignoffCriteria:
+        return self.judged.cfg
+
+    @property
+    def verdict(self) -> str:
+        return self.judged.verdict
+
+    @property
+    def results(self) -> list:
+        return self.judged.results
+
+    @property
+    def mixed(self) -> list:
+        return self.judged.mixed
+
+    @property
+    def allow_mixed(self) -> bool:
+        return self.judged.allow_mixed
+
+    @property
+    def criteria_file(self) -> Optional[Path]:
+        return self.judged.criteria_file
 
     @property
     def sweep(self) -> Sweep:
@@ -410,15 +427,24 @@ def report_title(sweep: Sweep, host: Optional[str] = None) -> str:
 def _banner(ctx: ReportContext, doc: Document) -> None:
     """The verdict banner: counts of passed, failed, not applicable, skipped and turned-off criteria, and
     ``--allow-mixed`` with what it let through."""
+    from gkd_harness.analysis.signoff.judge import rests_on
+
     n = counts(ctx.results)
     runs = ctx.runs
     outcome_counts = runs["outcome"].value_counts().to_dict()
+    rests = rests_on(ctx.judged)
     parts = [f"{n['passed']} passed, {n['failed']} failed, {n['not_applicable']} not applicable to this sweep's design"]
     if n["skipped"]:
         parts.append(f"{n['skipped']} skipped (not required, nothing measured: {', '.join(n['names']['skipped'])})")
     if n["disabled"]:
         parts.append(f"{n['disabled']} turned off by the criteria file ({', '.join(n['names']['disabled'])})")
-    detail = "; ".join(parts) + "."
+    no_plan = "No plan (no sweep_manifest.json or multirun.yaml): completeness not checked. "
+    detail = (
+        (no_plan if getattr(ctx.sweep, "plan", None) is None else "")
+        + (f"Not the shipped criteria: {rests}. " if rests else "")
+        + "; ".join(parts)
+        + "."
+    )
     if n["failed"]:
         detail += f" Failing: {', '.join(n['names']['failed'])}."
     if ctx.allow_mixed:
@@ -461,39 +487,9 @@ def _versions_table(runs: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values("variant").reset_index(drop=True)
 
 
-def _share(numerator: float, denominator: float) -> str:
-    return f"{numerator:.0f}/{denominator:.0f}"
-
-
-def defect_headline(ev: Evidence) -> Optional[str]:
-    """One line with the defect's and the fix's numbers: the original (native) loss's negative loss calls and
-    its worst gradient error against FP64, then the same two for the patched runs, e.g. "Defect: original
-    (native) 20/20 negative loss calls, gradient up to 0.3 off FP64 (relative L2). Fix: patched (fp32) 0/40
-    negative loss calls, gradient within 2e-06 of FP64." None when neither side logged anything."""
-    neg, spots = ev.negatives, ev.spots
-    parts = []
-    for role, what in ((ORIGINAL, "Defect"), (PATCHED, "Fix")):
-        n = neg[neg["variant"] == role] if "variant" in neg.columns else neg.iloc[0:0]
-        s = spots[spots["variant"] == role] if "variant" in spots.columns else spots.iloc[0:0]
-        calls, negative = n["loss_calls"].sum(min_count=1), n["neg_loss_calls"].sum(min_count=1)
-        grad = s["grad_rel_l2"].max() if "grad_rel_l2" in s.columns and s["grad_rel_l2"].notna().any() else None
-        if pd.isna(calls) and grad is None:
-            continue
-        precisions = ", ".join(sorted({str(p) for p in n["loss.precision"].dropna()}))
-        said = [f"{_share(negative, calls)} negative loss calls"] if not pd.isna(calls) else []
-        if grad is not None:
-            said.append(
-                f"gradient up to {grad:.2g} off FP64 (relative L2)"
-                if role == ORIGINAL
-                else f"gradient within {grad:.2g} of FP64"
-            )
-        parts.append(f"{what}: {role} ({precisions}) {', '.join(said)}.")
-    return " ".join(parts) or None
-
-
 def _heading_section(ctx: ReportContext, doc: Document) -> None:
     _banner(ctx, doc)
-    headline = defect_headline(ctx.ev)
+    headline = ctx.judged.headline
     if headline:  # issue 40: the smoke numbers in one line, not spread over the criteria table
         doc.para(f"**{headline}**")
     doc.table(_versions_table(ctx.runs), caption="variants: the loss code each ran (sha256), ms-swift, harness tree")
@@ -752,8 +748,7 @@ def _verdict(ctx: ReportContext) -> dict:
     versions = {c: runs[c].dropna().unique().tolist() for c in runs.columns if c.startswith("version.")}
     return {
         "schema_version": VERDICT_SCHEMA_VERSION,
-        **judgement(ctx.ev, ctx.verdict, ctx.results, ctx.allow_mixed, ctx.mixed),
-        "headline": defect_headline(ctx.ev),
+        **judgement(ctx.judged),
         "not_applicable": {r.name: r.measured for r in ctx.results if r.status == "not_applicable"},
         "sweep": ctx.sweep.source,
         "groups": ctx.sweep.groups,
@@ -788,20 +783,10 @@ def _verdict(ctx: ReportContext) -> dict:
     }
 
 
-def _write_report(
-    ev: Evidence,
-    report_dir: Path,
-    cfg: SignoffCriteria,
-    captures: Optional[list],
-    allow_mixed: bool,
-    mixed: list,
-    criteria_file: Optional[Path],
-    source: Optional[dict],
-    judged: Optional[tuple] = None,
-) -> dict:
+def _write_report(judged: "Judged", report_dir: Path, captures: Optional[list], source: Optional[dict]) -> dict:
     """Write every report file into the (new, empty) folder ``report_dir``; returns the verdict dict."""
-    verdict, results = judged if judged is not None else evaluate_evidence(ev, cfg)
-    ctx = ReportContext(ev, cfg, report_dir, verdict, results, list(mixed), allow_mixed, criteria_file, source)
+    ctx = ReportContext(judged, report_dir, source)
+    ev, results = ctx.ev, ctx.results
     _tables(ctx, captures)
     _plots(ctx)
     doc = Document(report_title(ev.sweep))

@@ -44,6 +44,10 @@ __all__ = [
 ]
 
 EXIT_PASS, EXIT_FAIL = 0, 1
+#: Judgement keys --verify does not compare one by one: the run files (compared above, file by file) and what the
+#: criteria changed (a function of the criteria, sealed by their sha256, and of the plan, compared as ``plan``;
+#: the file's name may differ between the report and the check).
+_SEALED_BY_CRITERIA = ("run_files", "rests_on", "criteria_changes")
 #: The files of a run folder whose sha256 the verdict records.
 RUN_FILES = (METRICS_FILE, SUMMARY_FILE, CONFIG_FILE)
 
@@ -96,22 +100,31 @@ def criteria_digest(cfg, criteria_file: Optional[Path]) -> dict:
     }
 
 
-def judgement(ev, verdict: str, results: list, allow_mixed: bool, mixed: list) -> dict:
-    """The part of verdict.json that ``--verify`` recomputes from the run folders (JSON-ready)."""
+def judgement(j) -> dict:
+    """The part of verdict.json that ``--verify`` recomputes from the run folders (JSON-ready), from a
+    :class:`~gkd_harness.analysis.signoff.judge.Judged`: besides the verdict and each criterion, what it rests on
+    (``rests_on``: :func:`~gkd_harness.analysis.signoff.judge.rests_on`; ``criteria_changes``: each key not at its
+    shipped value; ``verdict_without_criteria_file``) and the ``headline``."""
     from gkd_harness.analysis.signoff.criteria import counts
+    from gkd_harness.analysis.signoff.judge import rests_on
 
+    ev, verdict, results = j.ev, j.verdict, j.results
     runs = ev.sweep.runs
     n = counts(results)
     return jsonable(
         {
             "verdict": verdict,
             "exit_code": EXIT_PASS if verdict == "pass" else EXIT_FAIL,
+            "rests_on": rests_on(j),
+            "criteria_changes": list(j.changes),
+            "verdict_without_criteria_file": j.shipped,
+            "headline": j.headline,
             "failed_criteria": [r.name for r in results if r.status in FAILING_STATUSES],
             "failed_reasons": {r.name: r.reason() for r in results if r.status in FAILING_STATUSES},
             "counts": {k: v for k, v in n.items() if k != "names"},
             "criteria": [r.to_dict() for r in results],
-            "allow_mixed": bool(allow_mixed),
-            "mixed": list(mixed),
+            "allow_mixed": bool(j.allow_mixed),
+            "mixed": list(j.mixed),
             "judged": ev.judged_why,
             "plan": ev.sweep.plan.summary() if getattr(ev.sweep, "plan", None) is not None else None,
             "n_runs": int(len(runs)),
@@ -199,7 +212,7 @@ def first_difference(
                     f"{str(new[run].get(f))[:12]} now)"
                 )
     for key, value in fresh.items():
-        if key == "run_files":
+        if key in _SEALED_BY_CRITERIA:
             continue
         if recorded.get(key) != value:
             if key == "criteria":

@@ -65,6 +65,8 @@ __all__ = [
     "expected_steps",
     "mixed_sweep_problems",
     "step_gaps",
+    "RecordConflict",
+    "step_conflicts",
 ]
 
 #: Config columns every runs table carries (NaN/None when a run does not say).
@@ -144,6 +146,8 @@ class RunRecord:
     data_sha256: dict = field(default_factory=dict)
     #: the experiment preset the run was launched with (summary.json ``experiment``)
     experiment: Optional[str] = None
+    #: config keys of the run's identity its records give differently (:class:`RecordConflict`, ``step`` None)
+    conflicts: list = field(default_factory=list)
 
 
 def _empty_nonfinite() -> pd.DataFrame:
@@ -534,7 +538,7 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
         t = _metrics_table(rec)
         bad += [(name, int(step), metric, float(v)) for step, metric, v in t.nonfinite]
         h, dup_problems, step_conflicts = _history_frame(name, t)
-        conflicts += step_conflicts
+        conflicts += [RecordConflict(name, c.key, c.values) for c in rec.conflicts] + step_conflicts
         frames.append((name, h))
         if t.evaluation.any():
             evals.append(_evals_frame(name, t))
@@ -544,7 +548,10 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
         last_step = rec.last_step if rec.last_step is not None else last_logged
         student = _dtype_name(rec.dtypes_seen.get("student", cfg.get("dtypes_seen.student")))
         teacher = _dtype_name(rec.dtypes_seen.get("teacher", cfg.get("dtypes_seen.teacher")))
-        outcome, more = _outcome(rec, cfg, last_step, n_logged, tampered=bool(t.tampered or step_conflicts))
+        outcome, more = _outcome(
+            rec, cfg, last_step, n_logged, tampered=bool(t.tampered or step_conflicts or rec.conflicts)
+        )
+        more += [f"records disagree: {c.line()}" for c in rec.conflicts]
         if t.tampered:
             more.append(
                 f"tampered records in {METRICS_FILE} (left out): "
@@ -602,8 +609,7 @@ def tabulate(records: Iterable[RunRecord], source: str) -> Sweep:
     if bad:
         nonfinite["step"] = nonfinite["step"].astype("int64")
         nonfinite["value"] = nonfinite["value"].astype("float64")
-    out = Sweep(source=source, runs=runs, history=history, nonfinite=nonfinite)
-    out.conflicts = tuple(conflicts)
+    out = Sweep(source=source, runs=runs, history=history, nonfinite=nonfinite, conflicts=tuple(conflicts))
     if evals:
         out.evals = pd.concat(evals, ignore_index=True, sort=False)
     return out

@@ -21,9 +21,17 @@ from typing import Any
 
 from gkd_harness.analysis.sweep.metrics import read_metrics_file
 from gkd_harness.analysis.sweep.plan import apply_plan, missing_points, read_plan
-from gkd_harness.analysis.sweep.records import RunRecord, Sweep, UnusableInput, tabulate
+from gkd_harness.analysis.sweep.records import (
+    CONFIG_COLUMNS,
+    TRAINING_KEYS,
+    RecordConflict,
+    RunRecord,
+    Sweep,
+    UnusableInput,
+    tabulate,
+)
 from gkd_harness.harness.config.flat import flatten
-from gkd_harness.harness.config.user_files import UserFileError, check_yaml, read_text
+from gkd_harness.harness.config.user_files import UserFileError, read_text
 from gkd_harness.harness.contract import (
     ARCHIVE_DIR,
     CAPTURES_DIR,
@@ -42,6 +50,8 @@ __all__ = ["find_run_folders", "load_run_folder", "load_sweep", "planned_points"
 _SKIP_DIRS = {WANDB_DIR, SWIFT_DIR, CAPTURES_DIR, HYDRA_DIR, "__pycache__", ".submitit", "report", ARCHIVE_DIR}
 _HYDRA_VERDICT = "job_return.json"  # written by gkd_harness.launch.sweep's Hydra callback for every sweep point
 _MARKERS = (SUMMARY_FILE, METRICS_FILE, CONFIG_FILE)
+#: The config keys of a run's identity that summary.json and config.yaml must give alike.
+IDENTITY_KEYS = frozenset(CONFIG_COLUMNS + TRAINING_KEYS)
 
 
 def planned_points(sweep: os.PathLike) -> tuple:
@@ -100,24 +110,6 @@ class _NoRunFolders(UnusableInput):
     """The sweep folder exists and holds no run folder (every planned point may still be missing)."""
 
 
-def _read_config_yaml(path: Path) -> dict:
-    import yaml
-
-    try:  # regular, bounded, alias-free (harness/config/user_files.py; issue 48, item 6)
-        text = read_text(path)
-        check_yaml(text, path)
-        resolved = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
-    except UserFileError as e:
-        raise UnusableInput(str(e)) from None
-    except yaml.YAMLError as e:
-        raise UnusableInput(f"{path}: not valid YAML ({e})") from None
-    except RecursionError:
-        raise UnusableInput(f"{path}: not valid YAML (nested too deeply)") from None
-    if not isinstance(resolved, dict):
-        raise UnusableInput(f"{path}: expected a mapping")
-    return flatten(resolved)
-
-
 def _provenance(summary: dict) -> dict:
     """summary.json's ``provenance`` (harness commit, dirty flag, sha256 of the loss code) as version entries."""
     prov = summary.get("provenance")
@@ -157,7 +149,10 @@ def load_run_folder(path: os.PathLike) -> RunRecord:
     if hydra_failed and status != "failed":
         summary = dict(summary, error=summary.get("error") or hydra_error)
         status = "failed"
+    conflicts = []
     for k, v in flatten(resolved or {}).items():
+        if k in IDENTITY_KEYS and k in config and _differ(config[k], v):
+            conflicts.append(RecordConflict(path.name, k, (config[k], v)))
         config.setdefault(k, v)
     problems = []
     history: Any
@@ -185,7 +180,16 @@ def load_run_folder(path: os.PathLike) -> RunRecord:
         problems=problems,
         data_sha256=dict(summary.get(DATA_SHA256_FIELD) or {}),
         experiment=summary.get("experiment") if isinstance(summary.get("experiment"), str) else None,
+        conflicts=conflicts,
     )
+
+
+def _differ(a: Any, b: Any) -> bool:
+    """Whether two recorded values of one config key differ (``1`` and ``1.0`` do not)."""
+    try:
+        return float(a) != float(b)
+    except (TypeError, ValueError):
+        return str(a) != str(b)
 
 
 def load_sweep(sweep: os.PathLike) -> Sweep:
