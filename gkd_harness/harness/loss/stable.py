@@ -238,6 +238,7 @@ def _jsd_stable_and_grad(
     # only when some element may fall in it (NaN compares False, so a NaN block makes every mask).
     d_min, d_max = (-math.inf, math.inf) if sync_free else map(float, torch.aminmax(d))
     ph, shifted, c = None, None, 0.0
+    weights: tuple[float, ...] = (1.0,)  # of the loss's partial row sums
     if beta == 0.0:
 
         def big():
@@ -249,7 +250,7 @@ def _jsd_stable_and_grad(
         if on.any:
             db, pb, qb = on.sel(d), on.sel(p), on.sel(q)
             on.put(term, (pb - qb) + _times(qb, db))
-        parts, weights = [term.sum(-1)], (1.0,)
+        parts = [term.sum(-1)]
         del term
         if need_grad:
             up = _Masked(lambda: d > cut, sync_free, maybe=not d_max <= cut)  # −p·expm1(d) may overflow: p − q
@@ -262,7 +263,7 @@ def _jsd_stable_and_grad(
         if on.any:
             db, pb, qb = on.sel(d), on.sel(p), on.sel(q)
             on.put(term, (qb - pb) - _times(pb, db))
-        parts, weights = [term.sum(-1)], (1.0,)
+        parts = [term.sum(-1)]
         del term
         if need_grad:
             ph = torch.mul(p, d).neg_()
