@@ -56,10 +56,11 @@ class Sizes:
     full_n: int = 512
     full_v: int = 151936
     spot_max_tokens: int = 256  # configs/monitor/default.yaml (see default_spot_max_tokens)
+    mega_n: int = 128  # the Megatron call path (gkd_harness.bench.megatron), at V = full_v
 
     @classmethod
     def quick(cls) -> "Sizes":
-        return cls(topk_n=1024, topk_k=64, full_n=16, full_v=8192, spot_max_tokens=8)
+        return cls(topk_n=1024, topk_k=64, full_n=16, full_v=8192, spot_max_tokens=8, mega_n=8)
 
 
 # ---------------------------------------------------------------------------
@@ -322,6 +323,11 @@ def _loss_case(name: str, loss_fn: Callable, student, to, labels, ref_fn: Option
 def build_case(name: str, sizes: Sizes, device: str) -> Case:
     """Build the named case (``group/variant``) with its inputs on ``device``."""
     group, variant = name.split("/", 1)
+    if group == "mega_tp1":
+        from gkd_harness.bench.megatron import tp1_case
+
+        step, value = tp1_case(variant, sizes)
+        return Case(name, step, value, note="TP=1 vocab-parallel primitives (F.log_softmax, textbook KL), in-process")
     kind, sizes = group_kind_sizes(group, sizes)
     if kind in ("topk", "full"):
         student, to, labels = (topk_inputs if kind == "topk" else full_inputs)(sizes, device)
@@ -381,6 +387,8 @@ def case_shape(name: str, sizes: Sizes) -> Dict[str, int]:
     kind, sz = group_kind_sizes(name.split("/")[0], sizes)
     if kind.endswith("topk"):
         return {"n": sz.topk_n, "k": sz.topk_k}
+    if kind.startswith("mega_"):
+        return {"n": sz.mega_n, "v": sz.full_v}
     return {"n": sz.full_n, "v": sz.full_v}
 
 
@@ -430,6 +438,7 @@ LOSS_CASES = {
     "spot_topk": ["loss", "check"],
     "spot_full": ["loss", "check"],
     **{g: ["upstream", "fp32"] for g in SIZED_GROUPS},
+    "mega_tp1": ["upstream", "fp32"],  # gkd_harness.bench.megatron (mega_tp2 runs 2 ranks: gkd-bench only)
 }
 BASELINES = {g: f"{g}/{v[0]}" for g, v in LOSS_CASES.items()}
 
@@ -443,7 +452,7 @@ def nan_to_none(x: float) -> Optional[float]:
 # ---------------------------------------------------------------------------
 
 #: The groups :func:`loss_rows` measures by default: the goal rows, the seed's vocabulary and the scaling table.
-LOSS_ROW_GROUPS = ("topk", "full", "wide") + SCALE_GROUPS
+LOSS_ROW_GROUPS = ("topk", "full", "wide", "mega_tp1") + SCALE_GROUPS
 
 
 def loss_rows(
