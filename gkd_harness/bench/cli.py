@@ -43,7 +43,11 @@ SPOT_WIDE = tuple(
 SMALL = ("small_v", "small_n")  # gkd_harness.bench.cases.SMALL_GROUPS
 MEGATRON = ("mega_tp1", "mega_tp2")  # gkd_harness.bench.megatron: the loss on Megatron's call path
 GROUPS = (
-    ("topk", "full", "spot_topk", "spot_full", "instr", "e2e", "analysis", "wide") + SCALE + SPOT_WIDE + SMALL + MEGATRON
+    ("topk", "full", "spot_topk", "spot_full", "instr", "e2e", "analysis", "wide")
+    + SCALE
+    + SPOT_WIDE
+    + SMALL
+    + MEGATRON
 )
 GROUP_CHOICES = GROUPS + ("scale",)  # --only scale = the four scaling groups
 DEFAULT_GROUPS = ("topk", "full", "small_v", "small_n", "mega_tp1", "spot_topk", "spot_full", "instr", "analysis")
