@@ -57,6 +57,7 @@ class Sizes:
     full_v: int = 151936
     spot_max_tokens: int = 256  # configs/monitor/default.yaml (see default_spot_max_tokens)
     mega_n: int = 128  # the Megatron call path (gkd_harness.bench.megatron), at V = full_v
+    teacher_noise: float = TEACHER_NOISE  # full-vocabulary teacher = student + N(0, noise²), in BF16
 
     @classmethod
     def quick(cls) -> "Sizes":
@@ -100,7 +101,7 @@ def full_inputs(sizes: Sizes, device: str, seed: int = 0):
     for i in range(n):  # row by row: no [N, V] fp32 temporary
         row = torch.randn(v, generator=g) * 2
         student[0, i] = row.bfloat16()
-        teacher[0, i] = (row + TEACHER_NOISE * torch.randn(v, generator=g)).bfloat16()
+        teacher[0, i] = (row + sizes.teacher_noise * torch.randn(v, generator=g)).bfloat16()
     labels = torch.zeros(1, n, dtype=torch.long)
     to = TeacherOutput(full_logits=teacher.to(device), labels=labels.to(device))
     return student.to(device), to, labels.to(device)
@@ -366,8 +367,12 @@ SIZED_GROUPS: Dict[str, tuple] = {
     # the seed's full vocabulary at N = 16 (a short micro-batch)
     "small_v": ("full", lambda s: {"full_n": 128, "full_v": 32768}),
     "small_n": ("full", lambda s: {"full_n": 16}),
+    # issue 46: the 32k vocabulary with a nearer copy of the student as teacher (N(0, 0.003²) in BF16: most
+    # teacher logits are the student's own BF16 value), and the seed's vocabulary at N = 64
+    "small_v_copy": ("full", lambda s: {"full_n": 128, "full_v": 32768, "teacher_noise": 0.003}),
+    "small_n64": ("full", lambda s: {"full_n": 64}),
 }
-SMALL_GROUPS = ("small_v", "small_n")
+SMALL_GROUPS = ("small_v", "small_n", "small_v_copy", "small_n64")
 SCALE_GROUPS = ("full_n4", "full_n16", "topk_k8", "topk_k512")
 
 

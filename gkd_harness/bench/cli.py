@@ -40,7 +40,7 @@ SCALE = ("full_n4", "full_n16", "topk_k8", "topk_k512")  # gkd_harness.bench.cas
 SPOT_WIDE = tuple(
     SPOT_GROUPS
 )  # gkd_harness.bench.spot_cases: spot checks at V=248,320 (--only spot_wide spot_topk_wide)
-SMALL = ("small_v", "small_n")  # gkd_harness.bench.cases.SMALL_GROUPS
+SMALL = ("small_v", "small_n", "small_v_copy", "small_n64")  # gkd_harness.bench.cases.SMALL_GROUPS
 MEGATRON = ("mega_tp1", "mega_tp2")  # gkd_harness.bench.megatron: the loss on Megatron's call path
 GROUPS = (
     ("topk", "full", "spot_topk", "spot_full", "instr", "e2e", "analysis", "wide")
@@ -50,7 +50,7 @@ GROUPS = (
     + MEGATRON
 )
 GROUP_CHOICES = GROUPS + ("scale",)  # --only scale = the four scaling groups
-DEFAULT_GROUPS = ("topk", "full", "small_v", "small_n", "mega_tp1", "spot_topk", "spot_full", "instr", "analysis")
+DEFAULT_GROUPS = ("topk", "full") + SMALL + ("mega_tp1", "spot_topk", "spot_full", "instr", "analysis")
 DEFAULT_GROUPS_QUICK = DEFAULT_GROUPS
 MEMORY_GROUPS = ("topk", "full", "wide") + SCALE + SPOT_WIDE + SMALL
 #: Groups timed in the first round only (one slow call per size on a CPU; the scaling table, not a goal).
@@ -93,6 +93,13 @@ GOALS = (
     Goal("instr_topk/monitor_off", "syncs_added", 0, "device→host syncs added per loss call, monitoring off = 0"),
     Goal("small_v/fp32", "time_ratio", 1.0, "full-vocab time fp32 ÷ upstream at V=32,768, N=128 ≤ 1"),
     Goal("small_n/fp32", "time_ratio", 1.0, "full-vocab time fp32 ÷ upstream at N=16, V=151,936 ≤ 1"),
+    Goal(
+        "small_v_copy/fp32",
+        "time_ratio",
+        1.0,
+        "full-vocab time fp32 ÷ upstream at V=32,768, N=128, near-copy teacher (noise 0.003) ≤ 1",
+    ),
+    Goal("small_n64/fp32", "time_ratio", 1.0, "full-vocab time fp32 ÷ upstream at N=64, V=151,936 ≤ 1"),
     Goal(
         "mega_tp1/fp32",
         "time_ratio",
