@@ -327,7 +327,7 @@ def build_case(name: str, sizes: Sizes, device: str) -> Case:
     if group == "mega_tp1":
         from gkd_harness.bench.megatron import tp1_case
 
-        step, value = tp1_case(variant, sizes)
+        step, value = tp1_case(variant, sizes, device)
         return Case(name, step, value, note="TP=1 vocab-parallel primitives (F.log_softmax, textbook KL), in-process")
     kind, sizes = group_kind_sizes(group, sizes)
     if kind in ("topk", "full"):

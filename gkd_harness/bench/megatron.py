@@ -77,11 +77,11 @@ def _step(loss_fn: Callable, student, teacher_output, labels, log_softmax_fn, kl
     return step
 
 
-def tp1_case(variant: str, sizes: Sizes):
-    """``(step, value)`` of ``mega_tp1/<variant>`` in this process."""
+def tp1_case(variant: str, sizes: Sizes, device: str = "cpu"):
+    """``(step, value)`` of ``mega_tp1/<variant>`` in this process, inputs on ``device``."""
     from swift.rlhf_trainers.gkd_loss import TeacherOutput
 
-    student, teacher, labels = megatron_inputs(sizes.mega_n, sizes.full_v)
+    student, teacher, labels = (x.to(device) for x in megatron_inputs(sizes.mega_n, sizes.full_v))
     to = TeacherOutput(full_logits=teacher, labels=labels)
     step = _step(_loss(variant), student, to, labels, tp1_log_softmax, tp1_kl_div)
     return step, lambda: float(step())
