@@ -56,10 +56,12 @@ class Sizes:
     full_n: int = 512
     full_v: int = 151936
     spot_max_tokens: int = 256  # configs/monitor/default.yaml (see default_spot_max_tokens)
+    mega_n: int = 128  # the Megatron call path (gkd_harness.bench.megatron), at V = full_v
+    teacher_noise: float = TEACHER_NOISE  # full-vocabulary teacher = student + N(0, noise²), in BF16
 
     @classmethod
     def quick(cls) -> "Sizes":
-        return cls(topk_n=1024, topk_k=64, full_n=16, full_v=8192, spot_max_tokens=8)
+        return cls(topk_n=1024, topk_k=64, full_n=16, full_v=8192, spot_max_tokens=8, mega_n=8)
 
 
 # ---------------------------------------------------------------------------
@@ -99,7 +101,7 @@ def full_inputs(sizes: Sizes, device: str, seed: int = 0):
     for i in range(n):  # row by row: no [N, V] fp32 temporary
         row = torch.randn(v, generator=g) * 2
         student[0, i] = row.bfloat16()
-        teacher[0, i] = (row + TEACHER_NOISE * torch.randn(v, generator=g)).bfloat16()
+        teacher[0, i] = (row + sizes.teacher_noise * torch.randn(v, generator=g)).bfloat16()
     labels = torch.zeros(1, n, dtype=torch.long)
     to = TeacherOutput(full_logits=teacher.to(device), labels=labels.to(device))
     return student.to(device), to, labels.to(device)
@@ -322,6 +324,11 @@ def _loss_case(name: str, loss_fn: Callable, student, to, labels, ref_fn: Option
 def build_case(name: str, sizes: Sizes, device: str) -> Case:
     """Build the named case (``group/variant``) with its inputs on ``device``."""
     group, variant = name.split("/", 1)
+    if group == "mega_tp1":
+        from gkd_harness.bench.megatron import tp1_case
+
+        step, value = tp1_case(variant, sizes, device)
+        return Case(name, step, value, note="TP=1 vocab-parallel primitives (F.log_softmax, textbook KL), in-process")
     kind, sizes = group_kind_sizes(group, sizes)
     if kind in ("topk", "full"):
         student, to, labels = (topk_inputs if kind == "topk" else full_inputs)(sizes, device)
@@ -360,8 +367,12 @@ SIZED_GROUPS: Dict[str, tuple] = {
     # the seed's full vocabulary at N = 16 (a short micro-batch)
     "small_v": ("full", lambda s: {"full_n": 128, "full_v": 32768}),
     "small_n": ("full", lambda s: {"full_n": 16}),
+    # issue 46: the 32k vocabulary with a nearer copy of the student as teacher (N(0, 0.003²) in BF16: most
+    # teacher logits are the student's own BF16 value), and the seed's vocabulary at N = 64
+    "small_v_copy": ("full", lambda s: {"full_n": 128, "full_v": 32768, "teacher_noise": 0.003}),
+    "small_n64": ("full", lambda s: {"full_n": 64}),
 }
-SMALL_GROUPS = ("small_v", "small_n")
+SMALL_GROUPS = ("small_v", "small_n", "small_v_copy", "small_n64")
 SCALE_GROUPS = ("full_n4", "full_n16", "topk_k8", "topk_k512")
 
 
@@ -381,6 +392,8 @@ def case_shape(name: str, sizes: Sizes) -> Dict[str, int]:
     kind, sz = group_kind_sizes(name.split("/")[0], sizes)
     if kind.endswith("topk"):
         return {"n": sz.topk_n, "k": sz.topk_k}
+    if kind.startswith("mega_"):
+        return {"n": sz.mega_n, "v": sz.full_v}
     return {"n": sz.full_n, "v": sz.full_v}
 
 
@@ -430,6 +443,7 @@ LOSS_CASES = {
     "spot_topk": ["loss", "check"],
     "spot_full": ["loss", "check"],
     **{g: ["upstream", "fp32"] for g in SIZED_GROUPS},
+    "mega_tp1": ["upstream", "fp32"],  # gkd_harness.bench.megatron (mega_tp2 runs 2 ranks: gkd-bench only)
 }
 BASELINES = {g: f"{g}/{v[0]}" for g, v in LOSS_CASES.items()}
 
@@ -443,7 +457,7 @@ def nan_to_none(x: float) -> Optional[float]:
 # ---------------------------------------------------------------------------
 
 #: The groups :func:`loss_rows` measures by default: the goal rows, the seed's vocabulary and the scaling table.
-LOSS_ROW_GROUPS = ("topk", "full", "wide") + SCALE_GROUPS
+LOSS_ROW_GROUPS = ("topk", "full", "wide", "mega_tp1") + SCALE_GROUPS
 
 
 def loss_rows(

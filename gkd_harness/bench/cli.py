@@ -40,10 +40,17 @@ SCALE = ("full_n4", "full_n16", "topk_k8", "topk_k512")  # gkd_harness.bench.cas
 SPOT_WIDE = tuple(
     SPOT_GROUPS
 )  # gkd_harness.bench.spot_cases: spot checks at V=248,320 (--only spot_wide spot_topk_wide)
-SMALL = ("small_v", "small_n")  # gkd_harness.bench.cases.SMALL_GROUPS
-GROUPS = ("topk", "full", "spot_topk", "spot_full", "instr", "e2e", "analysis", "wide") + SCALE + SPOT_WIDE + SMALL
+SMALL = ("small_v", "small_n", "small_v_copy", "small_n64")  # gkd_harness.bench.cases.SMALL_GROUPS
+MEGATRON = ("mega_tp1", "mega_tp2")  # gkd_harness.bench.megatron: the loss on Megatron's call path
+GROUPS = (
+    ("topk", "full", "spot_topk", "spot_full", "instr", "e2e", "analysis", "wide")
+    + SCALE
+    + SPOT_WIDE
+    + SMALL
+    + MEGATRON
+)
 GROUP_CHOICES = GROUPS + ("scale",)  # --only scale = the four scaling groups
-DEFAULT_GROUPS = ("topk", "full", "small_v", "small_n", "spot_topk", "spot_full", "instr", "analysis")
+DEFAULT_GROUPS = ("topk", "full") + SMALL + ("mega_tp1", "spot_topk", "spot_full", "instr", "analysis")
 DEFAULT_GROUPS_QUICK = DEFAULT_GROUPS
 MEMORY_GROUPS = ("topk", "full", "wide") + SCALE + SPOT_WIDE + SMALL
 #: Groups timed in the first round only (one slow call per size on a CPU; the scaling table, not a goal).
@@ -86,6 +93,25 @@ GOALS = (
     Goal("instr_topk/monitor_off", "syncs_added", 0, "device→host syncs added per loss call, monitoring off = 0"),
     Goal("small_v/fp32", "time_ratio", 1.0, "full-vocab time fp32 ÷ upstream at V=32,768, N=128 ≤ 1"),
     Goal("small_n/fp32", "time_ratio", 1.0, "full-vocab time fp32 ÷ upstream at N=16, V=151,936 ≤ 1"),
+    Goal(
+        "small_v_copy/fp32",
+        "time_ratio",
+        1.0,
+        "full-vocab time fp32 ÷ upstream at V=32,768, N=128, near-copy teacher (noise 0.003) ≤ 1",
+    ),
+    Goal("small_n64/fp32", "time_ratio", 1.0, "full-vocab time fp32 ÷ upstream at N=64, V=151,936 ≤ 1"),
+    Goal(
+        "mega_tp1/fp32",
+        "time_ratio",
+        0.70,
+        "Megatron call path (TP=1 vocab-parallel primitives) fp32 ÷ upstream ≤ 0.70 (N=128, V=151,936, FP32/BF16)",
+    ),
+    Goal(
+        "mega_tp2/fp32",
+        "time_ratio",
+        0.70,
+        "Megatron call path, TP=2 on 2 gloo ranks, fp32 ÷ upstream ≤ 0.70 (N=128, V=151,936, FP32/BF16)",
+    ),
     Goal("e2e/monitor_off", "time_ratio", 1.05, "training step, gkd-train monitor=off ÷ bare swift rlhf ≤ 1.05 (CPU)"),
     Goal(
         "analysis/load",
@@ -110,7 +136,10 @@ GOALS = GOALS + spot_goals(Goal)
 
 def group_cases(group: str) -> List[str]:
     from gkd_harness.bench.cases import LOSS_CASES
+    from gkd_harness.bench.megatron import MEGATRON_CASES
 
+    if group in MEGATRON_CASES:
+        return [f"{group}/{v}" for v in MEGATRON_CASES[group]]
     if group in LOSS_CASES:
         extra = []
         if os.environ.get("GKD_BENCH_PROTO") and group in ("topk", "full"):
@@ -142,6 +171,8 @@ def _reps(name: str, quick: bool, device: str) -> tuple[int, int]:
         return (1, 2) if quick else ((0, 1) if device == "cpu" else (2, 5))
     if group in SMALL:
         return (1, 3) if quick else (2, 10)
+    if group in MEGATRON:
+        return (1, 2) if quick else ((1, 3) if device == "cpu" else (3, 10))
     if group in ("full", "spot_full"):
         return (1, 2) if quick else ((1, 2) if device == "cpu" else (3, 10))
     if group == "spot_topk":
@@ -197,6 +228,13 @@ def _worker(args) -> Dict:
                 name.split("/")[1], quick=args.quick, work_dir=args.work_dir, warmup=args.warmup, reps=args.reps
             )
         )
+        return out
+
+    if group == "mega_tp2":
+        from gkd_harness.bench.megatron import measure_tp2
+
+        out["shape"] = {"n": _sizes(args).mega_n, "v": _sizes(args).full_v}
+        out.update(measure_tp2(name.split("/")[1], _sizes(args), args.warmup, args.reps))
         return out
 
     from gkd_harness.bench.cases import build_case, case_shape, memory_guard

@@ -81,7 +81,12 @@ class _StableJSD(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True: autograd through the same form, differentiable again
             out = _jsd_stable(s, t, ctx.beta, ctx.beta_form)
             grads = iter(torch.autograd.grad(out, inputs, grad_outputs=grad_out, create_graph=True))
-            return (next(grads) if need_s else None), (next(grads) if need_t else None), None, None, None
+            grad_s = next(grads) if need_s else None
+            if grad_s is not None and g is not None:
+                # The value is the closed form's (autograd's cancels on disagreeing rows: up to 420x off), the
+                # graph autograd's: its derivatives (a Hessian-vector product) are those of the same form.
+                grad_s = g * grad_out[:, None] + (grad_s - grad_s.detach())
+            return grad_s, (next(grads) if need_t else None), None, None, None
         assert g is not None or not need_s, "the student's gradient was not computed in forward"
         grad_s = g * grad_out[:, None] if need_s else None
         grad_t = None
@@ -177,7 +182,9 @@ class _FusedChunkedJSD(torch.autograd.Function):
     """Per-position JSD ``[N]`` (:func:`_jsd_stable`'s form) of ``s`` ``[N, D]`` (student, gradient) against ``t``
     ``[N, D]`` (no gradient) and its closed-form gradient, in one pass per block of ``rows`` rows.
 
-    Equal vocabularies and a teacher without gradient. ``ops`` does the row reductions:
+    A teacher without gradient, as wide as the student or wider (``t`` ``[N, D']``, ``D' ≥ D``: upstream's alignment
+    gives the student the teacher's logits for the extra ids, which carry no gradient). ``ops`` does the row
+    reductions:
     :class:`~gkd_harness.harness.loss.stable.TorchRows` (the default primitives; ``fp32`` and the ``fp64`` reference) or
     :class:`~gkd_harness.harness.loss.stable.InjectedRows` (ms-swift's injected ``log_softmax_fn`` / ``kl_div_fn``, vocab-parallel
     under TP: a row may be a shard, and each rank keeps the derivative for its own shard). Forward keeps
@@ -189,7 +196,7 @@ class _FusedChunkedJSD(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, s, t, cd, temperature, beta, beta_form, rows, ops=TorchRows):
-        n = s.shape[0]
+        n, width = s.shape
         need = ctx.needs_input_grad[0]
         sync_free = is_sync_free(s.device)
         out = torch.empty(n, dtype=cd, device=s.device)
@@ -208,16 +215,14 @@ class _FusedChunkedJSD(torch.autograd.Function):
         )
         for start in range(0, n, rows):
             sl = slice(start, start + rows)
-            loss, g = _jsd_stable_and_grad(
-                _scaled(s[sl], cd, temperature),
-                _scaled(t[sl], cd, temperature),
-                beta,
-                beta_form,
-                need,
-                rows=ops,
-                sync_free=sync_free,
-            )
+            zs, zt = _scaled(s[sl], cd, temperature), _scaled(t[sl], cd, temperature)
+            if zt.shape[-1] > width:  # a narrower student takes the teacher's extra logits (upstream's alignment)
+                zs = torch.cat([zs, zt[:, width:]], -1)
+            loss, g = _jsd_stable_and_grad(zs, zt, beta, beta_form, need, rows=ops, sync_free=sync_free)
+            del zs, zt
             out[sl] = loss
+            if g is not None and g.shape[-1] > width:
+                g = g[:, :width]  # the padded entries are the teacher's: no gradient to the student
             if dz is not None:  # need
                 if row_scale is None and res is None and temperature is not None:
                     torch.div(g, temperature, out=dz[sl])  # = g.div_(T) then the cast into dz, in one pass

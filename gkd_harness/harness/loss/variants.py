@@ -11,9 +11,11 @@ Two independent axes select a variant:
       upcast. With the default primitives it computes the cancellation-free form (``_jsd_stable``) and its
       closed-form gradient chunk by chunk (``_FusedChunkedJSD``): promotion per chunk, the gradient kept in
       the student's dtype, no activation graph, so no FP32 copy of a whole ``[N, V]`` BF16 tensor is ever
-      alive. With injected primitives (Megatron's vocab-parallel ones) the same form and closed-form gradient
-      run with every row sum through the injected ``kl_div_fn`` (``gkd_harness.harness.loss.stable.InjectedRows``); the textbook
-      formula (per chunk, recompute-in-backward) is left for different vocabulary sizes, a teacher with a
+      alive. With injected primitives (Megatron's vocab-parallel ones) the same form, blocks and closed-form
+      gradient run with each kernel step's row sums through the injected ``kl_div_fn`` in one reduction
+      (``gkd_harness.harness.loss.stable.InjectedRows``), a student narrower than the teacher included
+      (upstream's alignment); the textbook formula (per chunk, recompute-in-backward) is left for a teacher
+      narrower than the student or with a
       gradient or an explicit ``recompute``. The formula is chosen per row/element where a single one would lose digits
       (logits/T in the thousands, β within ~1/4 of an endpoint, |log T/S| > 30, nearly one-hot rows, −inf
       top-k log-probs); FP16 students' stored gradient is scaled per row by a power of two so a loss scale
@@ -201,29 +203,25 @@ def jsd_per_position(
 
     cd = compute_dtype(precision, s_logits.dtype, t_logits.dtype)
     width = max(s_logits.shape[-1], t_logits.shape[-1])
-    if (
+    # The fused closed-form path: no activation graph, no recompute. A teacher without gradient, as wide as the
+    # student, or wider under upstream's alignment (the student takes the teacher's extra logits).
+    fused = (
         recompute is None
-        and precision == FP32
-        and log_softmax_fn is default_log_softmax
-        and kl_div_fn is default_kl_div
-        and s_logits.shape[-1] == t_logits.shape[-1]
         and not t_logits.requires_grad
-    ):
-        # Fused closed-form gradient: no activation graph, no recompute; row blocks sized from the width.
-        rows = block_rows(n, width, s_logits.device)
-        per_position = _FusedChunkedJSD.apply(s_logits, t_logits, cd, temperature, beta, beta_form, rows, TorchRows)
-        return per_position, per_position.sum()
-    if recompute is None and s_logits.shape[-1] == t_logits.shape[-1] and not t_logits.requires_grad:
-        # Injected primitives (fp32) and the fp64 reference: the same cancellation-free form and closed-form
-        # gradient, its row sums through the injected kl_div_fn (vocab-parallel under TP).
+        and (s_logits.shape[-1] == t_logits.shape[-1] or (align_vocab and s_logits.shape[-1] < t_logits.shape[-1]))
+    )
+    if fused:
+        # Row sums through the injected primitives where a row may be a vocabulary shard (one reduction per kernel
+        # step, not one per sum). fp32: row blocks sized from the width and the device, whatever the primitives;
+        # fp64 (the reference): blocks no larger than upstream's chunks.
         default = log_softmax_fn is default_log_softmax and kl_div_fn is default_kl_div
         ops = TorchRows if default else InjectedRows(log_softmax_fn, kl_div_fn)
-        in_itemsize = min(s_logits.element_size(), t_logits.element_size())
-        rows = (
-            n
-            if width <= 1024
-            else _rows_per_chunk(n, chunk_size, in_itemsize, torch.empty((), dtype=cd).element_size())
-        )
+        if precision == FP32:
+            rows = block_rows(n, width, s_logits.device)
+        else:
+            in_itemsize = min(s_logits.element_size(), t_logits.element_size())
+            cd_itemsize = torch.empty((), dtype=cd).element_size()
+            rows = n if width <= 1024 else _rows_per_chunk(n, chunk_size, in_itemsize, cd_itemsize)
         per_position = _FusedChunkedJSD.apply(s_logits, t_logits, cd, temperature, beta, beta_form, rows, ops)
         return per_position, per_position.sum()
     fn = _chunk_fn(precision, cd, temperature, align_vocab, beta, beta_form, log_softmax_fn, kl_div_fn)

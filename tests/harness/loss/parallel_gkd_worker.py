@@ -104,10 +104,10 @@ def run_tp_case(case: dict, inp: dict, fns) -> dict:
     rank, size = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
     student, teacher, labels = inp["student"], inp["teacher"], inp["labels"]
     vocab = student.shape[-1]
-    assert vocab % size == 0, f"vocab {vocab} not divisible by TP size {size}"
-    part = vocab // size
+    assert vocab % size == 0 and teacher.shape[-1] % size == 0, f"vocab {vocab} not divisible by TP size {size}"
+    part, t_part = vocab // size, teacher.shape[-1] // size  # unequal widths: each side sharded by its own width
     shard = slice(rank * part, (rank + 1) * part)
-    t_shard = teacher[..., shard].contiguous()
+    t_shard = teacher[..., rank * t_part : (rank + 1) * t_part].contiguous()
     out = {}
     if case["teacher"] == "topk":
         vals, ids = fns.vocab_parallel_topk(t_shard, k=case["topk"])

@@ -7,7 +7,7 @@ Per defect: ``git worktree add --detach /tmp/reinject-NAME HEAD``, the one-place
 there (the file must still contain the fixed code: a patch that no longer applies is reported as such), then
 ``pytest tests/harness/loss`` run from the worktree with ``PYTHONPATH`` pointing into it (the venv's editable
 install points at the main tree), without test_candidate.py (loading candidates, no loss arithmetic) and, except
-for ``injected-textbook``, without the 2-rank test_losses_parallel.py; the worktree is removed afterwards. The
+for ``injected-textbook`` and ``unequal-vocab-textbook``, without the 2-rank test_losses_parallel.py; the worktree is removed afterwards. The
 commit that fixed each defect is named beside it (``git log -- harness/loss harness/losses.py``).
 """
 
@@ -22,9 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 V, C, S = "harness/loss/variants.py", "harness/loss/chunked.py", "harness/loss/stable.py"
-_FUSED_OR_INJECTED = (
-    "    if recompute is None and s_logits.shape[-1] == t_logits.shape[-1] and not t_logits.requires_grad:"
-)
+_FUSED = "    if fused:\n"
 
 #: name -> (fixed in, what the defect was, [(file, fixed code, defective code)])
 DEFECTS = {
@@ -61,13 +59,8 @@ DEFECTS = {
         "4bb5ca6",
         "fp32 = promote, then the textbook formula (the loss before issue 13)",
         [
-            (
-                V,
-                '    if (recompute is None and precision == "fp32"',
-                '    if (False and recompute is None and precision == "fp32"',
-            ),
-            (V, _FUSED_OR_INJECTED, _FUSED_OR_INJECTED.replace("if recompute", 'if precision == "fp64" and recompute')),
-            (C, '    stable = precision == "fp32" and log_softmax_fn', "    stable = False and log_softmax_fn"),
+            (V, _FUSED, _FUSED.replace("if fused:", 'if fused and precision == "fp64":')),
+            (C, "    stable = precision == FP32 and log_softmax_fn", "    stable = False and log_softmax_fn"),
         ],
     ),
     "kappa-logsumexp": (
@@ -76,7 +69,7 @@ DEFECTS = {
         [
             (
                 S,
-                "    return (m_t - m_s) + (s_log.gather(-1, j_s) - t_log.gather(-1, j_t)), j_s",
+                "    return (m_t - m_s) + (s_log.gather(-1, j_s) - t_top), j_s",
                 "    return torch.logsumexp(zt, -1, keepdim=True) - torch.logsumexp(zs, -1, keepdim=True), j_s",
             )
         ],
@@ -117,26 +110,15 @@ DEFECTS = {
         [
             (
                 S,
-                "    at_j = grad.gather(-1, j)\n    others",
-                "    return grad\n    at_j = grad.gather(-1, j)\n    others",
-            ),
-            (
-                S,
-                "        others = self.sum(torch.where(top, 0.0, grad))\n        return",
-                "        return grad\n        others = self.sum(torch.where(top, 0.0, grad))\n        return",
+                "        ph.scatter_(-1, j_s, torch.where(top, others[:, None].neg(), at_j))",
+                "        ph.scatter_(-1, j_s, at_j)",
             ),
         ],
     ),
     "disjoint-h-minus-c": (
         "c33893e",
         "h − Σp·h cancels where the teacher's share vanishes (confident on different tokens)",
-        [
-            (
-                S,
-                "            if not any_shift:\n                shifted = None",
-                "            if True:\n                shifted = None",
-            )
-        ],
+        [(S, "            shifted = on_sh.mask if on_sh.any else None", "            shifted = None")],
     ),
     "injected-textbook": (
         "c33893e",
@@ -144,11 +126,11 @@ DEFECTS = {
         [
             (
                 V,
-                _FUSED_OR_INJECTED,
-                _FUSED_OR_INJECTED.replace(
-                    "if recompute",
-                    'if (precision == "fp64" or (log_softmax_fn is default_log_softmax and kl_div_fn is '
-                    "default_kl_div)) and recompute",
+                _FUSED,
+                _FUSED.replace(
+                    "if fused:",
+                    'if fused and (precision == "fp64" or (log_softmax_fn is default_log_softmax and kl_div_fn is '
+                    "default_kl_div)):",
                 ),
             )
         ],
@@ -156,7 +138,7 @@ DEFECTS = {
     "fp64-textbook": (
         "c33893e",
         "the fp64 variant (spot check, gkd-replay reference) was the textbook formula in FP64",
-        [(V, _FUSED_OR_INJECTED, _FUSED_OR_INJECTED.replace("if recompute", 'if precision != "fp64" and recompute'))],
+        [(V, _FUSED, _FUSED.replace("if fused:", 'if fused and precision != "fp64":'))],
     ),
     "blocks-from-chunk-size": (
         "54a05dd",
@@ -164,11 +146,16 @@ DEFECTS = {
         [
             (
                 V,
-                "        rows = block_rows(n, width, s_logits.device)\n        per_position = _FusedChunkedJSD.apply",
-                "        rows = _rows_per_chunk(n, chunk_size, s_logits.element_size(), 4)\n"
-                "        per_position = _FusedChunkedJSD.apply",
+                "            rows = block_rows(n, width, s_logits.device)",
+                "            rows = _rows_per_chunk(n, chunk_size, s_logits.element_size(), 4)",
             )
         ],
+    ),
+    "unequal-vocab-textbook": (
+        "issue 46",
+        "a student narrower than the teacher (upstream's alignment) left the fused path: on the injected "
+        "(Megatron) primitives the textbook formula (gradient 1.9e-3 … 5.1e-3 from FP64 on disagreeing rows)",
+        [(V, "(align_vocab and s_logits.shape[-1] < t_logits.shape[-1])", "False")],
     ),
     "double-rounding": (
         "b0ff85d",
@@ -176,8 +163,8 @@ DEFECTS = {
         [
             (
                 C,
-                "               if need and torch.finfo(s.dtype).bits",
-                "               if False and torch.finfo(s.dtype).bits",
+                "            if need and torch.finfo(s.dtype).bits",
+                "            if False and torch.finfo(s.dtype).bits",
             )
         ],
     ),
@@ -235,7 +222,7 @@ def run(name: str) -> str:
             "ignore",
             "--ignore=tests/harness/loss/test_candidate.py",
         ]
-        if name != "injected-textbook":
+        if name not in ("injected-textbook", "unequal-vocab-textbook"):
             args.append("--ignore=tests/harness/loss/test_losses_parallel.py")
         out = subprocess.run(args, cwd=tree, env=env, capture_output=True, text=True).stdout
         failed = sorted(

@@ -88,3 +88,41 @@ def test_sync_free_values_match_the_branching_path_and_fp64(monkeypatch, form, b
     assert free[0] == pytest.approx(branching[0], rel=1e-6, abs=1e-9)
     rel_paths = float((free[2].double() - branching[2].double()).norm() / branching[2].double().norm())
     assert rel_paths < 1e-6
+
+
+def _tp1_log_softmax(x):
+    """``vocab_parallel_log_softmax`` at TP=1 (what ms-swift's Megatron trainer injects there)."""
+    return torch.nn.functional.log_softmax(x, dim=-1)
+
+
+def _tp1_kl_div(input_log, target_log):
+    """``vocab_parallel_kl_div`` at TP=1."""
+    return (torch.exp(target_log) * (target_log - input_log)).sum(dim=-1)
+
+
+def _call_injected(fn, s, to, labels, beta):
+    x = s.detach().requires_grad_(True)
+    total, n = fn(x, to, labels, beta, 0.9, log_softmax_fn=_tp1_log_softmax, kl_div_fn=_tp1_kl_div)
+    (total / n).backward()
+    return float(total), int(n), x.grad
+
+
+@pytest.mark.parametrize("beta", [0.05, 0.5, 0.95])
+def test_fp32_syncs_on_injected_primitives_are_upstreams_whatever_n_and_v(gpu_like, beta):
+    """Megatron's call path (issue 46): sync-free, the fp32 call on the injected primitives makes no more host
+    synchronisations than upstream's on the same call, and as many at every N and V; its values are the FP64
+    reference's."""
+    fp32 = make_gkd_loss("fp32", "continuous")
+    counts = {}
+    for n, v in ((8, 256), (64, 256), (64, 2048)):
+        args = _hard_inputs(n, v)
+        ours = count_host_syncs(_call_injected, fp32, *args, beta)
+        theirs = count_host_syncs(_call_injected, upstream_gkd_loss, *args, beta)
+        counts[(n, v)] = (len(ours), len(theirs))
+    assert len({c for c, _ in counts.values()}) == 1, counts
+    assert all(ours <= theirs for ours, theirs in counts.values()), counts
+    s, to, labels = _hard_inputs(24, 512, seed=1)
+    total, n, grad = _call_injected(fp32, s, to, labels, beta)
+    ref_total, ref_n, ref_grad = reference_gkd(s, labels, beta, 0.9, "continuous", teacher_full=to.full_logits)
+    assert n == ref_n and abs(total - ref_total) <= loss_tol(ref_total, n)
+    assert float((grad.double() - ref_grad).norm() / ref_grad.norm()) <= grad_tol(ref_grad, torch.float32)

@@ -200,7 +200,42 @@ WIDE_SETTINGS = [  # inputs, temperature, beta_form, beta, teacher
 ]
 WIDE_CASES = [_wide_case(layout, *settings) for layout in ("tp1", "tp") for settings in WIDE_SETTINGS]
 
-ALL_CASES = PATCHED_CASES + CP_EMPTY_CASES + NATIVE_CASES + [SEED_FP32] + CP_INSTRUMENT_CASES + WIDE_CASES
+
+# ---------------------------------------------------------------------------
+# Unequal vocabularies on Megatron's primitives (issue 46): a 151,936-logit student against a 152,064-logit teacher
+# ---------------------------------------------------------------------------
+
+V_TEACHER = 152_064
+UNEQUAL_BETAS = (0.1, 0.5, 0.9, 0.98, 0.999)
+
+
+def _make_unequal_inputs() -> dict:
+    """``unequal``: 2 confidently disagreeing rows, ``student [1, 2, 151,936]`` FP32 (BF16 values), ``teacher
+    [1, 2, 152,064]`` BF16: the student spread over three tokens (12.5, 12.45, 12.4), the teacher confident on a
+    fourth (12.5) with the student's three 0.9 / 0.6 ± 0.1 below it, the rest N(0, 0.5²); row 0 on ids 0…3 (rank
+    0's shard under TP=2), row 1 on ids 100,000…100,003 (rank 1's)."""
+    g = torch.Generator().manual_seed(4646)
+    s = torch.randn(1, 2, V_TEACHER, generator=g) * 0.5
+    t = torch.randn(1, 2, V_TEACHER, generator=g) * 0.5
+    for row, (base, delta) in enumerate(((0, 0.9), (100_000, 0.6))):
+        s[0, row, base : base + 3] = torch.tensor([12.5, 12.45, 12.4])
+        t[0, row, base + 3] = 12.5
+        t[0, row, base : base + 3] = torch.tensor([12.5 - delta, 12.6 - delta, 12.4 - delta])
+    s = s[..., :WIDE_V].contiguous().bfloat16().float()
+    return {"unequal": dict(student=s, teacher=t.bfloat16(), labels=torch.ones(1, 2, dtype=torch.long))}
+
+
+UNEQUAL_CASES = [
+    _wide_case(layout, "unequal", temperature, form, beta)
+    for layout in ("tp1", "tp")
+    for temperature in (0.05, 1.0)
+    for form in ("paper", "continuous")
+    for beta in UNEQUAL_BETAS
+]
+
+ALL_CASES = (
+    PATCHED_CASES + CP_EMPTY_CASES + NATIVE_CASES + [SEED_FP32] + CP_INSTRUMENT_CASES + WIDE_CASES + UNEQUAL_CASES
+)
 
 
 # ---------------------------------------------------------------------------
@@ -211,7 +246,7 @@ ALL_CASES = PATCHED_CASES + CP_EMPTY_CASES + NATIVE_CASES + [SEED_FP32] + CP_INS
 @pytest.fixture(scope="module")
 def parallel_results(tmp_path_factory):
     """Run every case on 2 gloo ranks; returns ``(inputs, [results of rank 0, results of rank 1])``."""
-    inputs = {**_make_inputs(), **_make_wide_inputs()}
+    inputs = {**_make_inputs(), **_make_wide_inputs(), **_make_unequal_inputs()}
     return inputs, run_two_ranks(
         WORKER, {"inputs": inputs, "cases": ALL_CASES}, tmp_path_factory.mktemp("gkd_parallel")
     )
@@ -351,6 +386,36 @@ def test_megatron_width_patched_matches_fp64(parallel_results, case):
     _assert_per_position(per, ref_per[inp["labels"] != -100])
     err = _grad_rel_l2(grad, ref_grad)
     assert err <= grad_tol(ref_grad, inp["student"].dtype), err
+
+
+@pytest.mark.parametrize("case", UNEQUAL_CASES, ids=lambda c: c["name"])
+def test_unequal_vocabularies_on_megatron_primitives_match_fp64(parallel_results, case):
+    """Issue 46: student 151,936 / teacher 152,064 on ms-swift's vocab-parallel functions, TP=1 and TP=2, confidently
+    disagreeing rows, T ∈ {0.05, 1}, β ∈ {0.1, 0.5, 0.9, 0.98, 0.999}, both forms: the value within the loss
+    tolerance and the student's gradient within the FP32 bound (1e-4) of FP64. Upstream aligns each rank's shards
+    (the student's shard takes the teacher shard's extra logits), so the FP64 reference is built on the same
+    aligned rows. Before, these took the textbook formula (gradient 1.9e-3 … 5.1e-3 from FP64 at T = 0.05)."""
+    inputs, ranks = parallel_results
+    inp, r0, r1 = inputs[case["inputs"]], ranks[0][case["name"]], ranks[1][case["name"]]
+    s, t = inp["student"], inp["teacher"]
+    if case["layout"] == "tp1":
+        cols = torch.arange(s.shape[-1])
+        aligned = torch.cat([s, t[..., s.shape[-1] :].float()], -1)
+        grad = r0["grad"]
+    else:
+        part, t_part = s.shape[-1] // 2, t.shape[-1] // 2
+        pieces = [(s[..., r * part : (r + 1) * part], t[..., r * t_part + part : (r + 1) * t_part]) for r in (0, 1)]
+        aligned = torch.cat([torch.cat([a, b.float()], -1) for a, b in pieces], -1)
+        cols = torch.cat([torch.arange(part), t_part + torch.arange(part)])
+        grad = torch.cat([r0["grad"], r1["grad"]], dim=-1)
+    args = (case["beta"], case["temperature"], case["beta_form"])
+    ref_total, ref_n, ref_grad = reference_gkd(aligned, inp["labels"], *args, teacher_full=t)
+    ref_grad = ref_grad[..., cols]
+    assert torch.equal(r0["total"], r1["total"]) and r0["n"] == r1["n"] == ref_n
+    assert bool((r0["per_position"] >= 0).all())
+    assert abs(float(r0["total"]) - ref_total) <= loss_tol(ref_total, ref_n), (float(r0["total"]), ref_total)
+    err = _grad_rel_l2(grad, ref_grad)
+    assert err <= GRAD_REL_L2_FP32_STUDENT, err
 
 
 # ---------------------------------------------------------------------------

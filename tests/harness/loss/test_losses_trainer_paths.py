@@ -198,3 +198,26 @@ def test_spot_check_and_replay_pass_a_correct_fp32_on_super_confident_rows(mode,
     assert abs(spot[SPOT_GRAD_REL_L2] - true_err) <= 1e-6  # the FP64 side is exact up to FP32 storage
     replay = evaluate_variants(s, teacher, _labels(s.shape[1]), beta, 0.3, form)
     assert replay["fp32"]["grad_rel_l2"] <= GRAD_REL_L2_FP32_STUDENT
+
+
+@pytest.mark.parametrize("form", ["paper", "continuous"])
+@pytest.mark.parametrize("beta", [0.0, 0.05, 0.5, 0.95, 0.999, 1.0])
+def test_megatron_tp1_primitives_give_the_default_paths_bits(form, beta):
+    """Issue 46: on Megatron's TP=1 primitives ``fp32`` runs the default path's kernel, blocks and formulas (the
+    log-softmax correction through ``log_softmax_fn`` is exactly 0 at TP=1, every reduction through ``kl_div_fn``
+    the identity), so value and gradient are bit-identical to the default path's; rows with a shifted teacher
+    (κ far) and a very confident student token included. Before, κ and the row sums took other formulas."""
+    g = torch.Generator().manual_seed(46)
+    s = torch.randn(1, 6, 3000, generator=g) * 3
+    t = (s + torch.randn(1, 6, 3000, generator=g)).bfloat16()
+    s[0, 2, 5] += 40.0
+    t[0, 3] += 300.0
+    labels = _labels(6)
+    outs = []
+    for kw in ({}, TP1):
+        x = s.clone().requires_grad_(True)
+        total, n = make_gkd_loss_terms("fp32", form)(x, _full(t, 6), labels, beta, 0.7, **kw)[:2]
+        (total / n).backward()
+        outs.append((total.detach(), x.grad))
+    assert torch.equal(outs[0][0], outs[1][0])
+    assert torch.equal(outs[0][1], outs[1][1])
