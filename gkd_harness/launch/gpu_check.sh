@@ -36,7 +36,8 @@
 #                                            # rewritten after every row; exit 0 defect reproduced and fix
 #                                            # held, bit 1 a check failed, bit 4 "defect not reproduced"
 #                                            # (GKD_CHECK_DEVICE=cpu: a CPU rehearsal; GKD_UPSTREAM_LOSS=FILE:
-#                                            # judge that gkd_loss.py copy). See docs/cluster.md.
+#                                            # judge that gkd_loss.py copy; GKD_FIX_LOSS=FILE: the fix under
+#                                            # test, judged by the fix and spot rows). See docs/cluster.md.
 set -u -o pipefail
 
 DRY=0; INSTALL=0; BARE=0
@@ -45,7 +46,7 @@ for arg in "$@"; do
     --dry-run) DRY=1 ;;
     --install) INSTALL=1 ;;
     --bare) BARE=1 ;;
-    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
