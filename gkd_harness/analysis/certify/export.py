@@ -26,7 +26,7 @@ from gkd_harness.harness.contract import BETA_FORMS, PAPER
 
 DEFAULT_TARGET = "swift.rlhf_trainers.gkd_loss"
 MARK = "# EXPORT:"
-HARNESS = "gkd_harness"
+HARNESS = __name__.split(".")[0]  # the installed namespace (gkd_harness)
 #: ms-swift's loss file: names the embedded modules import from it are the target's (its ``TeacherOutput``).
 UPSTREAM_MODULE = "swift.rlhf_trainers.gkd_loss"
 #: The certificate's family list (``certificate.families_for``), its families, its search and its judge.

@@ -208,6 +208,7 @@ def test_the_export_fails_issue_44s_wrong_fixes(tmp_path):
 # ------------------------------------------------------------------------------------------------ the same verdicts
 def candidates(folder: Path) -> List[Tuple[str, Path]]:
     """Every candidate of examples/candidates and of the tests' panels, as files."""
+    folder.mkdir(parents=True, exist_ok=True)
     out = [(p.stem, p) for p in sorted(EXAMPLES.glob("*.py"))]
     out += [(n, defects.write(n, folder)) for n in sorted(defects.EDITS)]
     out += [(n, export_panel.write(n, folder)) for n in sorted(export_panel.EXPORT_PANEL)]
