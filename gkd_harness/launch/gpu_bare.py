@@ -8,7 +8,8 @@ ms-swift's package ``__init__`` needs trl, peft, modelscope and more, so only it
 (``swift/rlhf_trainers/gkd_loss.py``: torch only) is loaded, by path, under its own module name
 (:func:`load_upstream_loss`); the harness's loss and spot check (``gkd_harness.harness.rank.spot_check``) need nothing else.
 ``GKD_UPSTREAM_LOSS=PATH/gkd_loss.py`` (or ``--upstream-file``) carries another copy of that file in its place
-(an upstream fix to try): the ``env`` row records the file and its sha256.
+(an upstream fix to try): the ``env`` row records the file and its sha256. ``GKD_FIX_LOSS=PATH.py`` (or
+``--fix-file``) is the fix under test (a candidate with that interface; default: the harness's fp32 variant).
 
 Every row is judged against ``harness/loss/reference.py`` (FP64, from the formulas; ``gkd_harness.harness.loss.proof``), never
 against the harness's own ``fp64`` variant. Row groups, in order (``--only PREFIX...`` keeps the groups whose
@@ -16,11 +17,13 @@ name starts so: ``env``, ``repro``, ``seed/{topk,full}/beta{β}``, ``spot/...``,
 
 - ``env``: versions, the device, the upstream file judged (path, sha256) and what the proof carries (a check:
   it fails at :data:`CARRY_LIMIT_MIB` MiB or more);
-- ``defect/repro`` and ``fix/repro``: the seed report's synthetic repro (3×64, β 0.5, T 0.9) on the device;
+- ``defect/repro`` and ``fix/repro``: the seed report's synthetic repro (3×64, β 0.5, T 0.9) on the device, upstream's
+  ``gkd_loss`` and the fix's on the raw inputs (FP32 student, BF16 teacher: nothing rounded or divided for them);
 - ``defect/seed/{topk,full}/beta{β}`` and ``fix/seed/...``: V = 248,320, FP32 student / BF16 teacher (top-k 64
-  log-probs or the full vocabulary), β ∈ {0, 0.5, 0.9, 1}, T = 0.9: upstream and fp32 against the reference;
-- ``spot/{topk,full}``: the training FP64 spot check (``gkd_harness.harness.rank.spot_check.spot_check``) at the seed shape
-  against the reference on the same rows, with its time and peak memory over one fp32 loss call;
+  log-probs or the full vocabulary), β ∈ {0, 0.5, 0.9, 1}, T = 0.9: upstream and the fix against the reference;
+- ``spot/{topk,full}``: the training FP64 spot check (``gkd_harness.harness.rank.spot_check.spot_check``) of the fix
+  under test (the terms the instrument records for it) at the seed shape against the reference on the same rows
+  (its ``spot/loss``, ``spot/loss_fp64`` and ``spot/grad_rel_l2``), with its time and peak memory over one call;
 - ``perf/{topk,full}``: the loss's time and peak memory, fp32 against upstream (warm, median of 3): measurements
   against the goals of :data:`PERF_GOALS`, printed as met or missed, never counted as checks.
 
@@ -49,7 +52,6 @@ import subprocess
 import sys
 import time
 import types
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
@@ -69,17 +71,10 @@ PERF_GOALS = {"topk": (("time_ratio", 0.80),), "full": (("time_ratio", 0.80), ("
 EXIT_CHECK_FAILED, EXIT_NOT_REPRODUCED = 1, 4
 #: ``GKD_UPSTREAM_LOSS``: a ``gkd_loss.py`` carried in place of the installed one
 UPSTREAM_FILE_ENV = "GKD_UPSTREAM_LOSS"
+#: ``GKD_FIX_LOSS``: the fix under test, a file with ms-swift's ``gkd_loss.py`` interface (default: harness fp32)
+FIX_FILE_ENV = "GKD_FIX_LOSS"
 #: the spot check's row cap: monitor.spot_check.max_tokens of configs/monitor/default.yaml (read, not copied)
 MONITOR_DEFAULTS = Path(__file__).resolve().parents[1] / "configs" / "monitor" / "default.yaml"
-
-
-@dataclass
-class Upstream:
-    """What the proof calls as ms-swift's loss: ``gkd_loss`` (the trainer's entry) and ``jsd_loss`` (as the seed
-    report calls it). Tests swap in a fixed loss to see the defect rows turn to "not reproduced"."""
-
-    gkd_loss: Callable
-    jsd_loss: Callable
 
 
 def _empty_parents(root: Path) -> None:
@@ -140,6 +135,21 @@ def load_upstream_loss(upstream_file: Optional[str] = None) -> tuple[types.Modul
     return module, f"loss file only ({module.__file__}; the package's __init__ did not import: {why[:160]})"
 
 
+def load_fix(fix_file: str) -> Callable:
+    """The ``gkd_loss`` of ``fix_file`` (a candidate with ms-swift's ``gkd_loss.py`` interface: torch only), loaded
+    by path under a module name of its own."""
+    path = Path(fix_file).resolve()
+    if not path.is_file():
+        raise SystemExit(f"gpu_bare: {FIX_FILE_ENV}={path}: no such file")
+    spec = importlib.util.spec_from_file_location("gkd_fix_under_test", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, "gkd_loss", None)):
+        raise SystemExit(f"gpu_bare: {FIX_FILE_ENV}={path}: defines no gkd_loss")
+    return module.gkd_loss
+
+
 def carried_bytes(root: Path) -> int:
     """Bytes of the checkout the proof runs from: git's tracked files when ``root`` is a git work tree, else every
     file under it outside hidden folders and ``outputs/``."""
@@ -192,11 +202,11 @@ def _free(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def report_rows(device: str, upstream: Upstream, fix: Callable) -> List[Dict[str, Any]]:
-    """``defect/repro`` (upstream ``jsd_loss`` as the report calls it) and ``fix/repro`` (the fix's ``gkd_loss``)."""
+def report_rows(device: str, upstream: Callable, fix: Callable) -> List[Dict[str, Any]]:
+    """``defect/repro`` (upstream's ``gkd_loss``) and ``fix/repro`` (the fix's), on the report's raw inputs."""
     from gkd_harness.harness.loss.proof import report_repro
 
-    rec = report_repro(device, upstream.jsd_loss, fix)
+    rec = report_repro(device, upstream, fix)
     common = {k: rec[k] for k in ("device", "rows", "vocab", "beta", "temperature")}
     return [
         {
@@ -204,7 +214,7 @@ def report_rows(device: str, upstream: Upstream, fix: Callable) -> List[Dict[str
             "kind": "defect",
             **{k: rec[k] for k in ("finding", "sign", "gradient", "criteria")},
             "upstream_loss": rec["upstream"],
-            "reference_loss": rec["reference_given"],
+            "reference_loss": rec["reference"],
             "grad_rel_l2": rec["upstream_grad_rel_l2"],
             **common,
         },
@@ -212,7 +222,7 @@ def report_rows(device: str, upstream: Upstream, fix: Callable) -> List[Dict[str
     ]
 
 
-def seed_rows(mode: str, beta: float, n: int, device: str, upstream: Upstream, fix: Callable) -> List[Dict[str, Any]]:
+def seed_rows(mode: str, beta: float, n: int, device: str, upstream: Callable, fix: Callable) -> List[Dict[str, Any]]:
     """One ``defect/seed/...`` finding and one ``fix/seed/...`` check at the seed shape."""
     from gkd_harness.harness.loss.proof import (
         SEED_TOPK,
@@ -237,7 +247,7 @@ def seed_rows(mode: str, beta: float, n: int, device: str, upstream: Upstream, f
         "teacher_dtype": "bfloat16",
     }
     rows = []
-    for kind, fn in (("defect", upstream.gkd_loss), ("fix", fix)):
+    for kind, fn in (("defect", upstream), ("fix", fix)):
         (total, nv, loss, grad), ms, peak = measure(
             partial(loss_and_grad, fn, student, to, labels, beta, TEMPERATURE), device
         )
@@ -279,22 +289,22 @@ def spot_max_tokens() -> int:
     return int(yaml.safe_load(MONITOR_DEFAULTS.read_text())["spot_check"]["max_tokens"])
 
 
-def spot_row(mode: str, n: int, device: str) -> Dict[str, Any]:
-    """The training spot check at the seed shape (V = 248,320; top-k 64 or the full vocabulary): its values against
-    the reference on the same rows (the first ``max_tokens`` active ones), its time and peak memory over one fp32
-    loss call (forward + backward) on the whole call."""
-    from gkd_harness.harness.contract import SPOT_GRAD_REL_L2, SPOT_LOSS_FP64
+def spot_row(mode: str, n: int, device: str, fix: Callable, run_terms: Callable) -> Dict[str, Any]:
+    """The training spot check of the fix under test at the seed shape (V = 248,320; top-k 64 or the full
+    vocabulary): ``run_terms`` is the fix as the instrument records it (the harness's fp32 terms, or a candidate's
+    ``candidate_terms``); its values against the reference on the same rows (the first ``max_tokens`` active ones),
+    its time and peak memory over one call of the fix (forward + backward) on the whole call."""
+    from gkd_harness.harness.contract import SPOT_GRAD_REL_L2, SPOT_LOSS, SPOT_LOSS_FP64
     from gkd_harness.harness.loss.proof import SEED_VOCAB, loss_and_grad, reference, seed_like_inputs
-    from gkd_harness.harness.loss.tolerances import FP64_RTOL, GRAD_REL_L2_FP32_STUDENT
-    from gkd_harness.harness.losses import make_gkd_loss, make_gkd_loss_terms
+    from gkd_harness.harness.loss.tolerances import FP64_RTOL, GRAD_REL_L2_FP32_STUDENT, loss_tol
+    from gkd_harness.harness.losses import make_gkd_loss_terms
     from gkd_harness.harness.rank.spot_check import spot_check
 
     cap = spot_max_tokens()
     student, to, labels = seed_like_inputs(n, SEED_VOCAB, device, mode)
-    fp32 = make_gkd_loss("fp32")
-    run_terms, ref_terms = make_gkd_loss_terms("fp32"), make_gkd_loss_terms("fp64")
-    loss_and_grad(fp32, student, to, labels, 0.5, TEMPERATURE)  # warm-up
-    _, loss_ms, loss_peak = measure(partial(loss_and_grad, fp32, student, to, labels, 0.5, TEMPERATURE), device)
+    ref_terms = make_gkd_loss_terms("fp64")
+    loss_and_grad(fix, student, to, labels, 0.5, TEMPERATURE)  # warm-up
+    _, loss_ms, loss_peak = measure(partial(loss_and_grad, fix, student, to, labels, 0.5, TEMPERATURE), device)
     spot_check(run_terms, ref_terms, student, to, labels, 0.5, TEMPERATURE, cap)  # warm-up
     vals, spot_ms, spot_peak = measure(
         partial(spot_check, run_terms, ref_terms, student, to, labels, 0.5, TEMPERATURE, cap), device
@@ -314,6 +324,11 @@ def spot_row(mode: str, n: int, device: str) -> Dict[str, Any]:
     why = []
     if not ref_err <= FP64_RTOL * abs(ref["loss"]):
         why.append(f"spot/loss_fp64 off the reference by {ref_err:.2e}")
+    run_err, run_tol = abs(vals[SPOT_LOSS] - ref["loss"]), loss_tol(ref["total"], ref["num_valid"]) / ref["num_valid"]
+    if not run_err <= run_tol:
+        why.append(
+            f"spot/loss {vals[SPOT_LOSS]:.6e} off the reference {ref['loss']:.6e} by {run_err:.2e} > {run_tol:.2e}"
+        )
     if not vals[SPOT_GRAD_REL_L2] <= GRAD_REL_L2_FP32_STUDENT:
         why.append(f"spot/grad_rel_l2 {vals[SPOT_GRAD_REL_L2]:.2e} > {GRAD_REL_L2_FP32_STUDENT:.0e}")
     if spot_peak is not None and loss_peak is not None and spot_peak > loss_peak:
@@ -340,14 +355,14 @@ def spot_row(mode: str, n: int, device: str) -> Dict[str, Any]:
     return row
 
 
-def perf_row(mode: str, n: int, device: str, upstream: Upstream, fix: Callable, reps: int = 3) -> Dict[str, Any]:
+def perf_row(mode: str, n: int, device: str, upstream: Callable, fix: Callable, reps: int = 3) -> Dict[str, Any]:
     """The loss's time (median of ``reps`` warm forward + backward calls) and peak memory, fix against upstream."""
     from gkd_harness.harness.loss.proof import SEED_VOCAB, loss_and_grad, seed_like_inputs
 
     student, to, labels = seed_like_inputs(n, SEED_VOCAB, device, mode)
     ms: Dict[str, float] = {}
     peak: Dict[str, Optional[int]] = {}
-    for name, fn in (("upstream", upstream.gkd_loss), ("fp32", fix)):
+    for name, fn in (("upstream", upstream), ("fp32", fix)):
         call = partial(loss_and_grad, fn, student, to, labels, 0.5, TEMPERATURE)  # noqa: E731
         call()  # warm-up
         runs = [measure(call, device) for _ in range(reps)]
@@ -376,7 +391,9 @@ def perf_row(mode: str, n: int, device: str, upstream: Upstream, fix: Callable, 
     }
 
 
-def env_row(device: str, how: str, carried: int, upstream_path: Optional[str]) -> Dict[str, Any]:
+def env_row(
+    device: str, how: str, carried: int, upstream_path: Optional[str], fix_path: Optional[str] = None
+) -> Dict[str, Any]:
     import importlib.metadata as md
 
     import torch
@@ -404,6 +421,8 @@ def env_row(device: str, how: str, carried: int, upstream_path: Optional[str]) -
         "ms_swift_loaded": how,
         "upstream_file": upstream_path,
         "upstream_sha256": hashlib.sha256(Path(upstream_path).read_bytes()).hexdigest() if upstream_path else None,
+        "fix_file": fix_path or "harness fp32",
+        "fix_sha256": hashlib.sha256(Path(fix_path).read_bytes()).hexdigest() if fix_path else None,
         "harness_from": str(Path(harness.__file__).resolve().parent),
         "carried_mib": round(mib, 2),
         "carry_limit_mib": CARRY_LIMIT_MIB,
@@ -508,23 +527,28 @@ def run(
     device: str,
     tokens: Optional[tuple] = None,
     only: tuple = (),
-    upstream: Optional[Upstream] = None,
+    upstream: Optional[Callable] = None,
     fix: Optional[Callable] = None,
     upstream_file: Optional[str] = None,
+    fix_file: Optional[str] = None,
 ) -> List[Dict[str, Any]]:
     """Every row on ``device`` (those whose name starts with one of ``only``, when given; env always), written under
-    ``out`` after every row (3 files); returns the rows. ``upstream`` / ``fix`` replace ms-swift's loss and the
-    harness's fp32 variant (tests); ``upstream_file`` carries a copy of ms-swift's ``gkd_loss.py``
-    (:func:`load_upstream_loss`)."""
+    ``out`` after every row (3 files); returns the rows. ``upstream`` / ``fix`` replace ms-swift's ``gkd_loss`` and
+    the harness's fp32 variant (tests); ``upstream_file`` carries a copy of ms-swift's ``gkd_loss.py``
+    (:func:`load_upstream_loss`), ``fix_file`` (default ``$GKD_FIX_LOSS``) the fix under test (:func:`load_fix`):
+    the fix and spot rows judge it."""
     t0 = time.time()
     out.mkdir(parents=True, exist_ok=True)
     module, how = load_upstream_loss(upstream_file)
-    if upstream is None:
-        upstream = Upstream(module.gkd_loss, module.jsd_loss)
-    if fix is None:
-        from gkd_harness.harness.losses import make_gkd_loss
+    from gkd_harness.harness.loss.candidate import candidate_terms  # after ms-swift's loss file: they import it
+    from gkd_harness.harness.losses import make_gkd_loss, make_gkd_loss_terms
 
-        fix = make_gkd_loss("fp32")
+    upstream = upstream or module.gkd_loss
+    fix_file = fix_file or os.environ.get(FIX_FILE_ENV) or None
+    if fix is None and fix_file:
+        fix = load_fix(fix_file)
+    run_terms = make_gkd_loss_terms("fp32") if fix is None else candidate_terms(fix)
+    fix = fix or make_gkd_loss("fp32")
     n_topk, n_full = tokens or TOKENS["cuda" if _cuda(device) else "cpu"]
     carried = carried_bytes(Path(__file__).resolve().parents[2])
     print(
@@ -568,13 +592,13 @@ def run(
             print(f"{row['check']:<28} {_verdict(row):<15} {row['wall_s']:7.1f} s", flush=True)
         write(False)
 
-    add(partial(env_row, device, how, carried, getattr(module, "__file__", None)), "env")
+    add(partial(env_row, device, how, carried, getattr(module, "__file__", None), fix_file), "env")
     add(partial(report_rows, device, upstream, fix), "repro")
     for mode, n in (("topk", n_topk), ("full", n_full)):
         for beta in BETAS:
             add(partial(seed_rows, mode, beta, n, device, upstream, fix), f"seed/{mode}/beta{beta:g}")
     for mode, n in (("topk", n_topk), ("full", n_full)):
-        add(partial(spot_row, mode, n, device), f"spot/{mode}")
+        add(partial(spot_row, mode, n, device, fix, run_terms), f"spot/{mode}")
     for mode, n in (("topk", n_topk), ("full", n_full)):
         add(partial(perf_row, mode, n, device, upstream, fix), f"perf/{mode}")
     write(True)
@@ -605,9 +629,20 @@ def main(argv: Optional[List[str]] = None) -> int:
         default=None,
         help=f"a copy of ms-swift's gkd_loss.py to judge in place of the installed one (default: ${UPSTREAM_FILE_ENV})",
     )
+    p.add_argument(
+        "--fix-file",
+        default=None,
+        help=f"the fix under test, a file with ms-swift's gkd_loss.py interface (default: ${FIX_FILE_ENV}, else the "
+        "harness's fp32 variant): the fix and spot rows judge it",
+    )
     a = p.parse_args(argv)
     rows = run(
-        Path(a.out), a.device, tuple(a.tokens) if a.tokens else None, tuple(a.only), upstream_file=a.upstream_file
+        Path(a.out),
+        a.device,
+        tuple(a.tokens) if a.tokens else None,
+        tuple(a.only),
+        upstream_file=a.upstream_file,
+        fix_file=a.fix_file,
     )
     return outcome(rows)[0]
 

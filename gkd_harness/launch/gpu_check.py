@@ -10,8 +10,8 @@
 
 ``python -m gkd_harness.launch.gpu_check repro [--device cuda]``
     The seed report's synthetic reproduction (student FP32 from BF16-rounded ``randn*2``, teacher = student +
-    ``randn*0.03`` in BF16, β=0.5, T=0.9, 3×64) made on the device: upstream ``jsd_loss`` exactly as the report
-    calls it (a finding: reproduced or not) and the harness's fp32 variant (a check), both against the independent
+    ``randn*0.03`` in BF16, β=0.5, T=0.9, 3×64) made on the device: upstream's ``gkd_loss`` on those raw
+    mixed-dtype inputs (a finding: reproduced or not) and the harness's fp32 variant (a check), both against the independent
     FP64 reference ``harness/loss/reference.py`` (``gkd_harness.harness.loss.proof``). Writes one JSON object per line to
     ``--out``.
 
@@ -175,8 +175,8 @@ def preflight(out: str | None = None) -> list[dict[str, Any]]:
 
 
 def seed_repro(device: str = "cuda", seed: int = 0) -> dict[str, Any]:
-    """The seed report's repro on ``device`` (``gkd_harness.harness.loss.proof.report_repro``: upstream ``jsd_loss`` as the
-    report calls it, and the harness's fp32 variant, both against the independent FP64 reference).
+    """The seed report's repro on ``device`` (``gkd_harness.harness.loss.proof.report_repro``: upstream's ``gkd_loss`` on the
+    report's raw inputs, and the harness's fp32 variant, both against the independent FP64 reference).
 
     Returns:
         ``{"check": "repro", "upstream": float, "reference": float, "finding": "reproduced" | "not reproduced",

@@ -8,6 +8,8 @@
 #   bash launch/gpu_check.sh --install       # first: pip install -e ".[gpu,bench]" from the registry, keeping
 #                                            # the installed torch (constraint torch==<installed>)
 #   WHEELHOUSE=/path/to/wheels bash launch/gpu_check.sh --install   # the same, offline from a wheelhouse
+#   GKD_PYTHON=/path/to/venv/bin/python bash launch/gpu_check.sh ...  # the Python to use (default: .venv beside
+#                                            # the checkout, else python3 on PATH); its bin/ gkd-train, gkd-bench
 #
 # 0. preflight (always, also with --dry-run): one row per prerequisite, each saying exactly what is missing:
 #    torch with CUDA (and a visible GPU), transformer_engine (an image prerequisite), megatron.core,
@@ -34,7 +36,8 @@
 #                                            # rewritten after every row; exit 0 defect reproduced and fix
 #                                            # held, bit 1 a check failed, bit 4 "defect not reproduced"
 #                                            # (GKD_CHECK_DEVICE=cpu: a CPU rehearsal; GKD_UPSTREAM_LOSS=FILE:
-#                                            # judge that gkd_loss.py copy). See docs/cluster.md.
+#                                            # judge that gkd_loss.py copy; GKD_FIX_LOSS=FILE: the fix under
+#                                            # test, judged by the fix and spot rows). See docs/cluster.md.
 set -u -o pipefail
 
 DRY=0; INSTALL=0; BARE=0
@@ -43,14 +46,31 @@ for arg in "$@"; do
     --dry-run) DRY=1 ;;
     --install) INSTALL=1 ;;
     --bare) BARE=1 ;;
-    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-PY="${PYTHON:-python}"
+# the project's Python: $GKD_PYTHON (or $PYTHON), else the venv beside the checkout (.venv, launch/setup_env.sh),
+# else python3 / python on PATH; the planned commands use the entry points beside it (the venv's bin/)
+PY=""
+for candidate in "${GKD_PYTHON:-}" "${PYTHON:-}" "$ROOT/.venv/bin/python" "$(command -v python3 || true)" \
+  "$(command -v python || true)"; do
+  if [[ -n $candidate && -x $candidate ]]; then PY=$candidate; break; fi
+done
+if [[ -z $PY ]]; then
+  echo "gpu_check.sh: no Python found: create the project's venv ($ROOT/.venv, bash launch/setup_env.sh) or set GKD_PYTHON=/path/to/venv/bin/python" >&2
+  exit 2
+fi
+if [[ $BARE == 0 ]] && ! "$PY" -c "import gkd_harness" >/dev/null 2>&1; then
+  echo "gpu_check.sh: $PY cannot import gkd_harness: create the project's venv ($ROOT/.venv, bash launch/setup_env.sh) or set GKD_PYTHON=/path/to/venv/bin/python" >&2
+  exit 2
+fi
+BIN="$(dirname "$PY")"
+entry() { if [[ -x $BIN/$1 ]]; then echo "$BIN/$1"; else command -v "$1" || echo "$1"; fi; }
+GKD_TRAIN=$(entry gkd-train); GKD_BENCH=$(entry gkd-bench)
 OUT="${GKD_CHECK_DIR:-outputs/gpu_check/$(date -u +%Y%m%dT%H%M%SZ)}"
 if [[ $BARE == 1 ]]; then
   # the plain checkout on the path, nothing installed; only ms-swift's wheel is carried (docs/cluster.md)
@@ -144,24 +164,24 @@ check repro 20 '{}' - torch_cuda -- "$PY" -m gkd_harness.launch.gpu_check repro 
 # 2. tiny Megatron backend, TP1, original vs fp32: one 2-point sweep, both points at once on the GPU
 check megatron 240 '{"student_dtype": "float32", "teacher_dtype": "bfloat16", "neg_calls": "by_precision"}' \
   "$GKD_OUTPUT_ROOT/multirun/gpu_check_megatron" torch_cuda,transformer_engine,megatron.core,mcore_bridge -- \
-  gkd-train -m hydra/launcher=submitit_local "${COMMON[@]}" model=tiny backend=megatron backend.tensor_model_parallel_size=1 backend.nproc_per_node=1 \
+  "$GKD_TRAIN" -m hydra/launcher=submitit_local "${COMMON[@]}" model=tiny backend=megatron backend.tensor_model_parallel_size=1 backend.nproc_per_node=1 \
   model.torch_dtype=bfloat16 model.student_dtype=null model.teacher_dtype=null \
   gkd.beta=0.5 gkd.temperature=0.9 gkd.topk=64 tracking.wandb.group=gpu_check_megatron loss=original,fp32
 
 # 3. tiny HF backend under BF16 (both models BF16 on CUDA), patched loss
 check hf_bf16 60 '{"teacher_dtype": "bfloat16", "neg_calls": "zero"}' "$GKD_OUTPUT_ROOT/runs/gpu_check_hf_bf16" \
   torch_cuda -- \
-  gkd-train "${COMMON[@]}" model=tiny backend=hf loss=fp32 model.torch_dtype=bfloat16 model.student_dtype=bfloat16 model.teacher_dtype=bfloat16 \
+  "$GKD_TRAIN" "${COMMON[@]}" model=tiny backend=hf loss=fp32 model.torch_dtype=bfloat16 model.student_dtype=bfloat16 model.teacher_dtype=bfloat16 \
   tracking.wandb.group=gpu_check_hf_bf16
 
 # 4. on-policy GKD with a colocated vLLM engine: BF16 weights, eager mode (no CUDA graph capture at start)
 check vllm_colocate 150 '{"neg_calls": "zero"}' "$GKD_OUTPUT_ROOT/runs/gpu_check_vllm" torch_cuda,vllm -- \
-  gkd-train "${COMMON[@]}" model=tiny_vllm backend=hf loss=fp32 rollout=vllm_colocate gkd.lmbda=1.0 \
+  "$GKD_TRAIN" "${COMMON[@]}" model=tiny_vllm backend=hf loss=fp32 rollout=vllm_colocate gkd.lmbda=1.0 \
   model.torch_dtype=bfloat16 model.student_dtype=bfloat16 model.teacher_dtype=bfloat16 rollout.vllm.enforce_eager=true \
   tracking.wandb.group=gpu_check_vllm
 
 # 5. performance benchmark on CUDA
-check bench 180 '{}' - torch_cuda -- gkd-bench --device cuda ${GKD_CHECK_BENCH_ARGS:---only topk full spot_topk spot_full instr} --out "$OUT/performance.md"
+check bench 180 '{}' - torch_cuda -- "$GKD_BENCH" --device cuda ${GKD_CHECK_BENCH_ARGS:---only topk full spot_topk spot_full instr} --out "$OUT/performance.md"
 
 echo
 if [[ $DRY == 1 ]]; then

@@ -28,8 +28,8 @@ def _bare(tmp_path, *args, code=None):
 
 
 def fixed_upstream_copy(folder):
-    """ms-swift's installed ``swift/rlhf_trainers/gkd_loss.py`` with the seed's fix applied (BF16/FP16 logits
-    promoted to FP32 before the temperature division, in ``gkd_loss``, and on entry to ``jsd_loss``), written to
+    """ms-swift's installed ``swift/rlhf_trainers/gkd_loss.py`` with the seed's fix applied inside ``gkd_loss`` only
+    (BF16/FP16 logits promoted to FP32 before the temperature division; ``jsd_loss`` unchanged), written to
     ``folder/swift/rlhf_trainers/gkd_loss.py``; returns that path."""
     import importlib.util
 
@@ -38,9 +38,6 @@ def fixed_upstream_copy(folder):
     fixes = {
         "    s_logits = s_logits / temperature\n    t_logits = t_logits / temperature\n": (
             "    s_logits = _promote(s_logits) / temperature\n    t_logits = _promote(t_logits) / temperature\n"
-        ),
-        "    total = s_logits.new_zeros(())\n": (
-            "    s_logits, t_logits = _promote(s_logits), _promote(t_logits)\n    total = s_logits.new_zeros(())\n"
         ),
         "def jsd_loss(": (
             "def _promote(x):\n    return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x\n\n\n"
@@ -117,15 +114,14 @@ def _fp32():
 
 
 def test_a_fixed_upstream_makes_the_defect_rows_not_reproduced(tmp_path):
-    from gkd_harness.harness.losses import make_jsd_loss
-    from gkd_harness.launch.gpu_bare import Upstream, outcome, run
+    from gkd_harness.launch.gpu_bare import outcome, run
 
     rows = run(
         tmp_path,
         "cpu",
         tokens=(4, 1),
         only=("repro", "seed/topk/beta0.5", "seed/full/beta1"),
-        upstream=Upstream(gkd_loss=_fp32(), jsd_loss=make_jsd_loss("fp64")),
+        upstream=_fp32(),
     )
     defects = {r["check"]: r["finding"] for r in rows if r["check"].startswith("defect/")}
     assert defects == {
@@ -141,8 +137,7 @@ def test_a_fixed_upstream_makes_the_defect_rows_not_reproduced(tmp_path):
 def test_the_defect_is_judged_on_the_gradient_as_well_as_the_sign(tmp_path):
     """An upstream whose loss is right (never negative) but whose gradient is 5% off reproduces the defect by its
     gradient; one 0.5% off does not (the criterion: 1e-2 relative L2)."""
-    from gkd_harness.harness.losses import make_jsd_loss
-    from gkd_harness.launch.gpu_bare import Upstream, run
+    from gkd_harness.launch.gpu_bare import run
 
     for factor, finding in ((1.05, "reproduced"), (1.005, "not reproduced")):
         rows = run(
@@ -150,7 +145,7 @@ def test_the_defect_is_judged_on_the_gradient_as_well_as_the_sign(tmp_path):
             "cpu",
             tokens=(4, 1),
             only=("seed/topk/beta0.5",),
-            upstream=Upstream(gkd_loss=_grad_off(_fp32(), factor), jsd_loss=make_jsd_loss("fp32")),
+            upstream=_grad_off(_fp32(), factor),
         )
         (row,) = [r for r in rows if r["check"] == "defect/seed/topk/beta0.5"]
         assert row["upstream_loss"] > 0 and not row["sign"], row
@@ -158,11 +153,13 @@ def test_the_defect_is_judged_on_the_gradient_as_well_as_the_sign(tmp_path):
         assert abs(row["grad_rel_l2"] - (factor - 1)) < 1e-4
 
 
-def test_the_bare_proof_with_a_fixed_upstream_carried_in_exits_non_zero(tmp_path):
-    """The acceptance command, `GKD_CHECK_DEVICE=cpu bash launch/gpu_check.sh --bare`, with a fixed copy of ms-swift's
-    gkd_loss.py carried in (GKD_UPSTREAM_LOSS): every defect row is "not reproduced", the fix rows still pass, and
-    the exit status (4) and the last line say that the defect was not reproduced."""
+def test_the_bare_proof_with_a_fixed_upstream_and_a_broken_fix_carried_in(tmp_path):
+    """The acceptance command, `GKD_CHECK_DEVICE=cpu bash launch/gpu_check.sh --bare`, with a copy of ms-swift's
+    gkd_loss.py fixed inside gkd_loss carried in (GKD_UPSTREAM_LOSS) and a broken fix under test (GKD_FIX_LOSS: the
+    teacher left in BF16): every defect row is "not reproduced" (issue 44: the repro row judged jsd_loss on inputs
+    rounded to BF16 beforehand, 8 of 9), and the fix rows and the spot rows FAIL (they judged only harness fp32)."""
     fixed = fixed_upstream_copy(tmp_path / "fixed")
+    broken = REPO / "examples" / "candidates" / "broken_student_only.py"
     out = tmp_path / "out"
     env = {
         "PATH": "/usr/bin:/bin",
@@ -172,6 +169,7 @@ def test_the_bare_proof_with_a_fixed_upstream_carried_in_exits_non_zero(tmp_path
         "GKD_CHECK_DEVICE": "cpu",
         "GKD_CHECK_DIR": str(out),
         "GKD_UPSTREAM_LOSS": str(fixed),
+        "GKD_FIX_LOSS": str(broken),
     }
     proc = subprocess.run(
         ["bash", str(REPO / "launch" / "gpu_check.sh"), "--bare"],
@@ -181,13 +179,16 @@ def test_the_bare_proof_with_a_fixed_upstream_carried_in_exits_non_zero(tmp_path
         text=True,
         timeout=900,
     )
-    assert proc.returncode == 4, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 5, proc.stdout[-3000:] + proc.stderr[-2000:]
     last = proc.stdout.strip().splitlines()[-1]
-    assert "defect not reproduced in 9/9 rows" in last and "fix held: 12/12 checks ok" in last, last
+    assert "defect not reproduced in 9/9 rows" in last and "fix did NOT hold: 1/12 checks ok" in last, last
     saved = json.loads((out / "bare_checks.json").read_text())
-    assert saved["exit"] == 4 and saved["done"]
+    assert saved["exit"] == 5 and saved["done"]
     rows = {r["check"]: r for r in saved["rows"]}
-    assert rows["env"]["upstream_file"] == str(fixed)
+    assert rows["env"]["upstream_file"] == str(fixed) and rows["env"]["fix_file"] == str(broken)
+    judged = [r for r in saved["rows"] if r["check"].startswith(("fix/", "spot/"))]
+    assert len(judged) == 11 and not any(r["ok"] for r in judged), [(r["check"], r["ok"]) for r in judged]
+    assert all("spot/grad_rel_l2" in r["why"] for r in judged if r["check"].startswith("spot/"))
     assert not any(r["check"].startswith("native_bitwise") for r in saved["rows"])
     assert [r["kind"] for r in saved["rows"] if r["check"].startswith("perf/")] == ["measure", "measure"]
     assert all(not r["sign"] and not r["gradient"] for r in rows.values() if r["kind"] == "defect")

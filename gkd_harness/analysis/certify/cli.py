@@ -114,10 +114,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.export_pytest is not None:
-        from gkd_harness.analysis.certify.export import DEFAULT_TARGET, export_pytest
+        from gkd_harness.analysis.certify.export import DEFAULT_TARGET, export_pytest, left_out_line
 
-        path = export_pytest(args.export_pytest, args.target or DEFAULT_TARGET, args.beta_form)
+        path = export_pytest(args.export_pytest, args.target or DEFAULT_TARGET, args.beta_form, args.search_seed)
         print(f"wrote {path} (target {args.target or DEFAULT_TARGET}, beta form {args.beta_form})")
+        print(left_out_line())
         sys.exit(0)
     if args.candidate is None:
         print("gkd-certify: CANDIDATE: required (or --export-pytest PATH)", file=sys.stderr)

@@ -1,120 +1,176 @@
-"""``gkd-certify --export-pytest PATH``: the regression suite (analysis/certify/suite.py) as one self-contained
-pytest module, importing only torch, pytest, the standard library and the module under test.
+"""``gkd-certify --export-pytest PATH``: the certificate as one self-contained pytest module (analysis/certify/suite.py
+is its template), importing only torch, numpy, pytest, the standard library and the module under test.
 
-The suite's source is read as a file (not imported: pytest is not needed to export) and copied with each
-``# EXPORT:`` marker replaced: ``target`` sets ``TARGET`` (a module name, ``swift.rlhf_trainers.gkd_loss`` by
-default, or a ``.py`` file); ``form`` sets ``FORM``, the β form the module judges (``--beta-form``); ``inline MODULE`` replaces the import on the next
-line by that module's source (the FP64 reference ``harness/loss/reference.py``, the tolerances
-``harness/loss/tolerances.py``: their one home stays there); ``inline MODULE:NAMES`` copies those top-level
-definitions (the inputs' generator in ``analysis/certify/cases.py``).
+The export is the certificate, minus what it cannot run. The certificate's own modules (``EMBEDDED_ROOTS`` and
+every harness module they import at the top, or anywhere inside the certify package) are copied into the module as
+source text and imported there under a package name of its own, so its cases are the certificate's families and
+search draws (whatever they are when it is exported: a new family flows in), judged by the certificate's own
+``evaluate``. ``LEFT_OUT`` (the one place) names what it leaves out, and why.
+
+The template's ``# EXPORT:`` markers are replaced: ``target`` (``TARGET``: a module name,
+``swift.rlhf_trainers.gkd_loss`` by default, or a ``.py`` file), ``form`` (``FORM``, the β form judged), ``search-seed``,
+``left-out``, ``sources`` (the embedded modules) and ``target-names`` (names a module imports from ms-swift's loss
+file, bound to the target's). The template is read as a file (not imported: pytest is not needed to export).
 """
 
 from __future__ import annotations
 
 import ast
-import importlib
 import importlib.util
-import inspect
 import re
 from pathlib import Path
-from typing import List
+from typing import Dict, List, Tuple
 
+from gkd_harness.analysis.certify.families import IDENTITY_FAMILY
 from gkd_harness.harness.contract import BETA_FORMS, PAPER
 
 DEFAULT_TARGET = "swift.rlhf_trainers.gkd_loss"
 MARK = "# EXPORT:"
+HARNESS = __name__.split(".")[0]  # the installed namespace (gkd_harness)
+#: ms-swift's loss file: names the embedded modules import from it are the target's (its ``TeacherOutput``).
+UPSTREAM_MODULE = "swift.rlhf_trainers.gkd_loss"
+#: The certificate's family list (``certificate.families_for``), its families, its search and its judge.
+EMBEDDED_ROOTS = (
+    "gkd_harness.analysis.certify.certificate",
+    "gkd_harness.analysis.certify.families",
+    "gkd_harness.analysis.certify.search",
+    "gkd_harness.analysis.certify.evaluate",
+)
+#: Imports inside functions are followed only within this package (the rest of the harness is never run there).
+FOLLOW_INSIDE = "gkd_harness.analysis.certify"
+#: What the certificate runs and the exported module does not, and why (printed by the export, written into the
+#: module). Besides these, by rule: the hard regimes (families that gate only under ``--strict``) and the speed
+#: note (a timing, never gating).
+LEFT_OUT: Dict[str, str] = {
+    IDENTITY_FAMILY: "bit-identity with the installed ms-swift on the pairs a candidate declares: the exported "
+    "module has only the module under test, nothing to compare it with",
+}
+LEFT_OUT_BY_RULE = (
+    "the hard regimes (they gate only under --strict)",
+    "the speed note (a timing, never gating)",
+)
 
 
-def _resolve_harness_imports(lines: List[str], name: str) -> List[str]:
-    """An inlined module's own ``from gkd_harness.X import A, B`` lines, replaced by the values (constants) or the
-    top-level definitions (functions, classes) they import, so the copy imports nothing of the harness."""
-    out: List[str] = []
-    for ln in lines:
-        m = re.match(r"from (gkd_harness(?:\.\w+)+) import (.+)$", ln)
-        if not m:
-            out.append(ln)
-            continue
-        if m.group(2).strip().startswith("("):
-            raise ValueError(f"{name}: a multi-line import of the harness cannot be inlined: {ln}")
-        mod = importlib.import_module(m.group(1))
-        for item in m.group(2).split("#")[0].split(","):
-            parts = [x.strip() for x in item.split(" as ")]
-            obj = getattr(mod, parts[0])
-            if isinstance(obj, (str, int, float, bool, tuple, type(None))):
-                out.append(f"{parts[-1]} = {obj!r}  # {m.group(1)}.{parts[0]}")
-            elif parts[-1] == parts[0]:
-                out.append(_definitions(m.group(1), [parts[0]]))
-            else:
-                raise ValueError(f"{name}: cannot inline {parts[0]} as {parts[-1]} from {m.group(1)}")
-    return out
+def left_out_line() -> str:
+    """One line: what the exported module leaves out."""
+    return "left out: " + "; ".join([f"{k} ({v})" for k, v in LEFT_OUT.items()] + list(LEFT_OUT_BY_RULE))
 
 
-def _module_body(name: str) -> str:
-    src = inspect.getsource(importlib.import_module(name))
-    lines = _resolve_harness_imports([ln for ln in src.splitlines() if not ln.startswith("from __future__")], name)
-    return f"# ---- {name} (copied from gkd-harness) ----\n" + "\n".join(lines).strip("\n") + "\n# ---- end " + name
-
-
-def _definitions(name: str, names) -> str:
-    src = inspect.getsource(importlib.import_module(name))
-    tree = ast.parse(src)
-    out = []
-    for node in tree.body:
-        defined = (
-            [node.name]
-            if isinstance(node, (ast.FunctionDef, ast.ClassDef))
-            else [t.id for t in node.targets if isinstance(t, ast.Name)]
-            if isinstance(node, ast.Assign)
-            else []
-        )
-        segment = ast.get_source_segment(src, node)
-        if segment is not None and any(d in names for d in defined):
-            out.append(segment)
-    missing = set(names) - {n for seg in out for n in names if n in seg}
-    if missing:
-        raise ValueError(f"{name}: no top-level {sorted(missing)}")
-    return f"# ---- {name}: {', '.join(names)} (copied from gkd-harness) ----\n" + "\n\n\n".join(out)
-
-
-def _suite_source() -> str:
-    """analysis/certify/suite.py's text, read as a file: importing it would need pytest, which the export does not
-    (pytest is needed only where the exported module runs)."""
-    spec = importlib.util.find_spec("gkd_harness.analysis.certify.suite")
+# ------------------------------------------------------------------------------------------------ the modules
+def _source(name: str) -> str:
+    spec = importlib.util.find_spec(name)
     if spec is None or spec.origin is None:
-        raise FileNotFoundError("gkd_harness.analysis.certify.suite")
+        raise FileNotFoundError(name)
     return Path(spec.origin).read_text()
 
 
-def render(target: str = DEFAULT_TARGET, beta_form: str = PAPER) -> str:
-    """The suite's text for ``target``, judged in ``beta_form`` (``paper`` or ``continuous``)."""
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _imports(name: str, src: str) -> List[str]:
+    """The harness modules ``name`` imports: at its top level, and inside functions when within FOLLOW_INSIDE."""
+    tree = ast.parse(src)
+    top = {id(n) for n in tree.body}
+    out: List[str] = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(HARNESS + ".")):
+            continue
+        if id(node) not in top and not node.module.startswith(FOLLOW_INSIDE):
+            continue
+        out.append(node.module)
+        out += [f"{node.module}.{a.name}" for a in node.names if _is_module(f"{node.module}.{a.name}")]
+    return out
+
+
+def embedded_modules() -> Dict[str, str]:
+    """``{harness module name: its source}``: ``EMBEDDED_ROOTS`` and what they import (:func:`_imports`)."""
+    todo, seen = list(EMBEDDED_ROOTS), {}
+    while todo:
+        name = todo.pop(0)
+        if name in seen:
+            continue
+        seen[name] = _source(name)
+        todo += [m for m in _imports(name, seen[name]) if m not in seen]
+    return seen
+
+
+_UPSTREAM_IMPORT = re.compile(rf"^from {re.escape(UPSTREAM_MODULE)} import ([\w, ]+)$")
+
+
+def rewrite(src: str) -> Tuple[str, List[str]]:
+    """``src`` without its top-level imports from ms-swift's loss file; -> (source, the names they bound). (The
+    exported module renames its imports of the harness to a package of its own when it runs them.)"""
+    lines, names = [], []
+    for ln in src.splitlines():
+        m = _UPSTREAM_IMPORT.match(ln)
+        if m:
+            got = [x.strip().split(" as ")[0] for x in m.group(1).split(",") if x.strip()]
+            names += got
+            lines.append(f"# {', '.join(got)}: the target's (bound by the exported module)")
+            continue
+        lines.append(ln)
+    return "\n".join(lines) + "\n", names
+
+
+def _literal(text: str) -> str:
+    """``text`` as a Python string literal, readable where it can be (a raw triple-quoted string)."""
+    if "'''" not in text and not text.endswith("\\") and "\r" not in text:
+        return "r'''" + text + "'''"
+    return repr(text)
+
+
+def _template() -> str:
+    """analysis/certify/suite.py's text, read as a file: importing it would need pytest, which the export does not
+    (pytest is needed only where the exported module runs)."""
+    return _source("gkd_harness.analysis.certify.suite")
+
+
+def render(target: str = DEFAULT_TARGET, beta_form: str = PAPER, search_seed: int = 0) -> str:
+    """The exported module's text for ``target``, judged in ``beta_form`` (``paper`` or ``continuous``), the search's
+    draws of ``search_seed`` as fixed cases."""
     if beta_form not in BETA_FORMS:
         raise ValueError(f"beta_form: {beta_form!r}")
-    lines = _suite_source().splitlines()
-    out, skip = [], False
-    for ln in lines:
-        if skip:  # the import line the marker replaces
-            skip = False
-            continue
+    sources, target_names = {}, {}
+    for name, src in embedded_modules().items():
+        rel = name[len(HARNESS) + 1 :]
+        sources[rel], bound = rewrite(src)
+        if bound:
+            target_names[rel] = bound
+    values = {
+        "target": f"TARGET = {target!r}",
+        "form": f"FORM = {beta_form!r}",
+        "search-seed": f"SEARCH_SEED = {int(search_seed)}",
+        "left-out": "LEFT_OUT: Dict[str, str] = {\n"
+        + "".join(f"    {k!r}: {v!r},\n" for k, v in LEFT_OUT.items())
+        + "}\n"
+        + "".join(f"# left out by rule: {x}\n" for x in LEFT_OUT_BY_RULE),
+        "sources": "_SOURCES: Dict[str, str] = {\n"
+        + "".join(f"    {rel!r}: {_literal(text)},\n" for rel, text in sources.items())
+        + "}",
+        "target-names": f"_TARGET_NAMES: Dict[str, List[str]] = {target_names!r}",
+    }
+    out = []
+    for ln in _template().splitlines():
         code, _, mark = ln.partition(MARK)
         mark = mark.strip()
         if not mark:
             out.append(ln)
-        elif mark == "target":
-            out.append(f"TARGET = {target!r}")
-        elif mark == "form":
-            out.append(f"FORM = {beta_form!r}")
-        elif mark.startswith("inline "):
-            spec = mark[len("inline ") :]
-            mod, _, names = spec.partition(":")
-            out.append(_definitions(mod, names.split(",")) if names else _module_body(mod))
-            skip = True
+        elif mark in values:
+            out.append(values[mark])
         else:
             raise ValueError(f"unknown export marker {mark!r}")
     return "\n".join(out) + "\n"
 
 
-def export_pytest(path: Path, target: str = DEFAULT_TARGET, beta_form: str = PAPER) -> Path:
+def export_pytest(path: Path, target: str = DEFAULT_TARGET, beta_form: str = PAPER, search_seed: int = 0) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(target, beta_form))
+    path.write_text(render(target, beta_form, search_seed))
     return path
+
+
+__all__ = ["render", "export_pytest", "left_out_line", "LEFT_OUT", "EMBEDDED_ROOTS"]

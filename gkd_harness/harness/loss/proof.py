@@ -168,41 +168,35 @@ def defect_finding(upstream_loss: float, ref_loss: float, grad_err: float) -> st
 
 
 def report_repro(
-    device, upstream_jsd: Optional[Callable] = None, fixed: Optional[Callable] = None, seed: int = 0
+    device, upstream_gkd: Optional[Callable] = None, fixed: Optional[Callable] = None, seed: int = 0
 ) -> Dict[str, Any]:
-    """The seed report's synthetic repro (3×64, β = 0.5, T = 0.9) on ``device``.
+    """The seed report's synthetic repro (3×64, β = 0.5, T = 0.9) on ``device``: FP32 student, BF16 teacher.
 
-    ``upstream_jsd(student / T, teacher / T, beta=β)`` is called exactly as the report calls ms-swift's
-    ``jsd_loss`` (default: that function), divided by the rows; ``fixed`` is a ``gkd_loss``-shaped fix (default: the
-    harness's ``fp32`` variant). Returns ``{"upstream": float, "reference": float, "finding": ..., "fix": verdict}``.
+    Both ``upstream_gkd`` (default: ms-swift's ``gkd_loss``) and ``fixed`` (a fix under test; default: the harness's
+    ``fp32`` variant) get the raw mixed-dtype inputs, as the trainer hands them (no division by T or rounding done
+    for them), and both are judged against the FP64 reference on those inputs: a fix made anywhere inside
+    ``gkd_loss`` clears the defect row. Returns ``{"upstream": float, "upstream_grad_rel_l2", "reference",
+    "finding", "sign", "gradient", "criteria", "fix": verdict, ...}``.
     """
-    if upstream_jsd is None:
+    if upstream_gkd is None:
         from swift.rlhf_trainers import gkd_loss as upstream_module
 
-        upstream_jsd = upstream_module.jsd_loss
+        upstream_gkd = upstream_module.gkd_loss
     if fixed is None:
         from gkd_harness.harness.loss.variants import make_gkd_loss
 
         fixed = make_gkd_loss("fp32")
     student, to, labels = seed_like_inputs(REPORT_ROWS, REPORT_VOCAB, device, "full", seed=seed)
     temp, beta = REPORT_TEMPERATURE, REPORT_BETA
-    # upstream's jsd_loss receives the logits already divided by T (the teacher's division rounded in BF16, as
-    # the report's script does it): its value and gradient are judged against the reference on those inputs
-    s_in = (student / temp).detach().requires_grad_(True)
-    t_in = to.full_logits / temp
-    up_total = upstream_jsd(s_in[0], t_in[0], beta=beta)
-    (up_grad,) = torch.autograd.grad(up_total / REPORT_ROWS, s_in)
-    upstream = float(up_total.detach().double()) / REPORT_ROWS
-    given = reference(s_in.detach(), TeacherOutput(full_logits=t_in, labels=labels), labels, beta, 1.0)
-    up_err = grad_rel_l2(up_grad.detach(), given["grad"])
     ref = reference(student, to, labels, beta, temp)
+    _, _, upstream, up_grad = loss_and_grad(upstream_gkd, student, to, labels, beta, temp)
+    up_err = grad_rel_l2(up_grad, ref["grad"])
     total, n, _, grad = loss_and_grad(fixed, student, to, labels, beta, temp)
     return {
         "upstream": upstream,
         "upstream_grad_rel_l2": up_err,
         "reference": ref["loss"],
-        "reference_given": given["loss"],
-        **defect_parts(upstream, given["loss"], up_err),
+        **defect_parts(upstream, ref["loss"], up_err),
         "fix": fix_verdict(total, n, grad, ref),
         "device": str(student.device),
         "rows": REPORT_ROWS,
