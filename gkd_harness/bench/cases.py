@@ -325,8 +325,6 @@ def build_case(name: str, sizes: Sizes, device: str) -> Case:
     """Build the named case (``group/variant``) with its inputs on ``device``."""
     group, variant = name.split("/", 1)
     if group == "mega_tp1":
-        from gkd_harness.bench.megatron import tp1_case
-
         step, value = tp1_case(variant, sizes, device)
         return Case(name, step, value, note="TP=1 vocab-parallel primitives (F.log_softmax, textbook KL), in-process")
     kind, sizes = group_kind_sizes(group, sizes)
@@ -523,3 +521,62 @@ def loss_rows(
                     row["mem_ratio"] = row["peak_mib"] / base["peak_mib"]
             rows.append(row)
     return rows
+
+
+# ------------------------------------------------------------------ the loss on Megatron's call path (mega_tp1)
+#: The Megatron-path groups and their variants (the first is the baseline).
+MEGATRON_CASES = {"mega_tp1": ["upstream", "fp32"], "mega_tp2": ["upstream", "fp32"]}
+
+
+def megatron_inputs(n: int, v: int, seed: int = 0):
+    """``(student [1, n, v] fp32, teacher [1, n, v] bf16, labels [1, n])``, deterministic in ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    student = torch.empty(1, n, v, dtype=torch.float32)
+    teacher = torch.empty(1, n, v, dtype=torch.bfloat16)
+    for i in range(n):  # row by row: no second [N, V] fp32 temporary
+        row = (torch.randn(v, generator=g) * 2).bfloat16().float()
+        student[0, i] = row
+        teacher[0, i] = (row + TEACHER_NOISE * torch.randn(v, generator=g)).bfloat16()
+    return student, teacher, torch.zeros(1, n, dtype=torch.long)
+
+
+def tp1_log_softmax(x: torch.Tensor) -> torch.Tensor:
+    """``vocab_parallel_log_softmax`` at TP=1."""
+    return torch.nn.functional.log_softmax(x, dim=-1)
+
+
+def tp1_kl_div(input_log: torch.Tensor, target_log: torch.Tensor) -> torch.Tensor:
+    """``vocab_parallel_kl_div`` at TP=1 (its all-reduce skipped)."""
+    return (torch.exp(target_log) * (target_log - input_log)).sum(dim=-1)
+
+
+def megatron_variant_loss(variant: str) -> Callable:
+    """The ``gkd_loss`` of a bench variant (``LOSSES``)."""
+    return LOSSES[variant]()
+
+
+def megatron_step(
+    loss_fn: Callable, student, teacher_output, labels, log_softmax_fn, kl_div_fn
+) -> Callable[[], object]:
+    """One forward + backward of ``total / num_valid`` with the injected primitives, as the Megatron trainer calls."""
+
+    def step():
+        x = student.detach().requires_grad_(True)
+        total, nv = loss_fn(
+            x, teacher_output, labels, BETA, TEMPERATURE, log_softmax_fn=log_softmax_fn, kl_div_fn=kl_div_fn
+        )
+        loss = total / nv
+        loss.backward()
+        return loss.detach()
+
+    return step
+
+
+def tp1_case(variant: str, sizes: Sizes, device: str = "cpu"):
+    """``(step, value)`` of ``mega_tp1/<variant>`` in this process, inputs on ``device``."""
+    from swift.rlhf_trainers.gkd_loss import TeacherOutput
+
+    student, teacher, labels = (x.to(device) for x in megatron_inputs(sizes.mega_n, sizes.full_v))
+    to = TeacherOutput(full_logits=teacher, labels=labels)
+    step = megatron_step(megatron_variant_loss(variant), student, to, labels, tp1_log_softmax, tp1_kl_div)
+    return step, lambda: float(step())

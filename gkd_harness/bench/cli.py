@@ -135,8 +135,7 @@ GOALS = GOALS + spot_goals(Goal)
 
 
 def group_cases(group: str) -> List[str]:
-    from gkd_harness.bench.cases import LOSS_CASES
-    from gkd_harness.bench.megatron import MEGATRON_CASES
+    from gkd_harness.bench.cases import LOSS_CASES, MEGATRON_CASES
 
     if group in MEGATRON_CASES:
         return [f"{group}/{v}" for v in MEGATRON_CASES[group]]

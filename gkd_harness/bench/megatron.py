@@ -6,7 +6,7 @@ path there, not the default one the ``full`` rows time. Inputs: a Float16Module'
 (BF16 values upcast) ``[1, N, V]``, and a BF16 near-copy teacher ``[1, N, V]`` (``cases.TEACHER_NOISE``), N =
 ``Sizes.mega_n`` (128), V = ``Sizes.full_v`` (151,936); β and T as every loss row.
 
-* ``mega_tp1``: in the worker process, with what ``vocab_parallel_log_softmax`` / ``vocab_parallel_kl_div``
+* ``mega_tp1`` (built in :mod:`gkd_harness.bench.cases`, which this module's rank program reuses): in the worker process, with what ``vocab_parallel_log_softmax`` / ``vocab_parallel_kl_div``
   compute at TP=1 (``F.log_softmax`` and the textbook KL, distinct objects from ms-swift's default primitives; the
   real functions need an initialised Megatron parallel state, which ``mega_tp2`` has).
 * ``mega_tp2``: 2 gloo CPU ranks (``torch.distributed.run``, this module as the rank program), Megatron's parallel
@@ -24,67 +24,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict
+from typing import Dict
 
 import torch
 
-from gkd_harness.bench.cases import BETA, TEACHER_NOISE, TEMPERATURE, Sizes
-
-#: The Megatron-path groups and their variants (the first is the baseline).
-MEGATRON_CASES = {"mega_tp1": ["upstream", "fp32"], "mega_tp2": ["upstream", "fp32"]}
-
-
-def megatron_inputs(n: int, v: int, seed: int = 0):
-    """``(student [1, n, v] fp32, teacher [1, n, v] bf16, labels [1, n])``, deterministic in ``seed``."""
-    g = torch.Generator().manual_seed(seed)
-    student = torch.empty(1, n, v, dtype=torch.float32)
-    teacher = torch.empty(1, n, v, dtype=torch.bfloat16)
-    for i in range(n):  # row by row: no second [N, V] fp32 temporary
-        row = (torch.randn(v, generator=g) * 2).bfloat16().float()
-        student[0, i] = row
-        teacher[0, i] = (row + TEACHER_NOISE * torch.randn(v, generator=g)).bfloat16()
-    return student, teacher, torch.zeros(1, n, dtype=torch.long)
-
-
-def tp1_log_softmax(x: torch.Tensor) -> torch.Tensor:
-    """``vocab_parallel_log_softmax`` at TP=1."""
-    return torch.nn.functional.log_softmax(x, dim=-1)
-
-
-def tp1_kl_div(input_log: torch.Tensor, target_log: torch.Tensor) -> torch.Tensor:
-    """``vocab_parallel_kl_div`` at TP=1 (its all-reduce skipped)."""
-    return (torch.exp(target_log) * (target_log - input_log)).sum(dim=-1)
-
-
-def _loss(variant: str) -> Callable:
-    from gkd_harness.bench.cases import LOSSES
-
-    return LOSSES[variant]()
-
-
-def _step(loss_fn: Callable, student, teacher_output, labels, log_softmax_fn, kl_div_fn) -> Callable[[], object]:
-    """One forward + backward of ``total / num_valid`` with the injected primitives, as the Megatron trainer calls."""
-
-    def step():
-        x = student.detach().requires_grad_(True)
-        total, nv = loss_fn(
-            x, teacher_output, labels, BETA, TEMPERATURE, log_softmax_fn=log_softmax_fn, kl_div_fn=kl_div_fn
-        )
-        loss = total / nv
-        loss.backward()
-        return loss.detach()
-
-    return step
-
-
-def tp1_case(variant: str, sizes: Sizes, device: str = "cpu"):
-    """``(step, value)`` of ``mega_tp1/<variant>`` in this process, inputs on ``device``."""
-    from swift.rlhf_trainers.gkd_loss import TeacherOutput
-
-    student, teacher, labels = (x.to(device) for x in megatron_inputs(sizes.mega_n, sizes.full_v))
-    to = TeacherOutput(full_logits=teacher, labels=labels)
-    step = _step(_loss(variant), student, to, labels, tp1_log_softmax, tp1_kl_div)
-    return step, lambda: float(step())
+from gkd_harness.bench.cases import Sizes, megatron_inputs, megatron_step, megatron_variant_loss
 
 
 def measure_tp2(variant: str, sizes: Sizes, warmup: int, reps: int) -> Dict:
@@ -126,7 +70,9 @@ def _rank_main(variant: str, n: int, v: int, warmup: int, reps: int, out: str) -
     s, t = student[..., shard].contiguous(), teacher[..., shard].contiguous()
     del student, teacher
     to = TeacherOutput(full_logits=t, labels=labels)
-    step = _step(_loss(variant), s, to, labels, vocab_parallel_log_softmax, vocab_parallel_kl_div)
+    step = megatron_step(
+        megatron_variant_loss(variant), s, to, labels, vocab_parallel_log_softmax, vocab_parallel_kl_div
+    )
     for _ in range(warmup):
         step()
     wall, cpu = [], []

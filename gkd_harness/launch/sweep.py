@@ -43,7 +43,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from gkd_harness.harness.contract import HYDRA_DIR, SUMMARY_FILE, SWEEP_MANIFEST_FILE
+from gkd_harness.harness.contract import HYDRA_DIR, SWEEP_MANIFEST_FILE
 from gkd_harness.harness.launcher.job_result import EXIT_CONFIG, PointFailed
 from gkd_harness.harness.launcher.progress import ProgressDisplay, Running, Snapshot, render
 from gkd_harness.harness.launcher.sweep_points import point_name, sweep_points
@@ -210,7 +210,7 @@ def discovered_points(sweep_dir: Path) -> list[Path]:
         folders = [sweep_dir, *(d for d in Path(sweep_dir).iterdir() if d.is_dir() and not d.name.startswith("."))]
     except OSError:
         return []
-    found = [d for d in folders if (d / SUMMARY_FILE).exists() or (d / HYDRA_DIR / STATUS_FILE).exists()]
+    found = [d for d in folders if summary_path(d).exists() or (d / HYDRA_DIR / STATUS_FILE).exists()]
     return sorted(found, key=lambda d: (d.stat().st_mtime_ns, d.name))
 
 

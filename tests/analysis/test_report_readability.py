@@ -86,7 +86,7 @@ def test_the_provenance_table_links_each_run_folder_with_its_wandb_id_torch_cuda
     }
     assert len(rows) == 16
     href = os.path.relpath(run, out)
-    assert rows[f"[{run.name}](<{href}>)"] == [
+    assert rows[f"[{run.name}]({href})"] == [  # the target percent-encoded (harness/config/text.py)
         "completed",
         "abc123def456",
         "2.8.0+cu128",
@@ -150,7 +150,7 @@ def test_links_render_in_both_formats():
 
     doc = Document("t")
     doc.table(pd.DataFrame({"run": [Link("gkd.beta=0.5,loss=fp32", "../sweep/gkd.beta=0.5,loss=fp32")]}))
-    assert "[gkd.beta=0.5,loss=fp32](<../sweep/gkd.beta=0.5,loss=fp32>)" in doc.to_markdown()
+    assert "[gkd.beta=0.5,loss=fp32](../sweep/gkd.beta=0.5,loss=fp32)" in doc.to_markdown()
     assert "<a href='../sweep/gkd.beta=0.5,loss=fp32'>gkd.beta=0.5,loss=fp32</a>" in doc.to_html()
 
 

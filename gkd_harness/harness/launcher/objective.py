@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Optional
 
 from gkd_harness.harness.config.schema import ConfigError
-from gkd_harness.harness.contract import ALL_METRICS, METRICS_FILE, ROLLOUT_METRICS
+from gkd_harness.harness.contract import ALL_METRICS, ROLLOUT_METRICS
 from gkd_harness.harness.store.metrics_io import read_metrics
+from gkd_harness.harness.store.records import metrics_path
 
 KEY = "run.optimized_metric"
 #: the metrics a job can return: every per-step metric the run folder's metrics.jsonl carries
@@ -42,8 +43,8 @@ def optimized_value(name: Optional[str], run_dir: Path, dry_run: bool = False) -
         return None
     if dry_run:
         return math.nan
-    values = [row[name] for row in read_metrics(run_dir / METRICS_FILE) if isinstance(row.get(name), (int, float))]
+    values = [row[name] for row in read_metrics(metrics_path(run_dir)) if isinstance(row.get(name), (int, float))]
     finite = [float(v) for v in values if math.isfinite(v)]
     if not finite:
-        raise ConfigError(KEY, f"{name!r} has no finite value in {run_dir / METRICS_FILE}")
+        raise ConfigError(KEY, f"{name!r} has no finite value in {metrics_path(run_dir)}")
     return finite[-1]

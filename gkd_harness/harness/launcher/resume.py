@@ -28,12 +28,12 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from gkd_harness.harness.contract import (
     CUMULATIVE_METRICS,
-    METRICS_FILE,
     SWIFT_DIR,
     WANDB_DIR,
     WANDB_STEP_FILE,
 )
 from gkd_harness.harness.store.metrics_io import record_step
+from gkd_harness.harness.store.records import metrics_path
 
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -266,7 +266,7 @@ def resume_point(run_dir: str | Path) -> ResumePoint:
     if ckpt is None or m is None:
         return ResumePoint(notes=tuple(skipped))
     step = int(m.group(1))
-    rows = read_metrics(run_dir / METRICS_FILE)
+    rows = read_metrics(metrics_path(run_dir))
     wandb_step, replay, notes = wandb_resume(run_dir / WANDB_DIR, step, wandb_rewind_step(ckpt), rows)
     return ResumePoint(
         ckpt, checkpoint_args(ckpt), step, wandb_step, resume_totals(rows, step), replay, (*skipped, *notes)
