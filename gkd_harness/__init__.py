@@ -17,7 +17,7 @@ __all__ = ["__version__", "train", "analyze", "certify"]
 _API = ("train", "analyze", "certify")
 
 
-def _version() -> str:
+def _distribution_version() -> str:  # not `_version`: that name is the submodule store.provenance reads
     """The installed distribution's version (setuptools-scm: ``0.1.devN+g<commit>`` between tags)."""
     from importlib.metadata import PackageNotFoundError, version
 
@@ -33,7 +33,7 @@ def _version() -> str:
 
 def __getattr__(name: str) -> Any:
     if name == "__version__":  # read on first use: importlib.metadata is the slow part of a light import
-        globals()["__version__"] = _version()
+        globals()["__version__"] = _distribution_version()
         return globals()["__version__"]
     if name in _API:
         from gkd_harness import api

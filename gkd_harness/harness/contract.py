@@ -106,6 +106,14 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.yaml"
 SWIFT_LOG = "swift.log"
+
+
+def swift_node_log(node: int) -> str:
+    """ms-swift's output on node ``node`` > 0 of a multi-node run (node 0 writes :data:`SWIFT_LOG`); such a file
+    can land in the run folder before node 0 has written anything (a mark of the harness's folder)."""
+    return f"swift.node{node}.log"
+
+
 PLUGIN_SETTINGS_FILE = "plugin_settings.json"
 LOCK_FILE = ".lock"
 #: What a sweep planned (gkd_harness.launch.sweep writes it in the sweep folder before the first point starts).

@@ -30,6 +30,7 @@ from gkd_harness.harness.contract import (
     METRICS_FILE,
     SUMMARY_FILE,
     SWIFT_LOG,
+    swift_node_log,
 )
 
 #: the longest file name most file systems take (bytes), and the longest path Linux takes
@@ -87,14 +88,24 @@ def harness_wrote(folder: Path) -> bool:
         entries = list(folder.iterdir())
     except OSError:
         return False
-    if not entries or any(e.name in HARNESS_MARKS for e in entries):
+    if not entries or any(_is_mark(e.name) for e in entries):
         return True
     return all(e.is_dir() and not e.is_symlink() and _holds_mark(e) for e in entries)
 
 
+def _is_mark(name: str) -> bool:
+    """One of :data:`HARNESS_MARKS`, or another node's ms-swift log (a multi-node run's node > 0 writes it first)."""
+    return name in HARNESS_MARKS or (name.startswith("swift.node") and name == swift_node_log(_node_of(name)))
+
+
+def _node_of(name: str) -> int:
+    digits = name[len("swift.node") : -len(".log")]
+    return int(digits) if digits.isdigit() else -1
+
+
 def _holds_mark(folder: Path) -> bool:
     try:
-        return any(e.name in HARNESS_MARKS for e in folder.iterdir())
+        return any(_is_mark(e.name) for e in folder.iterdir())
     except OSError:
         return False
 

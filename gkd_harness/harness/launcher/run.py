@@ -25,6 +25,7 @@ from gkd_harness.harness.contract import (
     STEPS_TRAINED_FIELD,
     SWIFT_LOG,
     PluginSettings,
+    swift_node_log,
 )
 from gkd_harness.harness.launcher.plan import LaunchPlan, build_plan, resolve_inputs
 from gkd_harness.harness.launcher.process import Interrupted, TrainingFailed, execute, stop_signals
@@ -290,7 +291,7 @@ def _train_other_node(cfg: TrainConfig, run_dir: Path, experiment: Optional[str]
     node = env.get("NODE_RANK") or env.get("SLURM_NODEID", "?")
     run_dir.mkdir(parents=True, exist_ok=True)
     plan = other_node_plan(cfg, run_dir, experiment, node)
-    execute(plan, run_dir / f"swift.node{node}.log", stream=cfg.run.verbose)
+    execute(plan, run_dir / swift_node_log(node), stream=cfg.run.verbose)
     return RunFolder(run_dir).read_summary_quietly() or {}
 
 

@@ -15,9 +15,10 @@ from typing import Dict, List, Sequence, Tuple
 
 import pytest
 
-from gkd_harness.analysis.certify.certificate import certify, families_for, load
+from gkd_harness.analysis.certify.certificate import families_for
 from gkd_harness.analysis.certify.cli import main
 from gkd_harness.analysis.certify.export import LEFT_OUT, export_pytest, render
+from gkd_harness.analysis.certify.process import certify_in_child
 from gkd_harness.analysis.certify.search import DRAWS
 from tests.analysis.certify import defects, export_panel
 from tests.analysis.test_certify import EXAMPLES
@@ -216,7 +217,9 @@ def candidates(folder: Path) -> List[Tuple[str, Path]]:
 
 
 def _certificate_failures(path: Path, quick: bool) -> List[str]:
-    cert = certify(load(str(path), None, "paper", ()), quick=quick, speed=False)
+    # in the candidate's own child, as gkd-certify runs it: an in-process certificate let a candidate's global torch
+    # state (default dtype, flush-denormal, ...) leak into this pytest worker and into the tests after it
+    cert = certify_in_child(str(path), None, "paper", (), quick=quick, speed=False)
     return sorted(set(cert["failed_families"]) - set(LEFT_OUT))
 
 

@@ -86,6 +86,7 @@ def test_a_real_run_into_a_users_folder_writes_nothing(cwd):
         {},  # empty
         {"summary.json": "{}"},  # a run folder
         {".lock": ""},  # a run that got no further than its lock
+        {"swift.node1.log": ""},  # node 1 of a two-node run started first (tests/launch/test_two_nodes.py)
         {"gkd.beta=0.5/summary.json": "{}", "gkd.beta=0.9/.hydra/x": ""},  # a group's folder of run folders
     ],
 )
