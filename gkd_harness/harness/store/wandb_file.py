@@ -33,10 +33,22 @@ _LATEST_RUN = "latest-run"
 GLOBAL_STEP_KEY = TRAIN_GLOBAL_STEP
 
 
-def _payloads(data: bytes) -> Iterator[bytes]:
-    """The whole record payloads of a ``.wandb`` file's bytes, in order, up to the first torn or corrupt chunk."""
+class WandbFileError(ValueError):
+    """A ``.wandb`` file that is not one, or a corrupt chunk (``strict`` reads only); the message names the byte
+    offset."""
+
+
+def payloads(data: bytes, strict: bool = False) -> Iterator[bytes]:
+    """The whole record payloads of a ``.wandb`` file's bytes, in order. A torn tail (what a killed process leaves)
+    ends them; so do a bad header, a checksum mismatch or an unknown chunk type, which with ``strict`` raise
+    :class:`WandbFileError` instead (the analysis reader: a damaged file is unusable evidence, not a short one)."""
+
+    def bad(why: str) -> None:
+        if strict:
+            raise WandbFileError(why)
+
     if len(data) < _HEADER or data[:4] != b":W&B":
-        return
+        return bad("not a wandb run file (bad header)")
     pos, pending = _HEADER, b""
     while pos < len(data):
         left = _BLOCK - pos % _BLOCK
@@ -50,9 +62,11 @@ def _payloads(data: bytes) -> Iterator[bytes]:
             pos += left
             continue
         end = pos + _HEADER + length
+        if end > len(data):
+            return  # torn write at the end
         payload = data[pos + _HEADER : end]
-        if end > len(data) or zlib.crc32(bytes([rtype]) + payload) & 0xFFFFFFFF != crc:
-            return
+        if zlib.crc32(bytes([rtype]) + payload) & 0xFFFFFFFF != crc:
+            return bad(f"checksum mismatch at byte {pos}")
         pos = end
         if rtype == _FULL:
             yield payload
@@ -64,7 +78,7 @@ def _payloads(data: bytes) -> Iterator[bytes]:
             yield pending + payload
             pending = b""
         else:
-            return
+            return bad(f"unknown record type {rtype} at byte {pos}")
 
 
 @dataclass(frozen=True)
@@ -106,7 +120,7 @@ def read_wandb_file(path: os.PathLike) -> WandbFile:
     except OSError:
         data = b""
     run_id, rewind_to, rows = None, None, []
-    for raw in _payloads(data):
+    for raw in payloads(data):
         rec = pb.Record()  # type: ignore[attr-defined]  # protobuf builds its classes at import; wandb ships no stub
         try:
             rec.ParseFromString(raw)
