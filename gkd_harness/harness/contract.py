@@ -108,7 +108,7 @@ CONFIG_FILE = "config.yaml"
 SWIFT_LOG = "swift.log"
 
 
-def swift_node_log(node: int) -> str:
+def swift_node_log(node: "int | str") -> str:
     """ms-swift's output on node ``node`` > 0 of a multi-node run (node 0 writes :data:`SWIFT_LOG`); such a file
     can land in the run folder before node 0 has written anything (a mark of the harness's folder)."""
     return f"swift.node{node}.log"
